@@ -1,0 +1,39 @@
+"""The `llmrun` command. One module per command group; this file only assembles them."""
+
+from __future__ import annotations
+
+import typer
+
+from llmrun import __version__
+from llmrun.cli import models, run, serve
+
+app = typer.Typer(
+    name="llmrun",
+    help="Run local GGUF models behind Ollama, OpenAI and Anthropic compatible APIs.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"llmrun {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", "-v", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    pass
+
+
+serve.register(app)
+run.register(app)
+models.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,149 @@
+"""Store commands: pull, list, show, create, cp, rm. They work with no daemon running."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from llmrun.cli._common import console, fail, human_size
+from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError
+from llmrun.store.modelfile import Modelfile
+
+
+def _ago(when: datetime) -> str:
+    seconds = (datetime.now(UTC) - when).total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return "just now"
+
+
+class _Bar:
+    """Adapts the store's (status, completed, total) callbacks to one rich progress bar."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+
+    def __call__(self, status: str, completed: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task(status, total=total or None)
+        self.progress.update(self.task, description=status, completed=completed,
+                             total=total or None)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                    transient=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pull(name: str = typer.Argument(..., help="Model name, e.g. smollm2:135m")) -> None:
+        """Download a model into the store."""
+        try:
+            with _progress() as progress:
+                manifest = Store().pull(name, _Bar(progress))
+        except (StoreError, InvalidName) as exc:
+            fail(str(exc))
+        console.print(f"pulled {manifest.name} ({human_size(manifest.size)}, id {manifest.id})")
+
+    @app.command(name="list")
+    def list_() -> None:
+        """List the models in the store."""
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("NAME", "ID", "SIZE", "MODIFIED"):
+            table.add_column(col)
+        for m in Store().list():
+            table.add_row(m.name, m.id, human_size(m.size), _ago(m.modified_at))
+        console.print(table)
+
+    app.command(name="ls", help="Alias of list.")(list_)
+
+    @app.command()
+    def rm(names: list[str] = typer.Argument(..., help="Models to remove")) -> None:
+        """Remove models (and their files, when no other model uses them)."""
+        store = Store()
+        for name in names:
+            try:
+                store.remove(name)
+            except (ModelNotFound, InvalidName) as exc:
+                fail(str(exc))
+            console.print(f"deleted '{name}'")
+
+    @app.command()
+    def cp(source: str, destination: str) -> None:
+        """Copy a model under a new name (no file is duplicated)."""
+        try:
+            Store().copy(source, destination)
+        except (StoreError, InvalidName) as exc:
+            fail(str(exc))
+        console.print(f"copied '{source}' to '{destination}'")
+
+    @app.command()
+    def create(
+        name: str = typer.Argument(..., help="Name of the new model"),
+        file: Path = typer.Option(Path("Modelfile"), "--file", "-f", help="Modelfile path"),
+    ) -> None:
+        """Create a model from a Modelfile (FROM a GGUF file or another model)."""
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            fail(f"cannot read {file}: {exc.strerror}")
+        try:
+            with _progress() as progress:
+                manifest = Store().create(name, text, file.resolve().parent, _Bar(progress))
+        except (CreateError, StoreError, InvalidName) as exc:
+            fail(str(exc))
+        console.print(f"created {manifest.name} (id {manifest.id})")
+
+    @app.command()
+    def show(
+        name: str,
+        modelfile: bool = typer.Option(False, "--modelfile", help="Print as a Modelfile"),
+    ) -> None:
+        """Show a model's details, parameters, template and system prompt."""
+        store = Store()
+        try:
+            _, m = store.get(name)
+        except (ModelNotFound, InvalidName) as exc:
+            fail(str(exc))
+        if modelfile:
+            mf = Modelfile(from_=str(store.model_path(m)), parameters=m.parameters,
+                           template=m.template, system=m.system, messages=m.messages,
+                           license=m.license)
+            console.print(mf.render(), markup=False, end="")
+            return
+        d = m.details
+        table = Table(box=None, show_header=False, pad_edge=False)
+        for key, value in (("architecture", d.family), ("parameters", d.parameter_size),
+                           ("quantization", d.quantization_level),
+                           ("context length", d.context_length), ("size", human_size(m.size)),
+                           ("id", m.id), ("source", m.source)):
+            table.add_row(f"  {key}", str(value))
+        console.print("[bold]Model[/]")
+        console.print(table)
+        if m.parameters:
+            console.print("[bold]Parameters[/]")
+            for k, v in m.parameters.items():
+                console.print(f"  {k:<16} {v}", markup=False)
+        if m.system:
+            console.print("[bold]System[/]")
+            console.print(f"  {m.system}", markup=False)
+        if m.license:
+            console.print("[bold]License[/]")
+            console.print(f"  {m.license[0].splitlines()[0]}", markup=False)

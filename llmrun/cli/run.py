@@ -1,0 +1,142 @@
+"""`llmrun run` / `llmrun chat`: talk to a model, starting the daemon if none answers."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from llmrun.cli._common import console, err, fail
+from llmrun.client import APIError, Client, ClientError, DaemonStartError
+from llmrun.store import catalog, names
+
+BYE = ("/bye", "/exit", "/quit")
+
+
+def _connect() -> Client:
+    client = Client()
+    try:
+        if client.ensure_running():
+            err.print(f"[dim]started llmrun daemon on {client.base_url}[/]")
+    except DaemonStartError as exc:
+        err.print(f"[bold red]Error:[/] {exc}")
+        if exc.log_tail:
+            err.print("[dim]last lines of the log:[/]")
+            err.print(exc.log_tail, markup=False)
+        raise typer.Exit(1) from None
+    except ClientError as exc:
+        fail(str(exc))
+    return client
+
+
+def _stream(client: Client, model: str, messages: list[dict[str, Any]],
+            options: dict[str, Any], verbose: bool) -> str:
+    parts: list[str] = []
+    final: dict[str, Any] = {}
+    for obj in client.chat(model, messages, options):
+        text = obj.get("message", {}).get("content", "")
+        if text:
+            parts.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        if obj.get("done"):
+            final = obj
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if verbose and final:
+        _print_stats(final)
+    return "".join(parts)
+
+
+def _print_stats(final: dict[str, Any]) -> None:
+    def rate(count: int, ns: int) -> str:
+        return f"{count / (ns / 1e9):.1f} tokens/s" if ns else "-"
+
+    err.print(f"[dim]total duration:       {final.get('total_duration', 0) / 1e9:.3f}s")
+    err.print(f"[dim]load duration:        {final.get('load_duration', 0) / 1e9:.3f}s")
+    err.print(f"[dim]prompt eval count:    {final.get('prompt_eval_count', 0)} token(s)")
+    err.print(f"[dim]prompt eval rate:     "
+              f"{rate(final.get('prompt_eval_count', 0), final.get('prompt_eval_duration', 0))}")
+    err.print(f"[dim]eval count:           {final.get('eval_count', 0)} token(s)")
+    err.print(f"[dim]eval rate:            "
+              f"{rate(final.get('eval_count', 0), final.get('eval_duration', 0))}")
+
+
+def _not_found_hint(model: str) -> str:
+    try:
+        in_catalog = catalog.lookup(names.parse(model)) is not None
+    except ValueError:
+        in_catalog = False
+    if in_catalog:
+        return f"model '{model}' is not in the store; get it with: llmrun pull {model}"
+    return (f"model '{model}' not found; pull it (llmrun pull NAME) or import a GGUF file "
+            f"(llmrun create {model} -f Modelfile)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(name="run")
+    def run(
+        model: str = typer.Argument(..., help="Model name, e.g. smollm2"),
+        prompt: list[str] = typer.Argument(None, help="Prompt (omit for an interactive chat)"),
+        verbose: bool = typer.Option(False, "--verbose", help="Print timings after answers"),
+        temperature: float = typer.Option(None, help="Sampling temperature"),
+        seed: int = typer.Option(None, help="Random seed, for reproducible output"),
+        num_ctx: int = typer.Option(None, "--num-ctx", help="Context tokens"),
+    ) -> None:
+        """Run a model: answer PROMPT, or chat interactively (also reads piped stdin)."""
+        options = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                     ("num_ctx", num_ctx)) if v is not None}
+        text = " ".join(prompt or [])
+        if not sys.stdin.isatty():
+            piped = sys.stdin.read()
+            text = f"{text}\n\n{piped}".strip() if text else piped.strip()
+        client = _connect()
+        try:
+            if text:
+                _stream(client, model, [{"role": "user", "content": text}], options, verbose)
+            elif sys.stdin.isatty():
+                _interactive(client, model, options, verbose)
+            else:
+                fail("no prompt: give one as an argument or on standard input")
+        except APIError as exc:
+            if exc.status == 404:
+                fail(_not_found_hint(model))
+            fail(str(exc))
+        except ClientError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            raise typer.Exit(130) from None
+
+    app.command(name="chat", help="Alias of run.")(run)
+
+
+def _interactive(client: Client, model: str, options: dict[str, Any], verbose: bool) -> None:
+    history: list[dict[str, Any]] = []
+    console.print(f"[dim]Chatting with {model}. Type /bye to quit, /clear to forget.[/]")
+    # Load the model before the first prompt, so the first answer starts promptly.
+    client.load(model)
+    while True:
+        try:
+            line = console.input("[bold]>>> [/]")
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in BYE:
+            return
+        if cmd == "/clear":
+            history.clear()
+            console.print("[dim]Cleared the conversation.[/]")
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            answer = _stream(client, model, history, options, verbose)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": answer})

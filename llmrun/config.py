@@ -1,0 +1,151 @@
+"""Settings: `LLMRUN_*` environment variables, then `LLMRUN_HOME/config.yaml`, then defaults.
+
+Every setting is declared once in `SETTINGS` with its default and a description; `llmrun serve
+--help` prints that table. A value that does not parse warns and falls back to the default, so
+a typo in the environment never stops the daemon from starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import platformdirs
+import yaml
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_PORT = 11434
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    description: str
+
+
+SETTINGS: list[Setting] = [
+    Setting("LLMRUN_HOME", "", "All state: model store, logs, pid/lock files, config.yaml"),
+    Setting("LLMRUN_HOST", f"127.0.0.1:{DEFAULT_PORT}", "Address the daemon binds and the CLI uses"),
+    Setting("LLMRUN_KEEP_ALIVE", "5m", "How long an idle model stays loaded"),
+    Setting("LLMRUN_NUM_PARALLEL", "4", "Sequences decoded together per model (slots)"),
+    Setting("LLMRUN_MAX_LOADED_MODELS", "2", "Models held in memory at once"),
+    Setting("LLMRUN_MAX_QUEUE", "64", "Requests waiting for a slot before 503"),
+    Setting("LLMRUN_CONTEXT_LENGTH", "4096", "Default context per request (num_ctx)"),
+    Setting("LLMRUN_NUM_THREADS", "0", "Decode threads per model (0 = all cores)"),
+    Setting("LLMRUN_API_KEYS", "", "Comma-separated keys required when set"),
+    Setting("LLMRUN_ORIGINS", "", "Extra allowed browser origins, comma-separated"),
+]
+_DEFAULTS = {s.name: s.default for s in SETTINGS}
+
+
+def home() -> Path:
+    raw = os.environ.get("LLMRUN_HOME") or platformdirs.user_data_dir("llmrun", appauthor=False)
+    return Path(raw).expanduser()
+
+
+def cache_dir() -> Path:
+    """Downloads that can be thrown away (wheels fetched from PyPI, for instance)."""
+    raw = os.environ.get("LLMRUN_CACHE") or platformdirs.user_cache_dir("llmrun", appauthor=False)
+    return Path(raw).expanduser()
+
+
+@cache
+def _file_settings(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("ignoring %s: expected a mapping of LLMRUN_* names", path)
+        return {}
+    return {str(k).upper(): v for k, v in data.items()}
+
+
+def raw(name: str) -> str:
+    """The string value of one setting: environment first, then config.yaml, then default."""
+    if name in os.environ:
+        return os.environ[name]
+    file_value = _file_settings(home() / "config.yaml").get(name)
+    if file_value is not None:
+        return str(file_value)
+    return _DEFAULTS[name]
+
+
+def _parsed(name: str, parse: Callable[[str], T]) -> T:
+    value = raw(name)
+    try:
+        return parse(value)
+    except ValueError:
+        log.warning("invalid %s=%r, using default %r", name, value, _DEFAULTS[name])
+        return parse(_DEFAULTS[name])
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError(value)
+    return n
+
+
+def host() -> tuple[str, int]:
+    """(host, port) from LLMRUN_HOST; accepts `host`, `host:port`, `:port`, `[v6]:port`, URLs."""
+    return _parsed("LLMRUN_HOST", parse_host)
+
+
+def parse_host(value: str) -> tuple[str, int]:
+    value = value.strip()
+    for scheme in ("http://", "https://"):
+        if value.startswith(scheme):
+            value = value[len(scheme) :]
+    value = value.rstrip("/")
+    if not value:
+        raise ValueError("empty host")
+    if value.startswith("["):
+        addr, _, rest = value[1:].partition("]")
+        port = rest.lstrip(":") or str(DEFAULT_PORT)
+    elif value.count(":") == 1:
+        addr, port = value.split(":")
+        port = port or str(DEFAULT_PORT)
+    else:
+        addr, port = value, str(DEFAULT_PORT)
+    port_n = int(port)
+    if not 0 < port_n < 65536:
+        raise ValueError(f"port out of range: {port}")
+    return addr or "127.0.0.1", port_n
+
+
+def base_url() -> str:
+    addr, port = host()
+    if addr in ("0.0.0.0", "::", ""):
+        addr = "127.0.0.1"
+    if ":" in addr:
+        addr = f"[{addr}]"
+    return f"http://{addr}:{port}"
+
+
+def num_parallel() -> int:
+    return max(1, _parsed("LLMRUN_NUM_PARALLEL", _positive_int))
+
+
+def context_length() -> int:
+    return max(256, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
+
+
+def num_threads() -> int:
+    n = _parsed("LLMRUN_NUM_THREADS", _positive_int)
+    return n or (os.cpu_count() or 1)
+
+
+def keep_alive() -> str:
+    return raw("LLMRUN_KEEP_ALIVE")

@@ -1,0 +1,251 @@
+"""The only module that calls llama-cpp-python's low-level API.
+
+llama-cpp-python is pinned (0.3.36) because these ctypes bindings follow llama.cpp's C API,
+which changes between releases; when it does, this file is the one that changes. Everything
+here is a thin, typed wrapper: ownership (free on close), buffers and return-code checks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+
+import llama_cpp.llama_cpp as C
+
+log = logging.getLogger("llmrun.llama")
+
+DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@C.llama_log_callback
+def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # llama.cpp logs a great deal at load time; keep it at debug unless it is a warning/error.
+    msg = text.decode("utf-8", "replace").rstrip()
+    if msg:
+        log.log(logging.WARNING if level in (2, 3) else logging.DEBUG, msg)
+
+
+def init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            C.llama_log_set(_on_log, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _backend_ready = True
+
+
+class LlamaError(RuntimeError):
+    pass
+
+
+class Model:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
+        init_backend()
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        ptr = C.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            raise LlamaError(f"llama.cpp could not load {path}")
+        self.ptr = ptr
+        self.vocab = C.llama_model_get_vocab(ptr)
+        self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(ptr)
+        self.add_bos: bool = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.size: int = C.llama_model_size(ptr)
+        self.n_params: int = C.llama_model_n_params(ptr)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text for a special token (e.g. '<|im_end|>'), for templates."""
+        raw = C.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    @property
+    def bos(self) -> int:
+        return C.llama_vocab_bos(self.vocab)
+
+    @property
+    def eos(self) -> int:
+        return C.llama_vocab_eos(self.vocab)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:
+                raise LlamaError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token as generated text (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        out = buf.raw[:n]
+        self._pieces[token] = out
+        return out
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class Batch:
+    """A reusable llama_batch; each token belongs to one sequence."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = C.llama_batch_init(capacity, 0, 1)
+        self._token = self.raw.token
+        self._pos = self.raw.pos
+        self._n_seq = self.raw.n_seq_id
+        self._seq = self.raw.seq_id
+        self._logits = self.raw.logits
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its index (the row of its logits when requested)."""
+        i = self.n
+        self._token[i] = token
+        self._pos[i] = pos
+        self._n_seq[i] = 1
+        self._seq[i][0] = seq
+        self._logits[i] = logits
+        self.n = i + 1
+        return i
+
+    def close(self) -> None:
+        if self.raw is not None:
+            C.llama_batch_free(self.raw)
+            self.raw = None
+
+
+class Sampler:
+    """A llama.cpp sampler chain (runs in C; sampling adds no per-token Python work)."""
+
+    def __init__(self, model: Model, *, temperature: float, top_k: int, top_p: float,
+                 min_p: float, typical_p: float, repeat_last_n: int, repeat_penalty: float,
+                 presence_penalty: float, frequency_penalty: float, seed: int,
+                 grammar: str | None = None) -> None:
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = C.llama_sampler_chain_init(params)
+        self.ptr = chain
+        add = C.llama_sampler_chain_add
+        if grammar:
+            g = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+            if not g:
+                self.close()
+                raise LlamaError("invalid grammar")
+            add(chain, g)
+        if repeat_penalty != 1.0 or presence_penalty or frequency_penalty:
+            last_n = model.n_ctx_train if repeat_last_n == -1 else repeat_last_n
+            add(chain, C.llama_sampler_init_penalties(
+                model.n_vocab, last_n, repeat_penalty, frequency_penalty, presence_penalty))
+        if temperature <= 0.0:
+            add(chain, C.llama_sampler_init_greedy())
+            return
+        if top_k > 0:
+            add(chain, C.llama_sampler_init_top_k(top_k))
+        if 0.0 < typical_p < 1.0:
+            add(chain, C.llama_sampler_init_typical(typical_p, 1))
+        if 0.0 < top_p < 1.0:
+            add(chain, C.llama_sampler_init_top_p(top_p, 1))
+        if min_p > 0.0:
+            add(chain, C.llama_sampler_init_min_p(min_p, 1))
+        add(chain, C.llama_sampler_init_temp(temperature))
+        add(chain, C.llama_sampler_init_dist(DEFAULT_SEED if seed < 0 else seed & 0xFFFFFFFF))
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self.ptr, token)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+
+class Context:
+    """A llama context holding the KV cache for `n_seq` sequences of up to `n_ctx_seq` each."""
+
+    def __init__(self, model: Model, *, n_ctx_seq: int, n_seq: int, n_batch: int,
+                 n_threads: int, flash_attn: bool | None = None) -> None:
+        params = C.llama_context_default_params()
+        # Unified KV cache: all sequences share one pool of n_ctx_seq x n_seq cells, so a
+        # request may use its whole num_ctx whatever the others hold (Ollama's semantics).
+        params.n_ctx = n_ctx_seq * n_seq
+        params.n_seq_max = n_seq
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, 512)
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = True
+        params.no_perf = True
+        params.flash_attn_type = {
+            None: C.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            True: C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[flash_attn]
+        ptr = C.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+        self.ptr = ptr
+        self.model = model
+        self.n_ctx = C.llama_n_ctx(ptr)
+        self.n_batch = C.llama_n_batch(ptr)
+        self.memory = C.llama_get_memory(ptr)
+
+    def decode(self, batch: Batch) -> int:
+        """0 on success; 1 when no KV slot was found; negative on error."""
+        batch.raw.n_tokens = batch.n
+        return C.llama_decode(self.ptr, batch.raw)
+
+    def sample(self, sampler: Sampler, index: int) -> int:
+        """Sample from the logits of batch row `index`; the chain accepts the token itself."""
+        return C.llama_sampler_sample(sampler.ptr, self.ptr, index)
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(C.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,152 @@
+"""The runner process: one per loaded model, started and supervised by the daemon.
+
+    python -m llmrun.engine.runner --fd N --model PATH --ctx 4096 --slots 4 --threads 2
+
+It speaks framed JSON (llmrun.engine.ipc) over the inherited socket `--fd`:
+
+    daemon -> runner   {"type": "generate", "id": ..., "job": GenerateJob}
+                       {"type": "cancel", "id": ...}      {"type": "shutdown"}
+    runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
+                       {"type": "events", "events": [[id, "chunk"|"done"|"error", payload]]}
+
+A crash here (llama.cpp is C++) takes down only this process; the daemon reports it to the
+requests in flight. When the daemon goes away the channel closes and the runner exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmrun.engine import templates
+from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.ipc import ChannelClosed, SyncChannel
+from llmrun.engine.llama import Context, LlamaError, Model
+from llmrun.request import GenerateJob
+
+log = logging.getLogger("llmrun.runner")
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
+                 "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when the daemon dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class Runner:
+    def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
+                 n_slots: int) -> None:
+        self.chan = chan
+        self.model = model
+        self.n_ctx_seq = n_ctx_seq
+        self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit)
+        self.template = model.chat_template()
+        self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
+        self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
+
+    def emit(self, events: list[Event]) -> None:
+        try:
+            self.chan.send({"type": "events", "events": events})
+        except OSError:
+            pass  # the daemon is gone; the main loop notices and exits
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "n_ctx_seq": self.n_ctx_seq,
+            "n_slots": len(self.engine.slots),
+            "n_ctx_train": self.model.n_ctx_train,
+            "has_template": self.template is not None,
+            "size": self.model.size,
+        }
+
+    def render(self, job: GenerateJob) -> list[int]:
+        source = job.template or self.template or templates.FALLBACK_TEMPLATE
+        messages = templates.with_system([m.model_dump() for m in job.messages], job.system)
+        text = templates.render(source, messages, bos_token=self.bos_text,
+                                eos_token=self.eos_text)
+        # Most templates write the BOS token themselves; adding another one hurts quality.
+        add_bos = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        return self.model.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
+        try:
+            job = GenerateJob.model_validate(raw_job)
+            prompt = self.render(job)
+        except (ValueError, LlamaError) as exc:
+            self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
+            return
+        if len(prompt) >= self.n_ctx_seq:
+            self.emit([(req_id, "error", {
+                "message": f"the prompt is {len(prompt)} tokens but the model's context is "
+                           f"{self.n_ctx_seq} tokens (num_ctx); shorten it or raise num_ctx",
+                "status": 400,
+            })])
+            return
+        o = job.options
+        params = SeqParams(
+            sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
+            max_tokens=o.num_predict if o.num_predict is not None else -1,
+            stops=list(o.stop or []),
+        )
+        self.engine.submit(req_id, prompt, params)
+
+    def serve(self) -> None:
+        self.engine.start()
+        self.chan.send({"type": "ready", "info": self.info()})
+        while True:
+            try:
+                msg = self.chan.recv()
+            except (ChannelClosed, OSError):
+                break
+            kind = msg.get("type")
+            if kind == "generate":
+                self.generate(msg["id"], msg["job"])
+            elif kind == "cancel":
+                self.engine.cancel(msg["id"])
+            elif kind == "shutdown":
+                break
+        self.engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--ctx", type=int, required=True, help="context tokens per sequence")
+    ap.add_argument("--slots", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=512)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s runner %(levelname)s %(message)s")
+    _die_with_parent()
+    chan = SyncChannel(socket.socket(fileno=args.fd))
+    try:
+        model = Model(args.model)
+        n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
+        ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=args.slots,
+                      n_batch=args.batch, n_threads=args.threads)
+    except LlamaError as exc:
+        chan.send({"type": "fatal", "error": str(exc)})
+        return 1
+    log.info("loaded %s: ctx %d x %d slots, %d threads", args.model.name, n_ctx_seq,
+             args.slots, args.threads)
+    Runner(chan, model, ctx, n_ctx_seq, args.slots).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

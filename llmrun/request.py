@@ -1,0 +1,124 @@
+"""The internal request and result types every layer shares.
+
+Dialect modules (`llmrun/api/*`) translate their wire formats into `ChatRequest` and back
+from `Chunk`/`Done`; the engine sees nothing else. Nothing here knows HTTP or llama.cpp.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Options(BaseModel):
+    """Generation and load options, named as Ollama names them (also Modelfile PARAMETERs).
+
+    `None` means "not set here": the model's Modelfile defaults, then llmrun's defaults apply.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # load-time: a change means a different runner
+    num_ctx: int | None = Field(None, ge=1, description="Context tokens per request")
+    num_batch: int | None = Field(None, ge=1)
+    num_thread: int | None = Field(None, ge=0)
+    num_gpu: int | None = None
+    use_mmap: bool | None = None
+    # per request
+    num_keep: int | None = None
+    seed: int | None = None
+    num_predict: int | None = Field(None, description="Max tokens to generate; -1 = no limit")
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    typical_p: float | None = Field(None, ge=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    repeat_penalty: float | None = Field(None, ge=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] | None = None
+
+    def merged_over(self, base: Options) -> Options:
+        """These options, with unset fields taken from `base`."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap")
+
+# Ollama's defaults for what a request and the Modelfile leave unset.
+DEFAULT_OPTIONS = Options(
+    seed=-1,
+    num_predict=-1,
+    top_k=40,
+    top_p=0.9,
+    min_p=0.0,
+    typical_p=1.0,
+    temperature=0.8,
+    repeat_last_n=64,
+    repeat_penalty=1.1,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    stop=[],
+)
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+
+
+class ChatRequest(BaseModel):
+    """One chat turn to generate, after the dialect layer and the model's defaults."""
+
+    model: str
+    messages: list[Message]
+    options: Options = Field(default_factory=Options)
+    stream: bool = True
+    keep_alive: str | float | None = None
+
+
+class GenerateJob(BaseModel):
+    """What the daemon sends a runner: everything needed to render and decode one sequence."""
+
+    messages: list[Message]
+    template: str | None = None  # overrides the GGUF's chat template
+    system: str | None = None  # the model's default system prompt
+    options: Options
+
+
+FinishReason = Literal["stop", "length", "cancel", "error"]
+
+
+class Stats(BaseModel):
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_ns: int = 0
+    generate_ns: int = 0
+    load_ns: int = 0  # filled in by the daemon: time this request waited for a model load
+    total_ns: int = 0  # filled in by the daemon: from request received to done
+    finish_reason: FinishReason = "stop"
+
+
+class Chunk(BaseModel):
+    text: str
+
+
+class Done(BaseModel):
+    stats: Stats
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve; `status` is the HTTP status a dialect should use."""
+
+    def __init__(self, message: str, status: int = 500, kind: str = "server_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.kind = kind
+
+
+def as_dict(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(exclude_none=True)

@@ -1,0 +1,1 @@
+"""The daemon: app factory, scheduler, runner handles."""

@@ -1,0 +1,98 @@
+"""The daemon's ASGI app: routes of every dialect, error shapes, lifecycle.
+
+FastAPI (on Starlette + uvicorn) because the dialects are defined by pydantic models anyway,
+request validation then costs nothing extra, and streaming responses are cancelled when the
+client goes away, which is how a disconnect frees a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmrun import __version__, config
+from llmrun.api import ollama
+from llmrun.request import EngineError
+from llmrun.server.scheduler import Scheduler
+from llmrun.server.service import Service
+from llmrun.store import Store
+
+IDENTITY_HEADER = b"x-llmrun-version"
+
+
+class IdentityHeader:
+    """Adds `X-Llmrun-Version` to every response, so the CLI can tell llmrun from another
+    server that holds the port. (Pure ASGI: BaseHTTPMiddleware would buffer streams.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []),
+                                      (IDENTITY_HEADER, __version__.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def describe_validation_error(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}"
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc:
+        return f"invalid request body: {first.get('msg')}"
+    return f"invalid field '{'.'.join(loc)}': {first.get('msg')}"
+
+
+def create_app(store: Store | None = None) -> FastAPI:
+    store = store or Store()
+    scheduler = Scheduler(store, config.home() / "logs")
+    service = Service(store, scheduler)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await scheduler.shutdown()
+
+    app = FastAPI(title="llmrun", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_: Request, exc: RequestValidationError) -> Response:
+        return JSONResponse({"error": describe_validation_error(exc)}, status_code=400)
+
+    @app.exception_handler(EngineError)
+    async def on_engine_error(_: Request, exc: EngineError) -> Response:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return PlainTextResponse("llmrun is running")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__,
+                "loaded": [v.name for v in scheduler.loaded.values()]}
+
+    app.include_router(ollama.router(service))
+    app.add_middleware(IdentityHeader)
+    return app
+
+

@@ -1,0 +1,179 @@
+"""The daemon's handle on one runner process: start it, relay requests, survive its death.
+
+Each request gets an id and an asyncio queue; a reader task routes the runner's event frames
+to those queues. When the process dies (crash, SIGKILL, OOM) every request in flight gets a
+clear error and the handle is marked dead, so the scheduler starts a fresh runner next time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmrun.engine import ipc
+from llmrun.request import Chunk, Done, EngineError, GenerateJob, Stats
+
+log = logging.getLogger(__name__)
+LOAD_TIMEOUT = 300.0
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """Everything that decides how a runner is started; a change means a new runner."""
+
+    model_path: Path
+    n_ctx: int
+    n_slots: int
+    n_threads: int
+    n_batch: int = 512
+
+
+class Runner:
+    def __init__(self, spec: RunnerSpec, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.info: dict[str, Any] = {}
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._queues: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
+        self._read_task: asyncio.Task[None] | None = None
+        self.dead_reason: str | None = None
+        self.load_seconds = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_reason is None and self.proc is not None and self.proc.returncode is None
+
+    @property
+    def busy(self) -> int:
+        return len(self._queues)
+
+    async def start(self) -> None:
+        t0 = time.perf_counter()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logfile = open(self.log_path, "ab")
+        s = self.spec
+        cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno()),
+               "--model", str(s.model_path), "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),
+               "--threads", str(s.n_threads), "--batch", str(s.n_batch)]
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
+                pass_fds=(child.fileno(),), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        finally:
+            child.close()
+            logfile.close()
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        try:
+            msg = await asyncio.wait_for(self._recv(), LOAD_TIMEOUT)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            await self.kill()
+            raise EngineError(f"the model runner failed to start: {self._why(exc)}") from None
+        if msg.get("type") != "ready":
+            await self.kill()
+            raise EngineError(f"the model runner failed to load the model: {msg.get('error')}")
+        self.info = msg["info"]
+        self.load_seconds = time.perf_counter() - t0
+        self._read_task = asyncio.create_task(self._read_loop())
+
+    def _why(self, exc: BaseException) -> str:
+        code = self.proc.returncode if self.proc else None
+        if code is not None and code < 0:
+            return f"it was killed by signal {signal.Signals(-code).name} (log: {self.log_path})"
+        if code is not None:
+            return f"it exited with status {code} (log: {self.log_path})"
+        return f"{type(exc).__name__} (log: {self.log_path})"
+
+    async def _recv(self) -> dict[str, Any]:
+        assert self._reader is not None
+        header = await self._reader.readexactly(ipc.HEADER.size)
+        body = await self._reader.readexactly(ipc.decode_length(header))
+        return json.loads(body)
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        if self._writer is None or not self.alive:
+            raise EngineError(f"the model runner is not running ({self.dead_reason})")
+        self._writer.write(ipc.encode(msg))
+        await self._writer.drain()
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = await self._recv()
+                if msg.get("type") != "events":
+                    continue
+                for req_id, kind, payload in msg["events"]:
+                    q = self._queues.get(req_id)
+                    if q is not None:
+                        q.put_nowait((kind, payload))
+        except (asyncio.IncompleteReadError, ConnectionError, ipc.ChannelClosed) as exc:
+            if self.proc is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), 5)
+            self.dead_reason = f"the model runner stopped: {self._why(exc)}"
+            log.error("%s", self.dead_reason)
+            for q in self._queues.values():
+                q.put_nowait(("error", {"message": self.dead_reason, "status": 500}))
+
+    async def generate(self, job: GenerateJob) -> AsyncIterator[Chunk | Done]:
+        """Stream one request; closing the iterator early cancels it in the runner."""
+        req_id = f"r{next(_ids)}"
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._queues[req_id] = q
+        finished = False
+        try:
+            await self._send({"type": "generate", "id": req_id, "job": job.model_dump()})
+            while True:
+                kind, payload = await q.get()
+                if kind == "chunk":
+                    yield Chunk(text=payload)
+                elif kind == "done":
+                    finished = True
+                    yield Done(stats=Stats.model_validate(payload))
+                    return
+                else:
+                    finished = True
+                    raise EngineError(payload["message"], status=payload.get("status", 500))
+        finally:
+            self._queues.pop(req_id, None)
+            if not finished and self.alive:
+                with contextlib.suppress(Exception):
+                    await self._send({"type": "cancel", "id": req_id})
+
+    async def stop(self) -> None:
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await self._send({"type": "shutdown"})
+            try:
+                assert self.proc is not None
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                pass
+        await self.kill()
+
+    async def kill(self) -> None:
+        self.dead_reason = self.dead_reason or "stopped"
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        if self._writer is not None:
+            self._writer.close()
+        if self._read_task is not None:
+            self._read_task.cancel()

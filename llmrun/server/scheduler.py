@@ -1,0 +1,182 @@
+"""Which models are loaded: load on first use, reuse while options match, unload when idle.
+
+States of a loaded model, in one line each:
+  busy     refs > 0: requests are using its runner; it is never unloaded
+  idle     refs == 0: unloaded when its keep-alive expires, or first when room is needed
+  dead     its runner died: dropped at the next lookup, and a fresh one is started
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmrun import config
+from llmrun.request import EngineError, Options
+from llmrun.server.runners import Runner, RunnerSpec
+from llmrun.store import Manifest, ModelNotFound, Store
+from llmrun.store import gguf as gguf_reader
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: str | float | int | None) -> float:
+    """Seconds to keep a model loaded: `5m`, `1h30m`, `30s`, a number of seconds;
+    negative means forever (math.inf), 0 means unload once idle."""
+    if value is None:
+        value = config.keep_alive()
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            sign = -1.0 if text.startswith("-") else 1.0
+            body = text.lstrip("+-")
+            parts = _DURATION.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(f"invalid keep_alive duration {value!r}") from None
+            seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    return math.inf if seconds < 0 else seconds
+
+
+@dataclass
+class Loaded:
+    name: str
+    manifest: Manifest
+    spec: RunnerSpec
+    runner: Runner
+    refs: int = 0
+    keep_alive: float = 300.0
+    expires_at: float = math.inf
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Lease:
+    """What a request holds while it uses a model."""
+
+    loaded: Loaded
+    load_seconds: float  # time this request spent waiting for a load (0 if already loaded)
+
+
+class Scheduler:
+    def __init__(self, store: Store, logs: Path) -> None:
+        self.store = store
+        self.logs = logs
+        self.loaded: dict[str, Loaded] = {}  # by manifest digest
+        self._lock = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+
+    def spec_for(self, manifest: Manifest, options: Options) -> RunnerSpec:
+        n_ctx = options.num_ctx or manifest.options().num_ctx or config.context_length()
+        trained = manifest.details.context_length
+        if trained:
+            n_ctx = min(n_ctx, trained)
+        return RunnerSpec(
+            model_path=self.store.model_path(manifest),
+            n_ctx=n_ctx,
+            n_slots=config.num_parallel(),
+            n_threads=options.num_thread or config.num_threads(),
+            n_batch=options.num_batch or 512,
+        )
+
+    @contextlib.asynccontextmanager
+    async def use(self, name: str, options: Options,
+                  keep_alive: str | float | None = None) -> AsyncIterator[Lease]:
+        """Hold a loaded runner for `name` for the duration of the block."""
+        try:
+            ttl = parse_keep_alive(keep_alive)
+        except ValueError as exc:
+            raise EngineError(str(exc), status=400, kind="invalid_request") from None
+        lease = await self._acquire(name, options)
+        loaded = lease.loaded
+        try:
+            yield lease
+        finally:
+            loaded.refs -= 1
+            loaded.last_used = time.monotonic()
+            loaded.keep_alive = ttl
+            if loaded.refs == 0:
+                loaded.expires_at = loaded.last_used + ttl
+                replaced = self.loaded.get(loaded.manifest.model.digest) is not loaded
+                if ttl == 0 or replaced:
+                    await self.unload(loaded)
+
+    async def _acquire(self, name: str, options: Options) -> Lease:
+        try:
+            parsed, manifest = self.store.get(name)
+        except ModelNotFound as exc:
+            raise EngineError(str(exc), status=404, kind="not_found") from None
+        spec = self.spec_for(manifest, options)
+        key = manifest.model.digest
+        async with self._lock:
+            current = self.loaded.get(key)
+            if current is not None and current.runner.alive and current.spec == spec:
+                current.refs += 1
+                current.expires_at = math.inf
+                return Lease(current, 0.0)
+            if current is not None and current.refs == 0:
+                await self.unload(current)
+            elif current is not None:
+                # busy with other options: it finishes its requests, then expires
+                self.loaded.pop(key, None)
+                current.expires_at = time.monotonic()
+            await self._make_room()
+            # the file is untrusted: validate its header before llama.cpp reads it
+            try:
+                gguf_reader.read(spec.model_path)
+            except gguf_reader.GGUFError as exc:
+                raise EngineError(f"model '{parsed.short}' is damaged: {exc}") from None
+            runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
+            await runner.start()
+            loaded = Loaded(parsed.short, manifest, spec, runner, refs=1)
+            self.loaded[key] = loaded
+            self._ensure_reaper()
+            return Lease(loaded, runner.load_seconds)
+
+    async def _make_room(self) -> None:
+        limit = max(1, int(config.raw("LLMRUN_MAX_LOADED_MODELS") or 1))
+        for key in [k for k, v in self.loaded.items() if not v.runner.alive and v.refs == 0]:
+            self.loaded.pop(key)
+        while len(self.loaded) >= limit:
+            idle = [v for v in self.loaded.values() if v.refs == 0]
+            if not idle:
+                return  # everything is busy; load anyway rather than fail the request
+            await self.unload(min(idle, key=lambda v: v.last_used))
+
+    async def unload(self, loaded: Loaded) -> None:
+        key = loaded.manifest.model.digest
+        if self.loaded.get(key) is loaded:
+            del self.loaded[key]
+        await loaded.runner.stop()
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while self.loaded:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for loaded in list(self.loaded.values()):
+                if loaded.refs == 0 and (loaded.expires_at <= now or not loaded.runner.alive):
+                    log.info("unloading %s (idle)", loaded.name)
+                    await self.unload(loaded)
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await asyncio.gather(*(self.unload(v) for v in list(self.loaded.values())),
+                             return_exceptions=True)

@@ -1,0 +1,43 @@
+"""What every dialect calls: run a ChatRequest on the right model and stream the result.
+
+Dialects translate to `ChatRequest` and from `Chunk`/`Done`; this module merges the model's
+Modelfile defaults, holds the model through the scheduler for the whole stream, and stamps
+load and total durations on the final statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob
+from llmrun.server.scheduler import Scheduler
+from llmrun.store import Store
+
+
+class Service:
+    def __init__(self, store: Store, scheduler: Scheduler) -> None:
+        self.store = store
+        self.scheduler = scheduler
+
+    async def chat(self, req: ChatRequest) -> AsyncIterator[Chunk | Done]:
+        t0 = time.perf_counter()
+        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+            manifest = lease.loaded.manifest
+            options = req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS))
+            job = GenerateJob(
+                messages=[*manifest.messages, *req.messages],
+                template=manifest.template,
+                system=manifest.system,
+                options=options,
+            )
+            async for event in lease.loaded.runner.generate(job):
+                if isinstance(event, Done):
+                    event.stats.load_ns = int(lease.load_seconds * 1e9)
+                    event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
+                yield event
+
+    async def load(self, req: ChatRequest) -> float:
+        """Load (or keep) the model without generating; returns seconds spent loading."""
+        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+            return lease.load_seconds

@@ -1,0 +1,126 @@
+"""Manifests: one small JSON file per model name, pointing at blobs by digest.
+
+`manifests/<host>/<namespace>/<model>/<tag>`; the path comes only from a validated
+`ModelName`. A manifest is written last and atomically, so a model either exists whole or
+not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from llmrun.request import Message, Options
+from llmrun.store.names import ModelName
+
+
+class Layer(BaseModel):
+    digest: str
+    size: int
+
+
+class Details(BaseModel):
+    format: str = "gguf"
+    family: str = ""
+    parameter_size: str = ""
+    quantization_level: str = ""
+    context_length: int | None = None
+
+
+class Manifest(BaseModel):
+    schema_version: int = 1
+    name: str
+    model: Layer
+    adapters: list[Layer] = Field(default_factory=list)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    messages: list[Message] = Field(default_factory=list)
+    license: list[str] = Field(default_factory=list)
+    details: Details = Field(default_factory=Details)
+    source: str = ""
+    modified_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    def options(self) -> Options:
+        return Options.model_validate(self.parameters)
+
+    def digests(self) -> set[str]:
+        return {self.model.digest, *(a.digest for a in self.adapters)}
+
+    @property
+    def size(self) -> int:
+        return self.model.size + sum(a.size for a in self.adapters)
+
+    def serialize(self) -> bytes:
+        return self.model_dump_json(indent=2).encode()
+
+    @property
+    def digest(self) -> str:
+        """Identity of the content (not the name): same weights and settings, same digest."""
+        body = self.model_dump_json(exclude={"name", "modified_at", "source"})
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    @property
+    def id(self) -> str:
+        return self.digest[:12]
+
+
+class Manifests:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, name: ModelName) -> Path:
+        return self.root.joinpath(*name.manifest_path().parts)
+
+    def get(self, name: ModelName) -> Manifest | None:
+        p = self.path(name)
+        if not p.is_file():
+            return None
+        return Manifest.model_validate_json(p.read_bytes())
+
+    def put(self, name: ModelName, manifest: Manifest) -> None:
+        p = self.path(name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=p.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(manifest.serialize())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def delete(self, name: ModelName) -> bool:
+        p = self.path(name)
+        if not p.is_file():
+            return False
+        p.unlink()
+        # prune empty folders up to the root so `list` never sees stale directories
+        for parent in p.parents:
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        return True
+
+    def all(self) -> list[Manifest]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.glob("*/*/*/*"):
+            if p.is_file() and not p.name.startswith("."):
+                try:
+                    out.append(Manifest.model_validate_json(p.read_bytes()))
+                except ValueError:
+                    continue  # a foreign or damaged file is not a model; never crash `list`
+        return out
