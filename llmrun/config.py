@@ -33,7 +33,8 @@ class Setting:
 
 SETTINGS: list[Setting] = [
     Setting("LLMRUN_HOME", "", "All state: model store, logs, pid/lock files, config.yaml"),
-    Setting("LLMRUN_HOST", f"127.0.0.1:{DEFAULT_PORT}", "Address the daemon binds and the CLI uses"),
+    Setting("LLMRUN_HOST", f"127.0.0.1:{DEFAULT_PORT}",
+            "Address the daemon binds and the CLI uses"),
     Setting("LLMRUN_KEEP_ALIVE", "5m", "How long an idle model stays loaded"),
     Setting("LLMRUN_NUM_PARALLEL", "4", "Sequences decoded together per model (slots)"),
     Setting("LLMRUN_MAX_LOADED_MODELS", "2", "Models held in memory at once"),

@@ -190,7 +190,8 @@ class Engine:
             slot = seq.slot
             assert slot is not None
             if seq.next_token is not None:
-                outputs.append((seq, batch.add(seq.next_token, len(slot.tokens), slot.seq_id, True)))
+                idx = batch.add(seq.next_token, len(slot.tokens), slot.seq_id, True)
+                outputs.append((seq, idx))
                 slot.tokens.append(seq.next_token)
                 seq.next_token = None
             elif seq.pending:

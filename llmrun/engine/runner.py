@@ -16,6 +16,7 @@ requests in flight. When the daemon goes away the channel closes and the runner 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import signal
@@ -58,10 +59,9 @@ class Runner:
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
 
     def emit(self, events: list[Event]) -> None:
-        try:
+        # OSError: the daemon is gone; the main loop notices and exits
+        with contextlib.suppress(OSError):
             self.chan.send({"type": "events", "events": events})
-        except OSError:
-            pass  # the daemon is gone; the main loop notices and exits
 
     def info(self) -> dict[str, Any]:
         return {

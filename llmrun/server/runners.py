@@ -66,7 +66,7 @@ class Runner:
         t0 = time.perf_counter()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logfile = open(self.log_path, "ab")
+        logfile = open(self.log_path, "ab")  # noqa: SIM115 (the child inherits it; closed below)
         s = self.spec
         cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno()),
                "--model", str(s.model_path), "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),

@@ -21,7 +21,7 @@ from pathlib import Path
 from llmrun import config
 from llmrun.request import EngineError, Options
 from llmrun.server.runners import Runner, RunnerSpec
-from llmrun.store import Manifest, ModelNotFound, Store
+from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
 from llmrun.store import gguf as gguf_reader
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,9 @@ class Scheduler:
             parsed, manifest = self.store.get(name)
         except ModelNotFound as exc:
             raise EngineError(str(exc), status=404, kind="not_found") from None
+        except InvalidName as exc:
+            raise EngineError(f"invalid model name: {exc}", status=400,
+                              kind="invalid_request") from None
         spec = self.spec_for(manifest, options)
         key = manifest.model.digest
         async with self._lock:

@@ -24,7 +24,8 @@ KEEP_ARRAY = 64  # arrays up to this length are kept in metadata
 
 # GGUF metadata value types
 _SCALARS: dict[int, str] = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+    10: "<Q", 11: "<q", 12: "<d",
 }
 _STRING, _ARRAY = 8, 9
 
@@ -172,7 +173,7 @@ def read(path: Path) -> GGUFInfo:
     """Parse and validate `path`; raise GGUFError with a reason a person can act on."""
     try:
         size = path.stat().st_size
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the `with fh` below)
     except OSError as exc:
         raise GGUFError(f"cannot read {path}: {exc.strerror or exc}") from exc
     with fh:

@@ -1,0 +1,27 @@
+# The two commands of the README:
+#   make demo   install llmrun in .venv, put the default model in the store, ask it a question
+#   make test   install the test dependencies, fetch the test model (cached), run the suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo install test lint bench
+
+demo: install
+	$(BIN)/llmrun pull smollm2
+	$(BIN)/llmrun run smollm2 "Why is the sky blue?"
+
+install:
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	scripts/llama-wheel.sh $(BIN)/python
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+
+test: install
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python scripts/fetch_test_models.py
+	$(BIN)/ruff check llmrun tests scripts
+	$(BIN)/python -m pytest -q
+
+lint:
+	$(BIN)/ruff check llmrun tests scripts

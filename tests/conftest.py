@@ -1,0 +1,103 @@
+"""Shared fixtures. Every test gets a throwaway LLMRUN_HOME; integration tests share one real
+daemon (a subprocess on a free port) serving the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from fetch_test_models import test_models_dir  # noqa: E402
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("LLMRUN_HOME", str(home))
+    monkeypatch.setenv("LLMRUN_HOST", f"127.0.0.1:{free_port()}")
+    return home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    path = test_models_dir() / SMOLLM2_FILE
+    if not path.is_file():
+        pytest.fail(f"test model missing: run `python scripts/fetch_test_models.py` ({path})")
+    return path
+
+
+def make_home(root: Path, model_path: Path, name: str = "smollm2") -> Path:
+    """A store holding the test model under `name` (imported, as `llmrun create` does)."""
+    from llmrun.store import Store
+
+    Store(root).create(name, f"FROM {model_path}\n")
+    return root
+
+
+class Daemon:
+    def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "LLMRUN_HOME": str(home),
+                    "LLMRUN_HOST": f"127.0.0.1:{self.port}", "LLMRUN_NUM_PARALLEL": "2",
+                    "LLMRUN_CONTEXT_LENGTH": "2048", **(env or {})}
+        self.log = home / "daemon-test.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "llmrun", "serve"], env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.log.read_text()[-3000:]}")
+            try:
+                httpx.get(self.url + "/api/version", timeout=1)
+                return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("daemon did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
+    home = make_home(tmp_path_factory.mktemp("daemon-home"), smollm2_path)
+    d = Daemon(home).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def api(daemon: Daemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=daemon.url, timeout=120) as client:
+        yield client

@@ -1,0 +1,159 @@
+"""The `llmrun` command as a user runs it: a real subprocess, a real daemon, the real model."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_home
+
+
+def llmrun(*args: str, stdin: str | None = None,
+           timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmrun", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+def stop_daemon(home: Path) -> None:
+    pid_file = home / "daemon.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                threading.Event().wait(0.1)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def home_with_model(_isolated_home: Path, smollm2_path: Path,
+                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    make_home(_isolated_home, smollm2_path)
+    monkeypatch.setenv("LLMRUN_CONTEXT_LENGTH", "1024")
+    yield _isolated_home
+    stop_daemon(_isolated_home)
+
+
+def test_run_autostarts_daemon_and_answers(home_with_model: Path) -> None:
+    first = llmrun("run", "smollm2", "Why is the sky blue?", "--seed", "1")
+    assert first.returncode == 0, first.stderr
+    assert "started llmrun daemon" in first.stderr
+    assert len(first.stdout.split()) > 5, first.stdout
+    assert (home_with_model / "logs" / "server.log").exists()
+    # a second run talks to the same daemon instead of starting another
+    second = llmrun("run", "smollm2", "Say hello.")
+    assert second.returncode == 0, second.stderr
+    assert "started" not in second.stderr
+    assert second.stdout.strip()
+
+
+def test_run_reads_piped_stdin(home_with_model: Path) -> None:
+    r = llmrun("run", "smollm2", stdin="What is the capital of France?\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def test_concurrent_clis_start_one_daemon(home_with_model: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-m", "llmrun", "run", "smollm2", "Hi"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    started = sum("started llmrun daemon" in err for _, err in results)
+    assert started == 1
+
+
+def test_run_missing_model_names_the_fix(home_with_model: Path) -> None:
+    r = llmrun("run", "nonexistent", "hi")
+    assert r.returncode == 1
+    assert "not found" in r.stderr
+    assert "llmrun pull" in r.stderr
+
+
+def test_run_detects_foreign_server_on_port(_isolated_home: Path) -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host, port = os.environ["LLMRUN_HOST"].split(":")
+    server = http.server.HTTPServer((host, int(port)), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = llmrun("run", "smollm2", "hi", timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 1
+    assert "not llmrun" in r.stderr
+
+
+def test_daemon_that_fails_to_start_shows_its_log(_isolated_home: Path) -> None:
+    # A socket bound but not listening: connections are refused (no daemon answers), and
+    # `llmrun serve` cannot bind the port, so it exits; the CLI must say why.
+    host, port = os.environ["LLMRUN_HOST"].split(":")
+    with socket.socket() as blocker:
+        blocker.bind((host, int(port)))
+        r = llmrun("run", "smollm2", "hi", timeout=90)
+    assert r.returncode == 1
+    assert "exited" in r.stderr
+    assert "already in use" in r.stderr
+
+
+def test_create_list_show_rm(_isolated_home: Path, smollm2_path: Path, tmp_path: Path) -> None:
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f'FROM {smollm2_path}\nPARAMETER temperature 0.3\nSYSTEM """Be brief."""\n')
+    r = llmrun("create", "brief", "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+    listed = llmrun("list")
+    assert "brief:latest" in listed.stdout
+    assert "98.4 MB" in listed.stdout
+    shown = llmrun("show", "brief")
+    assert "Be brief." in shown.stdout and "temperature" in shown.stdout
+    assert llmrun("cp", "brief", "brief2").returncode == 0
+    assert llmrun("rm", "brief").returncode == 0
+    assert len(list((_isolated_home / "blobs").iterdir())) == 1  # still used by brief2
+    assert llmrun("rm", "brief2").returncode == 0
+    assert list((_isolated_home / "blobs").iterdir()) == []
+    assert "brief" not in llmrun("list").stdout
+
+
+def test_create_refuses_non_gguf(_isolated_home: Path, tmp_path: Path) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"<html>not a model</html>" * 10)
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {fake}\n")
+    r = llmrun("create", "fake", "-f", str(mf))
+    assert r.returncode == 1
+    assert "not a GGUF file" in r.stderr
+    blobs = _isolated_home / "blobs"
+    assert not blobs.exists() or list(blobs.iterdir()) == []
+    assert "fake" not in llmrun("list").stdout
+
+
+def test_rm_missing_model(_isolated_home: Path) -> None:
+    r = llmrun("rm", "ghost")
+    assert r.returncode == 1
+    assert "model 'ghost' not found" in r.stderr
+
+
+def test_version() -> None:
+    r = llmrun("--version")
+    assert r.returncode == 0 and r.stdout.startswith("llmrun ")
