@@ -43,11 +43,6 @@ def test_parse_digest_refuses(digest: str) -> None:
     assert str(exc.value) == f"invalid digest {digest!r}: expected sha256:<64 lowercase hex>"
 
 
-@pytest.mark.xfail(
-    reason="blobs.py _DIGEST ends in '$' and is used with re.match, which also matches "
-    "before a trailing newline",
-    strict=True,
-)
 def test_parse_digest_refuses_trailing_newline() -> None:
     with pytest.raises(DigestError):
         parse_digest(f"sha256:{HEX}\n")

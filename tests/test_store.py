@@ -137,7 +137,7 @@ def test_remove_keeps_shared_blob_until_last_copy(store: Store, src: Path) -> No
 
 
 def test_remove_missing_model(store: Store) -> None:
-    with pytest.raises(ModelNotFound, match="^model 'nope' not found, try pulling it first$"):
+    with pytest.raises(ModelNotFound, match=r"^model 'nope' not found, try pulling it first$"):
         store.remove("nope")
 
 

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import llama_cpp.llama_cpp as C
+import numpy as np
 
 log = logging.getLogger("llmrun.llama")
 
@@ -26,7 +27,8 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     # llama.cpp logs a great deal at load time; keep it at debug unless it is a warning/error.
     msg = text.decode("utf-8", "replace").rstrip()
     if msg:
-        log.log(logging.WARNING if level in (2, 3) else logging.DEBUG, msg)
+        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+        log.log({3: logging.WARNING, 4: logging.ERROR}.get(level, logging.DEBUG), msg)
 
 
 def init_backend() -> None:
@@ -209,15 +211,19 @@ class Context:
     def __init__(self, model: Model, *, n_ctx_seq: int, n_seq: int, n_batch: int,
                  n_threads: int, flash_attn: bool | None = None) -> None:
         params = C.llama_context_default_params()
-        # Unified KV cache: all sequences share one pool of n_ctx_seq x n_seq cells, so a
-        # request may use its whole num_ctx whatever the others hold (Ollama's semantics).
+        # One KV stream per sequence, n_ctx_seq cells each (so every request gets its whole
+        # num_ctx, as in Ollama). Not a unified pool: there a sequence's cells land wherever
+        # others left room, which changes the summation order inside attention, and on a
+        # quantized model that shifts logits by up to ~0.8 (measured on SmolLM2 Q4_1), so
+        # greedy output would depend on who else is being served. Separate streams make a
+        # sequence's logits bit-identical alone or batched (tests/test_engine.py).
         params.n_ctx = n_ctx_seq * n_seq
         params.n_seq_max = n_seq
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, 512)
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.kv_unified = True
+        params.kv_unified = False
         params.no_perf = True
         params.flash_attn_type = {
             None: C.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -242,8 +248,17 @@ class Context:
         """Sample from the logits of batch row `index`; the chain accepts the token itself."""
         return C.llama_sampler_sample(sampler.ptr, self.ptr, index)
 
+    def logits(self, index: int) -> np.ndarray:
+        """Zero-copy view of the logits of batch row `index` (valid until the next decode)."""
+        ptr = C.llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position held for `seq`, -1 when it holds none."""
+        return C.llama_memory_seq_pos_max(self.memory, seq)
 
     def close(self) -> None:
         if self.ptr:

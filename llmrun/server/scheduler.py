@@ -43,11 +43,13 @@ def parse_keep_alive(value: str | float | int | None) -> float:
             seconds = float(text)
         except ValueError:
             sign = -1.0 if text.startswith("-") else 1.0
-            body = text.lstrip("+-")
+            body = text[1:] if text[:1] in "+-" else text
             parts = _DURATION.findall(body)
             if not parts or "".join(n + u for n, u in parts) != body:
                 raise ValueError(f"invalid keep_alive duration {value!r}") from None
             seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    if math.isnan(seconds):
+        raise ValueError(f"invalid keep_alive duration {value!r}")
     return math.inf if seconds < 0 else seconds
 
 

@@ -28,7 +28,7 @@ class DigestError(ValueError):
 
 def parse_digest(digest: str) -> str:
     """Return the 64 hex characters of `sha256:<hex>` or `sha256-<hex>`; refuse anything else."""
-    m = _DIGEST.match(digest)
+    m = _DIGEST.fullmatch(digest)
     if not m:
         raise DigestError(f"invalid digest {digest!r}: expected sha256:<64 lowercase hex>")
     return m.group(1)
@@ -103,6 +103,6 @@ class Blobs:
             return set()
         out = set()
         for p in self.root.iterdir():
-            if p.name.startswith("sha256-") and _DIGEST.match(p.name):
+            if _DIGEST.fullmatch(p.name):
                 out.add("sha256:" + p.name[7:])
         return out

@@ -64,10 +64,8 @@ def _param_type(name: str) -> type:
     return args[0] if args else annotation  # type: ignore[return-value]
 
 
-def _set_parameter(mf: Modelfile, line: int, text: str) -> None:
-    name, _, value = text.partition(" ")
+def _set_parameter(mf: Modelfile, line: int, name: str, value: str) -> None:
     name = name.strip().lower()
-    value = _unquote_inline(value.strip())
     if name not in Options.model_fields:
         raise ModelfileError(line, f"unknown parameter {name!r}")
     if not value:
@@ -133,37 +131,47 @@ def parse(text: str) -> Modelfile:
                 parts.append(last)
                 i += 1
                 body = "\n".join(parts)
-            value = f"{head}{body}"
+            _apply(mf, lineno, instruction, head.strip(), body)
         else:
-            value = rest
-        _apply(mf, lineno, instruction, value)
+            _apply(mf, lineno, instruction, rest, None)
     if not mf.from_:
         raise ModelfileError(max(1, len(lines)), "a Modelfile needs a FROM instruction")
     return mf
 
 
-def _apply(mf: Modelfile, line: int, instruction: str, value: str) -> None:
+def _apply(mf: Modelfile, line: int, instruction: str, text: str, block: str | None) -> None:
+    """`text` is the line after the instruction; `block` the verbatim body of a triple-quoted
+    value, which follows the argument name in `text` (PARAMETER, MESSAGE) or stands alone."""
+    if instruction in ("parameter", "message"):
+        name, _, inline = text.partition(" ")
+        if block is None:
+            block = _unquote_inline(inline.strip())
+        if instruction == "parameter":
+            _set_parameter(mf, line, name, block)
+        else:
+            _add_message(mf, line, name, block)
+        return
+    value = block if block is not None else _unquote_inline(text)
     if instruction == "from":
         if not value:
             raise ModelfileError(line, "FROM needs a model name or a path to a GGUF file")
         if mf.from_:
             raise ModelfileError(line, "only one FROM is allowed")
-        mf.from_ = _unquote_inline(value)
-    elif instruction == "parameter":
-        _set_parameter(mf, line, value)
+        mf.from_ = value
     elif instruction == "template":
-        mf.template = _unquote_inline(value)
+        mf.template = value
     elif instruction == "system":
-        mf.system = _unquote_inline(value)
+        mf.system = value
     elif instruction == "license":
-        mf.license.append(_unquote_inline(value))
+        mf.license.append(value)
     elif instruction == "adapter":
         if not value:
             raise ModelfileError(line, "ADAPTER needs a path to a LoRA GGUF file")
-        mf.adapters.append(_unquote_inline(value))
-    elif instruction == "message":
-        role, _, content = value.partition(" ")
-        role = role.strip().lower()
-        if role not in ROLES:
-            raise ModelfileError(line, f"MESSAGE role must be one of {', '.join(ROLES)}")
-        mf.messages.append(Message(role=role, content=_unquote_inline(content.strip())))  # type: ignore[arg-type]
+        mf.adapters.append(value)
+
+
+def _add_message(mf: Modelfile, line: int, role: str, content: str) -> None:
+    role = role.strip().lower()
+    if role not in ROLES:
+        raise ModelfileError(line, f"MESSAGE role must be one of {', '.join(ROLES)}")
+    mf.messages.append(Message(role=role, content=content))  # type: ignore[arg-type]

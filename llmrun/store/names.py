@@ -63,7 +63,7 @@ def _check(component: str, what: str, pattern: re.Pattern[str], limit: int) -> N
         raise InvalidName(f"{what} {component!r} must not contain '..'")
     if "/" in component or "\\" in component:
         raise InvalidName(f"{what} {component!r} must not contain a path separator")
-    if not pattern.match(component):
+    if not pattern.fullmatch(component):
         raise InvalidName(
             f"{what} {component!r} may only use letters, digits, '.', '_' and '-', "
             "and must start with a letter or digit"
