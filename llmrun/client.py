@@ -139,6 +139,21 @@ class Client:
         r = self.http.post("/api/chat", json={"model": model, "messages": []}, timeout=None)
         self._raise_for(r)
 
+    def pull(self, model: str) -> Iterator[dict[str, Any]]:
+        """Stream /api/pull progress objects; raises APIError on an error line."""
+        yield from self._ndjson("/api/pull", {"model": model, "stream": True})
+
+    def _ndjson(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        with self.http.stream("POST", path, json=body) as r:
+            self._raise_for(r)
+            for line in r.iter_lines():
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if "error" in obj:
+                    raise APIError(500, obj["error"])
+                yield obj
+
     def chat(self, model: str, messages: list[dict[str, Any]],
              options: dict[str, Any] | None = None,
              keep_alive: str | None = None) -> Iterator[dict[str, Any]]:
@@ -148,15 +163,7 @@ class Client:
             body["options"] = options
         if keep_alive is not None:
             body["keep_alive"] = keep_alive
-        with self.http.stream("POST", "/api/chat", json=body) as r:
-            self._raise_for(r)
-            for line in r.iter_lines():
-                if not line.strip():
-                    continue
-                obj = json.loads(line)
-                if "error" in obj:
-                    raise APIError(500, obj["error"])
-                yield obj
+        yield from self._ndjson("/api/chat", body)
 
 
 def _new_log_text(log: Path, offset: int) -> str:

@@ -171,7 +171,8 @@ def test_create_from_missing_path(store: Store, tmp_path: Path, ref: str) -> Non
 def test_create_from_unknown_model(store: Store, tmp_path: Path) -> None:
     with pytest.raises(CreateError) as exc:
         store.create("x", "FROM nope\n", base_dir=tmp_path)
-    assert str(exc.value) == "FROM nope: not a file and not a model in the store (pull it first)"
+    assert str(exc.value) == (
+        "FROM nope: not a file, not a model in the store and not in the catalog")
 
 
 def test_create_with_bad_modelfile(store: Store, src: Path) -> None:

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from llmrun import __version__
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Message, Options, Stats
 from llmrun.server.service import Service
-from llmrun.store import Manifest
+from llmrun.store import (
+    CreateError,
+    DigestError,
+    InvalidName,
+    Manifest,
+    ModelNotFound,
+    Store,
+    StoreError,
+)
+from llmrun.store.modelfile import Modelfile, ModelfileError
+from llmrun.store.modelfile import parse as modelfile_parse
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +52,13 @@ class ChatBody(BaseModel):
     keep_alive: str | float | None = None
     tools: list[dict[str, Any]] | None = None
     think: bool | str | None = None
+
+
+class PullBody(BaseModel):
+    model: str | None = None
+    name: str | None = None  # older clients send `name`
+    insecure: bool = False
+    stream: bool = True
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -107,6 +126,24 @@ def router(service: Service) -> APIRouter:
     async def tags() -> dict[str, Any]:
         return {"models": [model_entry(m) for m in service.store.list()]}
 
+    @api.post("/api/pull", response_model=None)
+    async def pull(body: PullBody) -> Response:
+        name = body.model or body.name
+        if not name:
+            return error(400, "missing field 'model'")
+        events = _pull_events(service.store, name)
+        if body.stream:
+            return StreamingResponse(
+                (json.dumps({k: v for k, v in e.items() if k != "_status"}).encode() + b"\n"
+                 async for e in events),
+                media_type="application/x-ndjson")
+        last: dict[str, Any] = {}
+        async for event in events:
+            last = event
+        if "error" in last:
+            return error(last["_status"], last["error"])
+        return JSONResponse(last)
+
     @api.post("/api/chat", response_model=None)
     async def chat(body: ChatBody, request: Request) -> Response:
         if any(m.images for m in body.messages):
@@ -135,6 +172,50 @@ def router(service: Service) -> APIRouter:
         return StreamingResponse(_ndjson(req, first, events), media_type="application/x-ndjson")
 
     return api
+
+
+def _store_status(exc: BaseException | None) -> int:
+    if isinstance(exc, ModelNotFound):
+        return 404
+    if isinstance(exc, InvalidName | DigestError | CreateError):
+        return 400
+    return 500
+
+
+async def _pull_events(store: Store, name: str) -> AsyncIterator[dict[str, Any]]:
+    """Run a (blocking) pull in a thread and relay its progress as Ollama's status objects,
+    at most ~10 per second per file so a fast local download does not flood the client."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    last = {"status": "", "t": 0.0}
+
+    def progress(status: str, completed: int, total: int) -> None:
+        now = time.monotonic()
+        if status == last["status"] and now - last["t"] < 0.1 and completed < total:
+            return
+        last["status"], last["t"] = status, now
+        event: dict[str, Any] = {"status": status}
+        if total:
+            event.update(total=total, completed=completed)
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    yield {"status": "pulling manifest"}
+    task = asyncio.create_task(asyncio.to_thread(store.pull, name, progress))
+    while not task.done() or not queue.empty():
+        getter = asyncio.create_task(queue.get())
+        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield getter.result()
+        else:
+            getter.cancel()
+    try:
+        manifest = task.result()
+    except StoreError as exc:
+        yield {"error": str(exc), "_status": _store_status(exc)}
+        return
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest", "digest": manifest.model.digest}
+    yield {"status": "success"}
 
 
 async def _load_only(service: Service, req: ChatRequest) -> Response:
@@ -195,3 +276,177 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
     return JSONResponse(_done_obj(req, stats, "".join(parts)))
+
+
+class ModelBody(BaseModel):
+    model: str | None = None
+    name: str | None = None  # older clients
+    verbose: bool = False
+
+    @property
+    def target(self) -> str:
+        if not (self.model or self.name):
+            raise EngineError("missing field 'model'", status=400)
+        return str(self.model or self.name)
+
+
+class CopyBody(BaseModel):
+    source: str
+    destination: str
+
+
+class CreateBody(BaseModel):
+    model: str | None = None
+    name: str | None = None
+    from_: str | None = Field(None, alias="from")
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    template: str | None = None
+    license: str | list[str] | None = None
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[OllamaMessage] | None = None
+    quantize: str | None = None
+    stream: bool = True
+    modelfile: str | None = None  # pre-0.5 clients sent the Modelfile text
+
+
+def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
+    params = []
+    for key, value in manifest.parameters.items():
+        for v in value if isinstance(value, list) else [value]:
+            params.append(f"{key:<20} {json.dumps(v) if isinstance(v, str) else v}")
+    entry = model_entry(manifest)
+    out: dict[str, Any] = {
+        "modelfile": store.modelfile_of(manifest).render(),
+        "parameters": "\n".join(params),
+        "template": manifest.template or "",
+        "details": entry["details"],
+        "model_info": store.model_info(manifest),
+        "capabilities": ["completion"],
+        "modified_at": entry["modified_at"],
+    }
+    if manifest.system:
+        out["system"] = manifest.system
+    if manifest.license:
+        out["license"] = "\n".join(manifest.license)
+    return out
+
+
+def store_router(store: Store) -> APIRouter:
+    """Store operations: show, copy, delete, create, blobs (no model is loaded for these)."""
+    api = APIRouter()
+
+    def fail(exc: Exception) -> JSONResponse:
+        return error(_store_status(exc) if isinstance(exc, StoreError) else 400, str(exc))
+
+    @api.post("/api/show", response_model=None)
+    async def show(body: ModelBody) -> Response:
+        try:
+            _, manifest = store.get(body.target)
+            return JSONResponse(show_response(store, manifest))
+        except StoreError as exc:
+            return fail(exc)
+
+    @api.post("/api/copy", response_model=None)
+    async def copy(body: CopyBody) -> Response:
+        try:
+            store.copy(body.source, body.destination)
+        except StoreError as exc:
+            return fail(exc)
+        return Response(status_code=200)
+
+    @api.delete("/api/delete", response_model=None)
+    async def delete(body: ModelBody) -> Response:
+        try:
+            store.remove(body.target)
+        except StoreError as exc:
+            return fail(exc)
+        return Response(status_code=200)
+
+    @api.head("/api/blobs/{digest}", response_model=None)
+    async def blob_exists(digest: str) -> Response:
+        try:
+            return Response(status_code=200 if store.blobs.exists(digest) else 404)
+        except DigestError as exc:
+            return fail(exc)
+
+    @api.post("/api/blobs/{digest}", response_model=None)
+    async def blob_upload(digest: str, request: Request) -> Response:
+        try:
+            if store.blobs.exists(digest):
+                return Response(status_code=200)
+            with store.blobs.writer(expected=digest) as w:
+                async for chunk in request.stream():
+                    w.write(chunk)
+        except DigestError as exc:
+            return fail(exc)
+        return Response(status_code=201)
+
+    @api.post("/api/create", response_model=None)
+    async def create(body: CreateBody) -> Response:
+        name = body.model or body.name
+        if not name:
+            return error(400, "missing field 'model'")
+        try:
+            mf = _modelfile_from(body)
+        except (StoreError, ValueError) as exc:
+            return fail(exc)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            yield {"status": "parsing modelfile"}
+            try:
+                manifest = await asyncio.to_thread(store.create, name, mf)
+            except StoreError as exc:
+                yield {"error": str(exc), "_status": _store_status(exc)}
+                return
+            yield {"status": f"using model {manifest.model.digest}"}
+            yield {"status": "writing manifest"}
+            yield {"status": "success"}
+
+        if body.stream:
+            return StreamingResponse(
+                (json.dumps({k: v for k, v in e.items() if k != "_status"}).encode() + b"\n"
+                 async for e in events()),
+                media_type="application/x-ndjson")
+        last: dict[str, Any] = {}
+        async for event in events():
+            last = event
+        if "error" in last:
+            return error(last["_status"], last["error"])
+        return JSONResponse(last)
+
+    return api
+
+
+def _modelfile_from(body: CreateBody) -> Modelfile:
+    if body.modelfile and not (body.from_ or body.files):
+        try:
+            return modelfile_parse(body.modelfile)
+        except ModelfileError as exc:
+            raise CreateError(str(exc)) from None
+    if body.files:
+        ggufs = [d for f, d in body.files.items() if f.lower().endswith(".gguf")]
+        if len(ggufs) != 1:
+            raise CreateError("'files' must name exactly one .gguf blob")
+        source = ggufs[0]
+    elif body.from_:
+        source = body.from_
+    else:
+        raise CreateError("give 'from' (a model name) or 'files' (an uploaded GGUF blob)")
+    if body.adapters:
+        raise CreateError("adapters (LoRA) are not supported yet")
+    if body.quantize:
+        raise CreateError("quantize is not supported through the API yet")
+    params = dict(body.parameters or {})
+    unknown = sorted(set(params) - set(Options.model_fields))
+    if unknown:
+        raise CreateError(f"unknown parameter(s): {', '.join(unknown)}")
+    if isinstance(params.get("stop"), str):
+        params["stop"] = [params["stop"]]
+    licenses = [body.license] if isinstance(body.license, str) else list(body.license or [])
+    return Modelfile(
+        from_=source, parameters=params, template=body.template, system=body.system,
+        messages=[Message(role=m.role, content=m.content) for m in body.messages or []
+                  if m.role != "tool"],
+        license=licenses)

@@ -18,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from llmrun.cli._common import console, fail, human_size
+from llmrun.client import Client, ClientError
 from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError
 from llmrun.store.modelfile import Modelfile
 
@@ -32,17 +33,22 @@ def _ago(when: datetime) -> str:
 
 
 class _Bar:
-    """Adapts the store's (status, completed, total) callbacks to one rich progress bar."""
+    """Adapts (status, completed, total) progress to rich: a bar per file being moved, and
+    a plain line for each step without a size (the choice of quantization, for instance)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.task: TaskID | None = None
+        self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, status: str, completed: int, total: int) -> None:
-        if self.task is None:
-            self.task = self.progress.add_task(status, total=total or None)
-        self.progress.update(self.task, description=status, completed=completed,
-                             total=total or None)
+        if not total:
+            if status and status not in self.tasks:
+                self.tasks[status] = self.progress.add_task(status, total=None, visible=False)
+                self.progress.console.print(status, markup=False, highlight=False)
+            return
+        if status not in self.tasks:
+            self.tasks[status] = self.progress.add_task(status, total=total)
+        self.progress.update(self.tasks[status], completed=completed, total=total)
 
 
 def _progress() -> Progress:
@@ -53,12 +59,25 @@ def _progress() -> Progress:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def pull(name: str = typer.Argument(..., help="Model name, e.g. smollm2:135m")) -> None:
-        """Download a model into the store."""
+    def pull(name: str = typer.Argument(
+            ..., help="smollm2:135m, qwen2.5:0.5b, hf.co/{org}/{repo}[:{quant or file}]")) -> None:
+        """Download a model into the store (through the daemon when one is running)."""
+        client = Client()
+        if client.probe() == "llmrun":
+            try:
+                with _progress() as progress:
+                    bar = _Bar(progress)
+                    for event in client.pull(name):
+                        bar(event.get("status", ""), event.get("completed", 0),
+                            event.get("total", 0))
+            except ClientError as exc:
+                fail(str(exc))
+            console.print(f"pulled {name}")
+            return
         try:
             with _progress() as progress:
                 manifest = Store().pull(name, _Bar(progress))
-        except (StoreError, InvalidName) as exc:
+        except StoreError as exc:
             fail(str(exc))
         console.print(f"pulled {manifest.name} ({human_size(manifest.size)}, id {manifest.id})")
 

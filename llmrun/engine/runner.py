@@ -124,7 +124,8 @@ class Runner:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
     ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--model", type=Path, required=True, action="append",
+                    help="GGUF file; repeat for each part of a split model, in order")
     ap.add_argument("--ctx", type=int, required=True, help="context tokens per sequence")
     ap.add_argument("--slots", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
-    log.info("loaded %s: ctx %d x %d slots, %d threads", args.model.name, n_ctx_seq,
+    log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
              args.slots, args.threads)
     Runner(chan, model, ctx, n_ctx_seq, args.slots).serve()
     return 0

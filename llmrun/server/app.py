@@ -92,6 +92,7 @@ def create_app(store: Store | None = None) -> FastAPI:
                 "loaded": [v.name for v in scheduler.loaded.values()]}
 
     app.include_router(ollama.router(service))
+    app.include_router(ollama.store_router(store))
     app.add_middleware(IdentityHeader)
     return app
 

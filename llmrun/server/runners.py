@@ -34,7 +34,7 @@ _ids = itertools.count(1)
 class RunnerSpec:
     """Everything that decides how a runner is started; a change means a new runner."""
 
-    model_path: Path
+    model_paths: tuple[Path, ...]
     n_ctx: int
     n_slots: int
     n_threads: int
@@ -69,8 +69,10 @@ class Runner:
         logfile = open(self.log_path, "ab")  # noqa: SIM115 (the child inherits it; closed below)
         s = self.spec
         cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno()),
-               "--model", str(s.model_path), "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),
+               "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),
                "--threads", str(s.n_threads), "--batch", str(s.n_batch)]
+        for path in s.model_paths:
+            cmd += ["--model", str(path)]
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,

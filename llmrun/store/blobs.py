@@ -22,8 +22,7 @@ _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 CHUNK = 1 << 20
 
 
-class DigestError(ValueError):
-    """A digest that is malformed, or data that does not hash to the digest it claims."""
+from llmrun.store.errors import DigestError  # noqa: E402  (re-exported)
 
 
 def parse_digest(digest: str) -> str:

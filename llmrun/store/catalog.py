@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -73,6 +74,13 @@ def load(root: Path | None = None) -> dict[str, dict[str, CatalogModel]]:
         doc = yaml.safe_load(path.read_text())
         out[doc["name"]] = _entries(doc)
     return out
+
+
+def closest(name: str, n: int = 3) -> list[str]:
+    """Catalog names that look like `name`, for a helpful "not found"."""
+    choices = [f"{model}:{tag}" for model, tags in load().items() for tag in tags]
+    choices += list(load())
+    return difflib.get_close_matches(name.lower(), choices, n=n, cutoff=0.5)
 
 
 def lookup(name: ModelName) -> CatalogModel | None:

@@ -37,6 +37,7 @@ class Manifest(BaseModel):
     schema_version: int = 1
     name: str
     model: Layer
+    parts: list[Layer] = Field(default_factory=list)  # further files of a split GGUF, in order
     adapters: list[Layer] = Field(default_factory=list)
     parameters: dict[str, Any] = Field(default_factory=dict)
     template: str | None = None
@@ -51,11 +52,12 @@ class Manifest(BaseModel):
         return Options.model_validate(self.parameters)
 
     def digests(self) -> set[str]:
-        return {self.model.digest, *(a.digest for a in self.adapters)}
+        return {self.model.digest, *(p.digest for p in self.parts),
+                *(a.digest for a in self.adapters)}
 
     @property
     def size(self) -> int:
-        return self.model.size + sum(a.size for a in self.adapters)
+        return self.model.size + sum(x.size for x in (*self.parts, *self.adapters))
 
     def serialize(self) -> bytes:
         return self.model_dump_json(indent=2).encode()

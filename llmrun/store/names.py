@@ -20,8 +20,7 @@ MAX_TAG = 128
 MAX_NAME = 350
 
 
-class InvalidName(ValueError):
-    pass
+from llmrun.store.errors import InvalidName  # noqa: E402  (re-exported)
 
 
 @dataclass(frozen=True)
