@@ -77,15 +77,25 @@ class ChatRequest(BaseModel):
     options: Options = Field(default_factory=Options)
     stream: bool = True
     keep_alive: str | float | None = None
+    format: Format = None
+    logprobs: int | None = None
+    prompt: str | None = None  # raw prompt instead of messages (no template)
+
+
+Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema
 
 
 class GenerateJob(BaseModel):
     """What the daemon sends a runner: everything needed to render and decode one sequence."""
 
-    messages: list[Message]
+    messages: list[Message] = Field(default_factory=list)
+    prompt: str | None = None  # raw prompt text: no chat template (generate raw, completions)
     template: str | None = None  # overrides the GGUF's chat template
     system: str | None = None  # the model's default system prompt
     options: Options
+    format: Format = None
+    grammar: str | None = None  # GBNF, for callers that build their own
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: and the top k
 
 
 FinishReason = Literal["stop", "length", "cancel", "error"]
@@ -102,8 +112,16 @@ class Stats(BaseModel):
     finish_reason: FinishReason = "stop"
 
 
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float]] = Field(default_factory=list)
+
+
 class Chunk(BaseModel):
     text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Done(BaseModel):

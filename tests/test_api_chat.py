@@ -30,7 +30,9 @@ def reference(smollm2_path: Path) -> tuple[str, int]:
     """Greedy continuation from plain llama-cpp-python: (text of 24 tokens, prompt tokens)."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
+    # flash attention on, as the engine runs it (llama.cpp's "auto" picks it on CPU)
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True,
+                verbose=False)
     text = templates.render(llm.metadata["tokenizer.chat_template"], QUESTION)
     prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
     out: list[int] = []
@@ -191,3 +193,60 @@ def test_runner_crash_mid_stream_is_reported_and_recovered(daemon, api: httpx.Cl
     # the daemon survived and starts a fresh runner for the next request
     again = chat(api, options={"num_predict": 4, **GREEDY})
     assert again["eval_count"] == 4
+
+
+def test_format_json_and_schema(api: httpx.Client) -> None:
+    got = chat(api, format="json", options={"num_predict": 300, "temperature": 0.7, "seed": 1},
+               messages=[{"role": "user",
+                          "content": "Reply in JSON with keys name and age for a cat."}])
+    assert got["done_reason"] == "stop"
+    json.loads(got["message"]["content"])  # JSON mode: always parses
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    for question in ("Describe a person.", "Who wrote Hamlet?", "Invent a pet."):
+        got = chat(api, format=schema, options={"num_predict": 80, "temperature": 0.7,
+                                                "seed": 3},
+                   messages=[{"role": "user", "content": question}])
+        obj = json.loads(got["message"]["content"])
+        assert set(obj) == {"name", "age"}
+        assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+    r = api.post("/api/chat", json={"model": "smollm2", "messages": QUESTION, "format": "xml"})
+    assert r.status_code == 400 and "format" in r.json()["error"]
+
+
+def test_logprobs_match_plain_llama_cpp(api: httpx.Client, smollm2_path: Path) -> None:
+    from llama_cpp import Llama
+
+    got = chat(api, logprobs=True, top_logprobs=3, options={"num_predict": 24, **GREEDY})
+    entries = got["logprobs"]
+    assert len(entries) == 24
+    assert "".join(e["token"] for e in entries) == got["message"]["content"]
+    for e in entries:
+        assert len(e["top_logprobs"]) == 3
+        # greedy: the sampled token is the most likely one
+        assert e["top_logprobs"][0]["token"] == e["token"]
+        assert e["top_logprobs"][0]["logprob"] == pytest.approx(e["logprob"])
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, logits_all=True,
+                flash_attn=True, verbose=False)
+    text = templates.render(llm.metadata["tokenizer.chat_template"], QUESTION)
+    prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
+    ref = llm.create_completion(prompt, max_tokens=24, temperature=0.0, top_k=1,
+                                repeat_penalty=1.0, logprobs=1)
+    ref_lp = ref["choices"][0]["logprobs"]["token_logprobs"]
+    assert ref["choices"][0]["logprobs"]["tokens"] == [e["token"] for e in entries]
+    ours = sum(e["logprob"] for e in entries) / len(entries)
+    theirs = sum(ref_lp) / len(ref_lp)
+    assert ours == pytest.approx(theirs, rel=1e-3)
+    for e, lp in zip(entries, ref_lp, strict=True):
+        assert e["logprob"] == pytest.approx(lp, abs=1e-4)
+
+
+def test_body_without_json_content_type(api: httpx.Client) -> None:
+    # `curl -d '{...}'`, as in Ollama's docs, sends a form content type
+    body = json.dumps({"model": "smollm2", "messages": QUESTION, "stream": False,
+                       "options": {"num_predict": 2}})
+    r = api.post("/api/chat", content=body,
+                 headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200, r.text
+    assert r.json()["eval_count"] == 2

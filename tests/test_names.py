@@ -49,17 +49,20 @@ def test_names_are_lower_cased_and_stripped() -> None:
 
 def test_hf_name() -> None:
     n = parse("hf.co/Org/Repo-GGUF:Q4_K_M")
-    assert n == ModelName(host="hf.co", namespace="org", model="repo-gguf", tag="q4_k_m")
+    # the Hub's repo ids are case-sensitive: the repo keeps its case, the quant tag does not
+    assert n == ModelName(host="hf.co", namespace="Org", model="Repo-GGUF", tag="q4_k_m")
     assert n.is_hf
-    assert str(n) == "hf.co/org/repo-gguf:q4_k_m"
-    assert n.short == "hf.co/org/repo-gguf:q4_k_m"
+    assert str(n) == "hf.co/Org/Repo-GGUF:q4_k_m"
+    assert n.short == "hf.co/Org/Repo-GGUF:q4_k_m"
+    # ... but names match case-insensitively in the store
+    assert n.manifest_path() == parse("hf.co/org/repo-gguf:q4_k_m").manifest_path()
 
 
 def test_huggingface_co_maps_to_hf_co() -> None:
     n = parse("HuggingFace.co/bartowski/SmolLM2-GGUF")
-    assert n == ModelName("hf.co", "bartowski", "smollm2-gguf", "latest")
-    assert str(n) == "hf.co/bartowski/smollm2-gguf:latest"
-    assert n.short == "hf.co/bartowski/smollm2-gguf"
+    assert n == ModelName("hf.co", "bartowski", "SmolLM2-GGUF", "latest")
+    assert str(n) == "hf.co/bartowski/SmolLM2-GGUF:latest"
+    assert n.short == "hf.co/bartowski/SmolLM2-GGUF"
 
 
 def test_url_scheme_is_dropped() -> None:

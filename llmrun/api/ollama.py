@@ -52,6 +52,8 @@ class ChatBody(BaseModel):
     keep_alive: str | float | None = None
     tools: list[dict[str, Any]] | None = None
     think: bool | str | None = None
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
 
 
 class PullBody(BaseModel):
@@ -148,8 +150,8 @@ def router(service: Service) -> APIRouter:
     async def chat(body: ChatBody, request: Request) -> Response:
         if any(m.images for m in body.messages):
             return error(400, f"model '{body.model}' does not support images (it is text-only)")
-        if body.format is not None:
-            return error(400, "'format' (structured output) is not supported yet")
+        if isinstance(body.format, str) and body.format not in ("json", ""):
+            return error(400, f"invalid format {body.format!r}: use \"json\" or a JSON schema")
         try:
             req = ChatRequest(
                 model=body.model,
@@ -157,6 +159,8 @@ def router(service: Service) -> APIRouter:
                 options=parse_options(body.options),
                 stream=body.stream,
                 keep_alive=body.keep_alive,
+                format=body.format or None,
+                logprobs=body.top_logprobs if body.logprobs else None,
             )
         except EngineError as exc:
             return error(exc.status, exc.message)
@@ -233,9 +237,18 @@ async def _load_only(service: Service, req: ChatRequest) -> Response:
     })
 
 
-def _chunk_line(req: ChatRequest, text: str) -> bytes:
-    obj = {"model": req.model, "created_at": now(),
-           "message": {"role": "assistant", "content": text}, "done": False}
+def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
+    return [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
+                              for t, lp in e.top]} for e in chunk.logprobs or []]
+
+
+def _chunk_line(req: ChatRequest, chunk: Chunk) -> bytes:
+    obj: dict[str, Any] = {"model": req.model, "created_at": now(),
+                           "message": {"role": "assistant", "content": chunk.text},
+                           "done": False}
+    if chunk.logprobs is not None:
+        obj["logprobs"] = _logprobs(chunk)
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
 
@@ -251,7 +264,7 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
     try:
         while event is not None:
             if isinstance(event, Chunk):
-                yield _chunk_line(req, event.text)
+                yield _chunk_line(req, event)
             else:
                 yield json.dumps(_done_obj(req, event.stats)).encode() + b"\n"
                 return
@@ -265,17 +278,22 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
 async def _collect(req: ChatRequest, first: Chunk | Done,
                    rest: AsyncIterator[Chunk | Done]) -> Response:
     parts: list[str] = []
+    logprobs: list[dict[str, Any]] = []
     event: Chunk | Done | None = first
     try:
         while isinstance(event, Chunk):
             parts.append(event.text)
+            logprobs += _logprobs(event)
             event = await anext(rest, None)
     except EngineError as exc:
         return error(exc.status, exc.message)
     finally:
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
-    return JSONResponse(_done_obj(req, stats, "".join(parts)))
+    body = _done_obj(req, stats, "".join(parts))
+    if req.logprobs is not None:
+        body["logprobs"] = logprobs
+    return JSONResponse(body)
 
 
 class ModelBody(BaseModel):
@@ -396,7 +414,8 @@ def store_router(store: Store) -> APIRouter:
         async def events() -> AsyncIterator[dict[str, Any]]:
             yield {"status": "parsing modelfile"}
             try:
-                manifest = await asyncio.to_thread(store.create, name, mf)
+                manifest = await asyncio.to_thread(store.create, name, mf, None, None,
+                                                   body.quantize)
             except StoreError as exc:
                 yield {"error": str(exc), "_status": _store_status(exc)}
                 return
@@ -436,8 +455,6 @@ def _modelfile_from(body: CreateBody) -> Modelfile:
         raise CreateError("give 'from' (a model name) or 'files' (an uploaded GGUF blob)")
     if body.adapters:
         raise CreateError("adapters (LoRA) are not supported yet")
-    if body.quantize:
-        raise CreateError("quantize is not supported through the API yet")
     params = dict(body.parameters or {})
     unknown = sorted(set(params) - set(Options.model_fields))
     if unknown:

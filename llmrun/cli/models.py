@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from rich.table import Table
 from llmrun.cli._common import console, fail, human_size
 from llmrun.client import Client, ClientError
 from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError
-from llmrun.store.modelfile import Modelfile
+from llmrun.store.gguf import GGUFError
 
 
 def _ago(when: datetime) -> str:
@@ -117,6 +118,8 @@ def register(app: typer.Typer) -> None:
     def create(
         name: str = typer.Argument(..., help="Name of the new model"),
         file: Path = typer.Option(Path("Modelfile"), "--file", "-f", help="Modelfile path"),
+        quantize: str = typer.Option(None, "--quantize", "-q",
+                                     help="Quantize an F16/BF16/F32 model, e.g. Q4_K_M"),
     ) -> None:
         """Create a model from a Modelfile (FROM a GGUF file or another model)."""
         try:
@@ -125,7 +128,8 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot read {file}: {exc.strerror}")
         try:
             with _progress() as progress:
-                manifest = Store().create(name, text, file.resolve().parent, _Bar(progress))
+                manifest = Store().create(name, text, file.resolve().parent, _Bar(progress),
+                                          quantize=quantize)
         except (CreateError, StoreError, InvalidName) as exc:
             fail(str(exc))
         console.print(f"created {manifest.name} (id {manifest.id})")
@@ -134,26 +138,47 @@ def register(app: typer.Typer) -> None:
     def show(
         name: str,
         modelfile: bool = typer.Option(False, "--modelfile", help="Print as a Modelfile"),
+        template: bool = typer.Option(False, "--template", help="Print the chat template"),
+        parameters: bool = typer.Option(False, "--parameters", help="Print the parameters"),
+        system: bool = typer.Option(False, "--system", help="Print the system prompt"),
+        license_: bool = typer.Option(False, "--license", help="Print the license"),
+        as_json: bool = typer.Option(False, "--json", help="Everything, as JSON"),
     ) -> None:
         """Show a model's details, parameters, template and system prompt."""
         store = Store()
         try:
             _, m = store.get(name)
-        except (ModelNotFound, InvalidName) as exc:
+            info = store.model_info(m)
+        except (StoreError, GGUFError) as exc:
             fail(str(exc))
-        if modelfile:
-            mf = Modelfile(from_=str(store.model_path(m)), parameters=m.parameters,
-                           template=m.template, system=m.system, messages=m.messages,
-                           license=m.license)
-            console.print(mf.render(), markup=False, end="")
+        if as_json:
+            out = {"name": m.name, "id": m.id, "size": m.size, "source": m.source,
+                   "details": m.details.model_dump(), "parameters": m.parameters,
+                   "template": m.template, "system": m.system, "license": m.license,
+                   "model_info": info}
+            console.print_json(json.dumps(out, default=str))
             return
+        sections = [
+            (modelfile, lambda: store.modelfile_of(m).render()),
+            (template, lambda: m.template or _gguf_template(store, m)),
+            (parameters, lambda: "\n".join(f"{k} {v}" for k, v in m.parameters.items())),
+            (system, lambda: m.system or ""),
+            (license_, lambda: "\n".join(m.license)),
+        ]
+        for wanted, render in sections:
+            if wanted:
+                console.print(render(), markup=False)
+                return
+        arch = m.details.family
         d = m.details
         table = Table(box=None, show_header=False, pad_edge=False)
-        for key, value in (("architecture", d.family), ("parameters", d.parameter_size),
-                           ("quantization", d.quantization_level),
-                           ("context length", d.context_length), ("size", human_size(m.size)),
-                           ("id", m.id), ("source", m.source)):
-            table.add_row(f"  {key}", str(value))
+        rows = (("architecture", arch), ("parameters", d.parameter_size),
+                ("quantization", d.quantization_level), ("context length", d.context_length),
+                ("embedding length", info.get(f"{arch}.embedding_length")),
+                ("size", human_size(m.size)), ("id", m.id), ("source", m.source))
+        for key, value in rows:
+            if value not in (None, ""):
+                table.add_row(f"  {key}", str(value))
         console.print("[bold]Model[/]")
         console.print(table)
         if m.parameters:
@@ -166,3 +191,10 @@ def register(app: typer.Typer) -> None:
         if m.license:
             console.print("[bold]License[/]")
             console.print(f"  {m.license[0].splitlines()[0]}", markup=False)
+
+
+def _gguf_template(store: Store, m: object) -> str:
+    from llmrun.store import gguf
+
+    info = gguf.read(store.model_path(m))  # type: ignore[arg-type]
+    return info.chat_template or ""

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from llmrun.engine.llama import Batch, Context, Model, Sampler
 from llmrun.engine.textstream import TextStream
 
@@ -35,6 +37,7 @@ class SeqParams:
     max_tokens: int = -1  # -1: until the context is full
     stops: list[str] = field(default_factory=list)
     grammar: str | None = None
+    logprobs: int | None = None  # None: off; 0: the sampled token's; k: also the top k
 
 
 @dataclass
@@ -223,18 +226,22 @@ class Engine:
             token = self.ctx.sample(seq.sampler, idx)
             if seq.generated == 0:
                 seq.t_first = now
-            self._on_token(seq, token, events)
+            self._on_token(seq, token, idx, events)
         if events:
             self.emit(events)
 
-    def _on_token(self, seq: Sequence, token: int, events: list[Event]) -> None:
+    def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None
         if self.model.is_eog(token):
             self._finish(seq, "stop", events)
             return
         seq.generated += 1
-        text = seq.text.push(self.model.piece(token))
-        if text:
+        piece = self.model.piece(token)
+        text = seq.text.push(piece)
+        if seq.params.logprobs is not None:
+            events.append((seq.id, "chunk", [text, [self._logprob(token, piece, idx,
+                                                                  seq.params.logprobs)]]))
+        elif text:
             events.append((seq.id, "chunk", text))
         if seq.text.stopped:
             self._finish(seq, "stop", events)
@@ -242,6 +249,25 @@ class Engine:
             self._finish(seq, "length", events)
         else:
             seq.next_token = token
+
+    def _logprob(self, token: int, piece: bytes, idx: int, top: int) -> dict[str, Any]:
+        """Log-probability of the sampled token under the model's raw distribution (before
+        temperature and truncation, as OpenAI reports it), with the `top` most likely."""
+        logits = self.ctx.logits(idx)
+        m = float(logits.max())
+        log_z = m + float(np.log(np.exp(logits - m, dtype=np.float64).sum()))
+        entry: dict[str, Any] = {
+            "token": piece.decode("utf-8", "replace"),
+            "logprob": float(logits[token]) - log_z,
+            "bytes": list(piece),
+            "top": [],
+        }
+        if top > 0:
+            best = np.argpartition(-logits, top)[:top]
+            best = best[np.argsort(-logits[best])]
+            entry["top"] = [(self.model.piece(int(t)).decode("utf-8", "replace"),
+                             float(logits[t]) - log_z) for t in best]
+        return entry
 
     def _finish(self, seq: Sequence, reason: str, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None

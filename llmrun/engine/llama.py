@@ -8,9 +8,11 @@ here is a thin, typed wrapper: ownership (free on close), buffers and return-cod
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import llama_cpp.llama_cpp as C
 import numpy as np
@@ -42,6 +44,24 @@ def init_backend() -> None:
 
 class LlamaError(RuntimeError):
     pass
+
+
+def json_grammar() -> str:
+    """GBNF for any JSON value (`format: "json"`)."""
+    from llama_cpp import llama_grammar
+
+    return llama_grammar.JSON_GBNF
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF accepting exactly the JSON documents that match `schema` (llama-cpp-python's
+    converter, the one llama.cpp's server uses)."""
+    from llama_cpp import llama_grammar
+
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises bare Exceptions for unsupported schemas
+        raise LlamaError(f"unsupported JSON schema: {exc}") from None
 
 
 class Model:

@@ -28,7 +28,7 @@ from typing import Any
 from llmrun.engine import templates
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
-from llmrun.engine.llama import Context, LlamaError, Model
+from llmrun.engine.llama import Context, LlamaError, Model, json_grammar, schema_grammar
 from llmrun.request import GenerateJob
 
 log = logging.getLogger("llmrun.runner")
@@ -73,6 +73,9 @@ class Runner:
         }
 
     def render(self, job: GenerateJob) -> list[int]:
+        if job.prompt is not None:
+            return self.model.tokenize(job.prompt, add_special=self.model.add_bos,
+                                       parse_special=True)
         source = job.template or self.template or templates.FALLBACK_TEMPLATE
         messages = templates.with_system([m.model_dump() for m in job.messages], job.system)
         text = templates.render(source, messages, bos_token=self.bos_text,
@@ -85,6 +88,11 @@ class Runner:
         try:
             job = GenerateJob.model_validate(raw_job)
             prompt = self.render(job)
+            grammar = job.grammar
+            if job.format == "json":
+                grammar = json_grammar()
+            elif isinstance(job.format, dict):
+                grammar = schema_grammar(job.format)
         except (ValueError, LlamaError) as exc:
             self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
             return
@@ -100,6 +108,8 @@ class Runner:
             sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
             max_tokens=o.num_predict if o.num_predict is not None else -1,
             stops=list(o.stop or []),
+            grammar=grammar,
+            logprobs=job.logprobs,
         )
         self.engine.submit(req_id, prompt, params)
 

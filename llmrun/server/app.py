@@ -47,6 +47,21 @@ class IdentityHeader:
         await self.app(scope, receive, send_with_header)
 
 
+class JSONBodies:
+    """Treat request bodies as JSON whatever their Content-Type says: Ollama's own docs use
+    `curl -d '{...}'`, which sends application/x-www-form-urlencoded."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "DELETE") \
+                and not scope["path"].startswith("/api/blobs/"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def describe_validation_error(exc: RequestValidationError) -> str:
     errors = exc.errors()
     if not errors:
@@ -93,6 +108,7 @@ def create_app(store: Store | None = None) -> FastAPI:
 
     app.include_router(ollama.router(service))
     app.include_router(ollama.store_router(store))
+    app.add_middleware(JSONBodies)
     app.add_middleware(IdentityHeader)
     return app
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrun.engine import ipc
-from llmrun.request import Chunk, Done, EngineError, GenerateJob, Stats
+from llmrun.request import Chunk, Done, EngineError, GenerateJob, Stats, TokenLogprob
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
@@ -144,7 +144,12 @@ class Runner:
             while True:
                 kind, payload = await q.get()
                 if kind == "chunk":
-                    yield Chunk(text=payload)
+                    if isinstance(payload, str):
+                        yield Chunk(text=payload)
+                    else:
+                        text, lps = payload
+                        yield Chunk(text=text,
+                                    logprobs=[TokenLogprob.model_validate(e) for e in lps])
                 elif kind == "done":
                     finished = True
                     yield Done(stats=Stats.model_validate(payload))

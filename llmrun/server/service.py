@@ -27,9 +27,12 @@ class Service:
             options = req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS))
             job = GenerateJob(
                 messages=[*manifest.messages, *req.messages],
+                prompt=req.prompt,
                 template=manifest.template,
                 system=manifest.system,
                 options=options,
+                format=req.format,
+                logprobs=req.logprobs,
             )
             async for event in lease.loaded.runner.generate(job):
                 if isinstance(event, Done):

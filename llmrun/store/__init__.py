@@ -92,7 +92,8 @@ class Store:
         return Layer(digest=digest, size=size), info
 
     def create(self, name: str, source: str | modelfile.Modelfile,
-               base_dir: Path | None = None, progress: Progress | None = None) -> Manifest:
+               base_dir: Path | None = None, progress: Progress | None = None,
+               quantize: str | None = None) -> Manifest:
         """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
         `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed)."""
         target = names.parse(name)
@@ -110,6 +111,8 @@ class Store:
         if mf.adapters:
             raise CreateError("ADAPTER (LoRA) is not supported yet")
         base = self._resolve_from(mf.from_, base_dir or Path.cwd(), progress)
+        if quantize:
+            base = self._quantized(base, quantize, progress)
         params = {**base.parameters, **mf.parameters}
         manifest = base.model_copy(update={
             "parameters": params,
@@ -121,6 +124,24 @@ class Store:
         if progress:
             progress("writing manifest", 0, 0)
         return self._put(target, manifest)
+
+    def _quantized(self, base: Manifest, qtype: str, progress: Progress | None) -> Manifest:
+        from llmrun.store import quantize as quant
+
+        if base.parts:
+            raise CreateError("quantizing a split GGUF is not supported; merge it first")
+        try:
+            tmp = quant.quantize(
+                self.model_path(base), qtype, self.blobs.root,
+                progress=(lambda i, n: progress(f"quantizing to {qtype.upper()}", i, n))
+                if progress else None)
+        except quant.QuantizeError as exc:
+            raise CreateError(str(exc)) from None
+        digest, size = self.blobs.adopt(tmp)
+        self._remove_unreferenced(base.model.digest)  # the unquantized import, if only ours
+        info = gguf.read(self.blobs.path(digest))
+        return base.model_copy(update={"model": Layer(digest=digest, size=size),
+                                       "details": details_of(info)})
 
     def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None) -> Manifest:
         if ref.startswith(("sha256:", "sha256-", "@sha256:")):

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 DEFAULT_TAG = "latest"
 HF_HOSTS = ("hf.co", "huggingface.co")
 LOCAL_NAMESPACE = "library"
-_COMPONENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TAG = re.compile(r"^[a-z0-9_][a-z0-9._-]*$")
 MAX_COMPONENT = 80
 MAX_TAG = 128
@@ -50,7 +50,10 @@ class ModelName:
         return s[: -len(":latest")] if s.endswith(":latest") else s
 
     def manifest_path(self) -> PurePosixPath:
-        return PurePosixPath(self.host or "local", self.namespace, self.model, self.tag)
+        # lower-cased: names match case-insensitively (an hf.co repo keeps its case for the
+        # Hub, where it matters, but `hf.co/Org/Repo` and `hf.co/org/repo` are one model here)
+        return PurePosixPath(self.host or "local", self.namespace.lower(), self.model.lower(),
+                             self.tag.lower())
 
 
 def _check(component: str, what: str, pattern: re.Pattern[str], limit: int) -> None:
@@ -70,23 +73,26 @@ def _check(component: str, what: str, pattern: re.Pattern[str], limit: int) -> N
 
 
 def parse(name: str) -> ModelName:
-    """Parse and validate a model name (case-insensitive, stored lower-case)."""
+    """Parse and validate a model name. Plain names are lower-cased; a Hugging Face repo keeps
+    its case (the Hub's repo ids are case-sensitive), its quantization tag is lower-cased."""
     text = name.strip()
     if not text:
         raise InvalidName("model name is empty")
     if len(text) > MAX_NAME:
         raise InvalidName(f"model name is longer than {MAX_NAME} characters")
-    text = text.lower()
     for prefix in ("https://", "http://"):
-        if text.startswith(prefix):
+        if text.lower().startswith(prefix):
             text = text[len(prefix) :]
+    if text.split("/", 1)[0].lower() not in HF_HOSTS:
+        text = text.lower()
     path, sep, tag = text.rpartition(":")
     if not sep or "/" in tag:
         path, tag = text, DEFAULT_TAG
+    tag = tag.lower()
     _check(tag, "tag", _TAG, MAX_TAG)
     parts = path.split("/")
     host = ""
-    if parts[0] in HF_HOSTS:
+    if parts[0].lower() in HF_HOSTS:
         host = "hf.co"
         parts = parts[1:]
         if len(parts) != 2:

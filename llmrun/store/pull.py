@@ -64,6 +64,15 @@ def _token() -> str | None:
     return os.environ.get("HF_TOKEN") or None
 
 
+def _hub_transport_errors() -> tuple[type[BaseException], ...]:
+    """huggingface_hub 2.x talks through `httpx2`, whose errors are not httpx's."""
+    try:
+        import httpx2  # type: ignore[import-not-found]
+    except ImportError:
+        return ()
+    return (httpx2.HTTPError,)
+
+
 def safe_repo_path(path: str) -> bool:
     """A repo file name we are willing to look at: relative, no `..`, no backslashes."""
     if not path or "\\" in path or path.startswith("/") or "\x00" in path:
@@ -96,7 +105,7 @@ def list_gguf(repo: str, revision: str | None = None) -> list[RemoteFile]:
         raise PullError(f"Hugging Face repo '{repo}' not found (or it needs HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise PullError(f"revision '{revision}' not found in '{repo}'") from None
-    except (HfHubHTTPError, httpx.HTTPError, OSError) as exc:
+    except (HfHubHTTPError, httpx.HTTPError, OSError, *_hub_transport_errors()) as exc:
         raise PullError(f"cannot list '{repo}' on Hugging Face: {exc}") from None
     files = []
     for s in info.siblings or []:
@@ -148,7 +157,7 @@ def choose(files: list[RemoteFile], tag: str) -> tuple[list[RemoteFile], str]:
 
 
 def _ordered(parts: list[RemoteFile]) -> list[RemoteFile]:
-    if len(parts) == 1:
+    if len(parts) == 1 and not _SPLIT.search(parts[0].path):
         return parts
     numbered = []
     for p in parts:
@@ -270,7 +279,7 @@ def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None,
                 have, hasher, mode = 0, hashlib.sha256(), "wb"
             total = size or (have + int(r.headers.get("content-length", 0))) or 0
             with open(partial, mode) as out:
-                for chunk in r.iter_bytes(CHUNK):
+                for chunk in r.iter_bytes():  # as it arrives: a cut loses nothing written
                     out.write(chunk)
                     hasher.update(chunk)
                     have += len(chunk)

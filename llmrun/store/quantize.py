@@ -29,6 +29,8 @@ from pathlib import Path
 
 from llmrun.store import gguf
 
+log = logging.getLogger("llmrun.quantize")
+
 # The types llmrun offers: llama.cpp's legacy and K-quants (the IQ* types need an importance
 # matrix, which llmrun does not compute), plus F16/BF16. Must match
 # llmrun.engine.llama.QUANT_FTYPES (a test checks it; this module does not import the engine so
@@ -128,10 +130,15 @@ def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progre
     # GGML_NO_BACKTRACE: on abort ggml would otherwise attach gdb to print a backtrace
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    except OSError as exc:
+        raise QuantizeError(f"cannot start the quantizer ({sys.executable}): {exc}") from exc
 
     def read_log() -> None:
+        # Must drain the pipe to the end whatever happens, or the child blocks writing to it.
+        report = progress
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip()
@@ -139,8 +146,12 @@ def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progre
                 continue
             tail.append(line)
             m = _PROGRESS.match(line)
-            if m and progress is not None:
-                progress(int(m.group(1)), int(m.group(2)))
+            if m and report is not None:
+                try:
+                    report(int(m.group(1)), int(m.group(2)))
+                except Exception:
+                    log.exception("quantize progress callback failed; no more progress reports")
+                    report = None
 
     reader = threading.Thread(target=read_log, name="quantize-log", daemon=True)
     reader.start()
@@ -162,16 +173,18 @@ def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progre
     if cancelled:
         raise QuantizeError(f"quantizing {src.name} to {name} was cancelled")
     if rc != 0:
-        if rc < 0:
+        if rc == -signal.SIGKILL:
+            why = "the quantizer was killed (out of memory?)"
+        elif rc < 0:
             try:
                 why = f"llama.cpp crashed ({signal.Signals(-rc).name})"
             except ValueError:
                 why = f"llama.cpp crashed (signal {-rc})"
         else:
             why = f"the quantizer exited with status {rc}"
-        log = "\n".join(tail)
+        text = "\n".join(tail)
         raise QuantizeError(f"quantizing {src.name} to {name} failed: {why}"
-                            + (f"\n{log}" if log else ""))
+                            + (f"\n{text}" if text else ""))
 
 
 class _ChildLog(logging.Filter):
@@ -194,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     handler.addFilter(_ChildLog())
-    log = logging.getLogger("llmrun.llama")
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    log.propagate = False
+    llama_log = logging.getLogger("llmrun.llama")
+    llama_log.addHandler(handler)
+    llama_log.setLevel(logging.DEBUG)
+    llama_log.propagate = False
 
     from llmrun.engine.llama import LlamaError, quantize_file
 
