@@ -80,6 +80,7 @@ class ChatRequest(BaseModel):
     format: Format = None
     logprobs: int | None = None
     prompt: str | None = None  # raw prompt instead of messages (no template)
+    template: str | None = None  # overrides the model's chat template for this request
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema

@@ -56,6 +56,40 @@ class ChatBody(BaseModel):
     top_logprobs: int = Field(0, ge=0, le=20)
 
 
+class GenerateBody(BaseModel):
+    model: str
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    stream: bool = True
+    keep_alive: str | float | None = None
+    context: list[int] | None = None
+    think: bool | str | None = None
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
+
+
+class EmbedBody(BaseModel):
+    model: str
+    input: str | list[str] = ""
+    truncate: bool = True
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+
+class LegacyEmbedBody(BaseModel):
+    model: str
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: str | float | None = None
+
+
 class PullBody(BaseModel):
     model: str | None = None
     name: str | None = None  # older clients send `name`
@@ -165,17 +199,98 @@ def router(service: Service) -> APIRouter:
         except EngineError as exc:
             return error(exc.status, exc.message)
         if not req.messages:
-            return await _load_only(service, req)
-        events = service.chat(req)
+            return await _load_only(service, req, "chat")
+        return await _respond(req, service.chat(req), "chat")
+
+    @api.post("/api/generate", response_model=None)
+    async def generate(body: GenerateBody) -> Response:
+        if body.images:
+            return error(400, f"model '{body.model}' does not support images (it is text-only)")
+        if isinstance(body.format, str) and body.format not in ("json", ""):
+            return error(400, f"invalid format {body.format!r}: use \"json\" or a JSON schema")
+        if body.suffix:
+            return error(400, "'suffix' (fill-in-the-middle) is not supported by llmrun yet")
+        if body.context:
+            return error(400, "'context' (token ids of a previous answer) is deprecated in "
+                              "Ollama and not supported by llmrun: send the conversation to "
+                              "/api/chat instead")
+        messages = []
+        if body.system:
+            messages.append(Message(role="system", content=body.system))
+        if body.prompt:
+            messages.append(Message(role="user", content=body.prompt))
         try:
-            first = await anext(events)
+            req = ChatRequest(
+                model=body.model,
+                messages=messages,
+                prompt=body.prompt if body.raw and body.prompt else None,
+                template=body.template or None,
+                options=parse_options(body.options),
+                stream=body.stream,
+                keep_alive=body.keep_alive,
+                format=body.format or None,
+                logprobs=body.top_logprobs if body.logprobs else None,
+            )
         except EngineError as exc:
             return error(exc.status, exc.message)
-        if not req.stream:
-            return await _collect(req, first, events)
-        return StreamingResponse(_ndjson(req, first, events), media_type="application/x-ndjson")
+        if not body.prompt:
+            return await _load_only(service, req, "generate")
+        return await _respond(req, service.chat(req), "generate")
+
+    @api.post("/api/embed", response_model=None)
+    async def embed(body: EmbedBody) -> Response:
+        inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+        try:
+            req = ChatRequest(model=body.model, messages=[], options=parse_options(body.options),
+                              keep_alive=body.keep_alive)
+            if not inputs:
+                await service.load(req)
+                return JSONResponse({"model": body.model, "embeddings": []})
+            vectors, n_tokens, load_ns, total_ns = await service.embed(req, inputs,
+                                                                       body.truncate)
+        except EngineError as exc:
+            return error(exc.status, exc.message)
+        if body.dimensions:
+            vectors = [_shorten(v, body.dimensions) for v in vectors]
+        return JSONResponse({"model": body.model, "embeddings": vectors,
+                             "total_duration": total_ns, "load_duration": load_ns,
+                             "prompt_eval_count": n_tokens})
+
+    @api.post("/api/embeddings", response_model=None)
+    async def embeddings(body: LegacyEmbedBody) -> Response:
+        try:
+            req = ChatRequest(model=body.model, messages=[], options=parse_options(body.options),
+                              keep_alive=body.keep_alive)
+            if not body.prompt:
+                await service.load(req)
+                return JSONResponse({"embedding": []})
+            vectors, *_ = await service.embed(req, [body.prompt], True)
+        except EngineError as exc:
+            return error(exc.status, exc.message)
+        return JSONResponse({"embedding": vectors[0]})
+
+    @api.get("/api/ps")
+    async def ps() -> dict[str, Any]:
+        models = []
+        for loaded in service.scheduler.loaded.values():
+            entry = model_entry(loaded.manifest)
+            entry["name"] = entry["model"] = loaded.name
+            entry["expires_at"] = service.scheduler.expires_at_iso(loaded)
+            entry["size_vram"] = 0
+            entry["context_length"] = loaded.runner.info.get("n_ctx_seq", loaded.spec.n_ctx)
+            entry["slots"] = loaded.spec.n_slots
+            entry["slots_busy"] = loaded.runner.busy
+            models.append(entry)
+        return {"models": models}
 
     return api
+
+
+def _shorten(vector: list[float], dims: int) -> list[float]:
+    """Matryoshka-style truncation, renormalised (what `dimensions` asks for)."""
+    cut = vector[:dims]
+    norm = sum(x * x for x in cut) ** 0.5
+    return [x / norm for x in cut] if norm > 0 else cut
 
 
 def _store_status(exc: BaseException | None) -> int:
@@ -222,19 +337,28 @@ async def _pull_events(store: Store, name: str) -> AsyncIterator[dict[str, Any]]
     yield {"status": "success"}
 
 
-async def _load_only(service: Service, req: ChatRequest) -> Response:
+Shape = Literal["chat", "generate"]
+
+
+def _text(shape: Shape, text: str) -> dict[str, Any]:
+    """Where the generated text goes: /api/chat's message, /api/generate's response."""
+    if shape == "chat":
+        return {"message": {"role": "assistant", "content": text}}
+    return {"response": text}
+
+
+async def _load_only(service: Service, req: ChatRequest, shape: Shape) -> Response:
+    """An empty prompt loads the model; with keep_alive 0 it unloads it."""
+    unloading = req.keep_alive is not None and str(req.keep_alive).strip() in ("0", "0s", "0.0")
     try:
-        await service.load(req)
+        if unloading:
+            await service.unload(req.model)
+        else:
+            await service.load(req)
     except EngineError as exc:
         return error(exc.status, exc.message)
-    unloading = req.keep_alive is not None and str(req.keep_alive).strip() in ("0", "0s", "0.0")
-    return JSONResponse({
-        "model": req.model,
-        "created_at": now(),
-        "message": {"role": "assistant", "content": ""},
-        "done_reason": "unload" if unloading else "load",
-        "done": True,
-    })
+    return JSONResponse({"model": req.model, "created_at": now(), **_text(shape, ""),
+                         "done_reason": "unload" if unloading else "load", "done": True})
 
 
 def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
@@ -243,30 +367,42 @@ def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
                               for t, lp in e.top]} for e in chunk.logprobs or []]
 
 
-def _chunk_line(req: ChatRequest, chunk: Chunk) -> bytes:
+def _chunk_line(req: ChatRequest, chunk: Chunk, shape: Shape) -> bytes:
     obj: dict[str, Any] = {"model": req.model, "created_at": now(),
-                           "message": {"role": "assistant", "content": chunk.text},
-                           "done": False}
+                           **_text(shape, chunk.text), "done": False}
     if chunk.logprobs is not None:
         obj["logprobs"] = _logprobs(chunk)
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
 
-def _done_obj(req: ChatRequest, stats: Stats, content: str = "") -> dict[str, Any]:
-    return {"model": req.model, "created_at": now(),
-            "message": {"role": "assistant", "content": content},
+def _done_obj(req: ChatRequest, stats: Stats, shape: Shape,
+              content: str = "") -> dict[str, Any]:
+    return {"model": req.model, "created_at": now(), **_text(shape, content),
             "done": True, **stats_fields(stats)}
 
 
+async def _respond(req: ChatRequest, events: AsyncIterator[Chunk | Done],
+                   shape: Shape) -> Response:
+    """Errors before the first token are HTTP errors; after it, a final NDJSON error line."""
+    try:
+        first = await anext(events)
+    except EngineError as exc:
+        return error(exc.status, exc.message)
+    if not req.stream:
+        return await _collect(req, first, events, shape)
+    return StreamingResponse(_ndjson(req, first, events, shape),
+                             media_type="application/x-ndjson")
+
+
 async def _ndjson(req: ChatRequest, first: Chunk | Done,
-                  rest: AsyncIterator[Chunk | Done]) -> AsyncIterator[bytes]:
+                  rest: AsyncIterator[Chunk | Done], shape: Shape) -> AsyncIterator[bytes]:
     event: Chunk | Done | None = first
     try:
         while event is not None:
             if isinstance(event, Chunk):
-                yield _chunk_line(req, event)
+                yield _chunk_line(req, event, shape)
             else:
-                yield json.dumps(_done_obj(req, event.stats)).encode() + b"\n"
+                yield json.dumps(_done_obj(req, event.stats, shape)).encode() + b"\n"
                 return
             event = await anext(rest, None)
     except EngineError as exc:
@@ -276,7 +412,7 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
 
 
 async def _collect(req: ChatRequest, first: Chunk | Done,
-                   rest: AsyncIterator[Chunk | Done]) -> Response:
+                   rest: AsyncIterator[Chunk | Done], shape: Shape) -> Response:
     parts: list[str] = []
     logprobs: list[dict[str, Any]] = []
     event: Chunk | Done | None = first
@@ -290,7 +426,7 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
     finally:
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
-    body = _done_obj(req, stats, "".join(parts))
+    body = _done_obj(req, stats, shape, "".join(parts))
     if req.logprobs is not None:
         body["logprobs"] = logprobs
     return JSONResponse(body)

@@ -235,7 +235,8 @@ class Context:
     """A llama context holding the KV cache for `n_seq` sequences of up to `n_ctx_seq` each."""
 
     def __init__(self, model: Model, *, n_ctx_seq: int, n_seq: int, n_batch: int,
-                 n_threads: int, flash_attn: bool | None = None) -> None:
+                 n_threads: int, flash_attn: bool | None = None,
+                 embeddings: bool = False) -> None:
         params = C.llama_context_default_params()
         # One KV stream per sequence, n_ctx_seq cells each (so every request gets its whole
         # num_ctx, as in Ollama). Not a unified pool: there a sequence's cells land wherever
@@ -251,6 +252,14 @@ class Context:
         params.n_threads_batch = n_threads
         params.kv_unified = False
         params.no_perf = True
+        if embeddings:
+            # One pooled vector per sequence. Generative models declare no pooling; mean
+            # pooling is what a caller of /api/embed expects from them.
+            params.embeddings = True
+            params.n_ubatch = n_batch  # a whole input must fit one ubatch for pooling
+            pooling = model.meta(f"{model.meta('general.architecture')}.pooling_type")
+            if pooling is None or pooling == "0":
+                params.pooling_type = C.LLAMA_POOLING_TYPE_MEAN
         params.flash_attn_type = {
             None: C.LLAMA_FLASH_ATTN_TYPE_AUTO,
             True: C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -282,9 +291,32 @@ class Context:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.memory, seq, p0, p1))
 
+    def embedding(self, seq: int) -> np.ndarray:
+        """The pooled embedding of sequence `seq` after a decode (a copy)."""
+        ptr = C.llama_get_embeddings_seq(self.ptr, seq)
+        if not ptr:
+            raise LlamaError("this context produced no pooled embedding")
+        return np.ctypeslib.as_array(ptr, shape=(C.llama_model_n_embd(self.model.ptr),)).copy()
+
     def seq_pos_max(self, seq: int) -> int:
         """Largest position held for `seq`, -1 when it holds none."""
         return C.llama_memory_seq_pos_max(self.memory, seq)
+
+    def set_loras(self, adapters: list[LoraAdapter], scales: list[float]) -> None:
+        """Apply LoRA `adapters` (each scaled by its entry in `scales`; 0 disables one) to every
+        later decode; an empty list removes them. KV cells written before stay as they were."""
+        if len(adapters) != len(scales):
+            raise ValueError("set_loras needs one scale per adapter")
+        for a in adapters:
+            if not a.ptr or a.model is not self.model:
+                raise LlamaError(f"LoRA adapter {a.path} is closed or belongs to another model")
+        n = len(adapters)
+        arr = (C.llama_adapter_lora_p_ctypes * n)(*(a.ptr for a in adapters)) if n else None
+        factors = (ctypes.c_float * n)(*scales) if n else None
+        rc = C.llama_set_adapters_lora(self.ptr, arr, n, factors)
+        if rc != 0:
+            raise LlamaError(f"llama.cpp could not apply the LoRA adapters (error {rc})")
+        self.loras = list(adapters)  # the context uses them until the next set_loras
 
     def close(self) -> None:
         if self.ptr:
@@ -334,3 +366,58 @@ def quantize_file(src: Path, dst: Path, ftype: str, n_threads: int = 0) -> None:
     if rc != 0:
         raise LlamaError(f"llama.cpp could not quantize {src} to {name} (error {rc}; "
                          "its log says why)")
+
+
+class _ErrorLog(logging.Handler):
+    """Collects llama.cpp's error lines (they arrive through _on_log) while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        head, sep, rest = msg.partition(": ")
+        self.lines.append(rest if sep and head.isidentifier() else msg)  # drop "func: "
+
+
+class LoraAdapter:
+    """A LoRA adapter GGUF (general.type `adapter`) loaded for `model`; Context.set_loras
+    applies it. llama.cpp also frees an adapter with its model, so close() it before the
+    model's close() (afterwards close() only forgets the pointer)."""
+
+    def __init__(self, model: Model, path: Path) -> None:
+        init_backend()
+        if not model.ptr:
+            raise LlamaError(f"cannot load LoRA adapter {path}: the model is closed")
+        if not Path(path).is_file():
+            raise LlamaError(f"LoRA adapter {path}: no such file")
+        errors = _ErrorLog()
+        log.addHandler(errors)
+        try:
+            ptr = C.llama_adapter_lora_init(model.ptr, str(path).encode())
+        finally:
+            log.removeHandler(errors)
+        if not ptr:
+            why = "; ".join(errors.lines) or "see the log"
+            raise LlamaError(f"llama.cpp could not load the LoRA adapter {path}: {why}")
+        self.ptr = ptr
+        self.model = model
+        self.path = path
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the adapter GGUF as text (e.g. `adapter.lora.alpha`)."""
+        buf = ctypes.create_string_buffer(1 << 12)
+        n = C.llama_adapter_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_adapter_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self.ptr:
+            if self.model.ptr:  # else llama_model_free already freed it
+                C.llama_adapter_lora_free(self.ptr)
+            self.ptr = None

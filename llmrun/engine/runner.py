@@ -5,9 +5,11 @@
 It speaks framed JSON (llmrun.engine.ipc) over the inherited socket `--fd`:
 
     daemon -> runner   {"type": "generate", "id": ..., "job": GenerateJob}
+                       {"type": "embed", "id": ..., "inputs": [str], "truncate": bool}
                        {"type": "cancel", "id": ...}      {"type": "shutdown"}
     runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
-                       {"type": "events", "events": [[id, "chunk"|"done"|"error", payload]]}
+                       {"type": "events", "events": [[id, kind, payload]]}
+                       kind: "chunk" | "done" | "error" | "embedding"
 
 A crash here (llama.cpp is C++) takes down only this process; the daemon reports it to the
 requests in flight. When the daemon goes away the channel closes and the runner exits.
@@ -27,8 +29,16 @@ from typing import Any
 
 from llmrun.engine import templates
 from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
-from llmrun.engine.llama import Context, LlamaError, Model, json_grammar, schema_grammar
+from llmrun.engine.llama import (
+    Context,
+    LlamaError,
+    LoraAdapter,
+    Model,
+    json_grammar,
+    schema_grammar,
+)
 from llmrun.request import GenerateJob
 
 log = logging.getLogger("llmrun.runner")
@@ -49,8 +59,10 @@ def _die_with_parent() -> None:
 
 class Runner:
     def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
-                 n_slots: int) -> None:
+                 n_slots: int, n_threads: int = 1) -> None:
         self.chan = chan
+        self.n_threads = n_threads
+        self._embedder: Embedder | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit)
@@ -62,6 +74,12 @@ class Runner:
         # OSError: the daemon is gone; the main loop notices and exits
         with contextlib.suppress(OSError):
             self.chan.send({"type": "events", "events": events})
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, self.n_ctx_seq, self.n_threads,
+                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]))
+        return self._embedder
 
     def info(self) -> dict[str, Any]:
         return {
@@ -126,9 +144,22 @@ class Runner:
                 self.generate(msg["id"], msg["job"])
             elif kind == "cancel":
                 self.engine.cancel(msg["id"])
+            elif kind == "embed":
+                self.embedder().submit(msg["id"], list(msg["inputs"]), bool(msg.get("truncate")))
             elif kind == "shutdown":
                 break
         self.engine.stop()
+
+
+def lora_arg(text: str) -> tuple[Path, float]:
+    """`PATH` or `PATH:SCALE` (scale 1.0 by default) of a --lora argument."""
+    path, sep, scale = text.rpartition(":")
+    if sep:
+        try:
+            return Path(path), float(scale)
+        except ValueError:
+            pass  # a colon inside the path itself
+    return Path(text), 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--lora", type=lora_arg, action="append", default=[],
+                    metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
@@ -150,12 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
         ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=args.slots,
                       n_batch=args.batch, n_threads=args.threads)
+        if args.lora:
+            loras = [LoraAdapter(model, path) for path, _ in args.lora]
+            ctx.set_loras(loras, [scale for _, scale in args.lora])
+            log.info("applied LoRA adapters: %s",
+                     ", ".join(f"{p.name} x{s:g}" for p, s in args.lora))
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
     log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
              args.slots, args.threads)
-    Runner(chan, model, ctx, n_ctx_seq, args.slots).serve()
+    Runner(chan, model, ctx, n_ctx_seq, args.slots, args.threads).serve()
     return 0
 
 

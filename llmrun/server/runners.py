@@ -39,6 +39,7 @@ class RunnerSpec:
     n_slots: int
     n_threads: int
     n_batch: int = 512
+    lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
 
 
 class Runner:
@@ -73,6 +74,8 @@ class Runner:
                "--threads", str(s.n_threads), "--batch", str(s.n_batch)]
         for path in s.model_paths:
             cmd += ["--model", str(path)]
+        for path in s.lora_paths:
+            cmd += ["--lora", str(path)]
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
@@ -162,6 +165,21 @@ class Runner:
             if not finished and self.alive:
                 with contextlib.suppress(Exception):
                     await self._send({"type": "cancel", "id": req_id})
+
+    async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+        """L2-normalised embeddings of `inputs` and the number of tokens they took."""
+        req_id = f"e{next(_ids)}"
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._queues[req_id] = q
+        try:
+            await self._send({"type": "embed", "id": req_id, "inputs": inputs,
+                              "truncate": truncate})
+            kind, payload = await q.get()
+        finally:
+            self._queues.pop(req_id, None)
+        if kind != "embedding":
+            raise EngineError(payload["message"], status=payload.get("status", 500))
+        return payload["embeddings"], payload["prompt_tokens"]
 
     async def stop(self) -> None:
         if self.alive:

