@@ -64,9 +64,38 @@ DEFAULT_OPTIONS = Options(
 )
 
 
+class ToolCall(BaseModel):
+    """A function call the model made; `arguments` is the parsed JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Tool(BaseModel):
+    """A function the model may call; `parameters` is its JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object",
+                                                                "properties": {}})
+
+
+class NamedTool(BaseModel):
+    name: str
+
+
+# auto: the model decides; none: tools are hidden; required: it must call one (any);
+# NamedTool: it must call that one. required/named are enforced by grammar.
+ToolChoice = Literal["auto", "none", "required"] | NamedTool
+
+
 class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # assistant turns
+    tool_call_id: str | None = None  # tool turns: which call this answers
+    name: str | None = None  # tool turns: the function's name
 
 
 class ChatRequest(BaseModel):
@@ -80,6 +109,9 @@ class ChatRequest(BaseModel):
     format: Format = None
     logprobs: int | None = None
     prompt: str | None = None  # raw prompt instead of messages (no template)
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
     template: str | None = None  # overrides the model's chat template for this request
 
 
@@ -97,9 +129,12 @@ class GenerateJob(BaseModel):
     format: Format = None
     grammar: str | None = None  # GBNF, for callers that build their own
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: and the top k
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
 
 
-FinishReason = Literal["stop", "length", "cancel", "error"]
+FinishReason = Literal["stop", "length", "cancel", "error", "tool_calls"]
 
 
 class Stats(BaseModel):
@@ -123,6 +158,7 @@ class TokenLogprob(BaseModel):
 class Chunk(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None  # complete calls, parsed (never raw markup)
 
 
 class Done(BaseModel):

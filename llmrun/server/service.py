@@ -33,6 +33,9 @@ class Service:
                 options=options,
                 format=req.format,
                 logprobs=req.logprobs,
+                tools=req.tools,
+                tool_choice=req.tool_choice,
+                parallel_tool_calls=req.parallel_tool_calls,
             )
             async for event in lease.loaded.runner.generate(job):
                 if isinstance(event, Done):
