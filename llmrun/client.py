@@ -106,7 +106,6 @@ class Client:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        pid_path().write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -133,6 +132,15 @@ class Client:
         except ValueError:
             message = r.text
         raise APIError(r.status_code, str(message))
+
+    def ps(self) -> list[dict[str, Any]]:
+        r = self.http.get("/api/ps")
+        self._raise_for(r)
+        return list(r.json().get("models", []))
+
+    def stop_model(self, model: str) -> None:
+        r = self.http.post("/api/generate", json={"model": model, "keep_alive": 0}, timeout=None)
+        self._raise_for(r)
 
     def load(self, model: str) -> None:
         """Load a model without generating (an empty chat, as Ollama's clients do)."""

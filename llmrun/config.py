@@ -148,5 +148,13 @@ def num_threads() -> int:
     return n or (os.cpu_count() or 1)
 
 
+def max_queue() -> int:
+    return _parsed("LLMRUN_MAX_QUEUE", _positive_int)
+
+
+def max_loaded_models() -> int:
+    return max(1, _parsed("LLMRUN_MAX_LOADED_MODELS", _positive_int))
+
+
 def keep_alive() -> str:
     return raw("LLMRUN_KEEP_ALIVE")

@@ -146,6 +146,7 @@ class Stats(BaseModel):
     load_ns: int = 0  # filled in by the daemon: time this request waited for a model load
     total_ns: int = 0  # filled in by the daemon: from request received to done
     finish_reason: FinishReason = "stop"
+    stop_sequence: str | None = None  # the stop string that ended generation, if one did
 
 
 class TokenLogprob(BaseModel):
@@ -168,11 +169,13 @@ class Done(BaseModel):
 class EngineError(Exception):
     """A request the engine cannot serve; `status` is the HTTP status a dialect should use."""
 
-    def __init__(self, message: str, status: int = 500, kind: str = "server_error") -> None:
+    def __init__(self, message: str, status: int = 500, kind: str = "server_error",
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.kind = kind
+        self.retry_after = retry_after  # seconds, for 503 "busy" answers
 
 
 def as_dict(model: BaseModel) -> dict[str, Any]:

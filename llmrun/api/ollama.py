@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from llmrun import __version__
+from llmrun.api.disconnect import unless_disconnected
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Message, Options, Stats
 from llmrun.server.service import Service
 from llmrun.store import (
@@ -97,8 +98,9 @@ class PullBody(BaseModel):
     stream: bool = True
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def now() -> str:
@@ -197,13 +199,13 @@ def router(service: Service) -> APIRouter:
                 logprobs=body.top_logprobs if body.logprobs else None,
             )
         except EngineError as exc:
-            return error(exc.status, exc.message)
+            return error(exc.status, exc.message, exc.retry_after)
         if not req.messages:
             return await _load_only(service, req, "chat")
-        return await _respond(req, service.chat(req), "chat")
+        return await _respond(req, service.chat(req), "chat", request)
 
     @api.post("/api/generate", response_model=None)
-    async def generate(body: GenerateBody) -> Response:
+    async def generate(body: GenerateBody, request: Request) -> Response:
         if body.images:
             return error(400, f"model '{body.model}' does not support images (it is text-only)")
         if isinstance(body.format, str) and body.format not in ("json", ""):
@@ -232,10 +234,10 @@ def router(service: Service) -> APIRouter:
                 logprobs=body.top_logprobs if body.logprobs else None,
             )
         except EngineError as exc:
-            return error(exc.status, exc.message)
+            return error(exc.status, exc.message, exc.retry_after)
         if not body.prompt:
             return await _load_only(service, req, "generate")
-        return await _respond(req, service.chat(req), "generate")
+        return await _respond(req, service.chat(req), "generate", request)
 
     @api.post("/api/embed", response_model=None)
     async def embed(body: EmbedBody) -> Response:
@@ -249,7 +251,7 @@ def router(service: Service) -> APIRouter:
             vectors, n_tokens, load_ns, total_ns = await service.embed(req, inputs,
                                                                        body.truncate)
         except EngineError as exc:
-            return error(exc.status, exc.message)
+            return error(exc.status, exc.message, exc.retry_after)
         if body.dimensions:
             vectors = [_shorten(v, body.dimensions) for v in vectors]
         return JSONResponse({"model": body.model, "embeddings": vectors,
@@ -266,7 +268,7 @@ def router(service: Service) -> APIRouter:
                 return JSONResponse({"embedding": []})
             vectors, *_ = await service.embed(req, [body.prompt], True)
         except EngineError as exc:
-            return error(exc.status, exc.message)
+            return error(exc.status, exc.message, exc.retry_after)
         return JSONResponse({"embedding": vectors[0]})
 
     @api.get("/api/ps")
@@ -356,7 +358,7 @@ async def _load_only(service: Service, req: ChatRequest, shape: Shape) -> Respon
         else:
             await service.load(req)
     except EngineError as exc:
-        return error(exc.status, exc.message)
+        return error(exc.status, exc.message, exc.retry_after)
     return JSONResponse({"model": req.model, "created_at": now(), **_text(shape, ""),
                          "done_reason": "unload" if unloading else "load", "done": True})
 
@@ -381,17 +383,27 @@ def _done_obj(req: ChatRequest, stats: Stats, shape: Shape,
             "done": True, **stats_fields(stats)}
 
 
-async def _respond(req: ChatRequest, events: AsyncIterator[Chunk | Done],
-                   shape: Shape) -> Response:
-    """Errors before the first token are HTTP errors; after it, a final NDJSON error line."""
+async def _respond(req: ChatRequest, events: AsyncIterator[Chunk | Done], shape: Shape,
+                   request: Request | None = None) -> Response:
+    """Errors before the first token are HTTP errors; after it, a final NDJSON error line.
+    A non-streaming request whose client disconnects is cancelled."""
+    if not req.stream:
+        return await unless_disconnected(request, _first_then_collect(req, events, shape))
     try:
         first = await anext(events)
     except EngineError as exc:
-        return error(exc.status, exc.message)
-    if not req.stream:
-        return await _collect(req, first, events, shape)
+        return error(exc.status, exc.message, exc.retry_after)
     return StreamingResponse(_ndjson(req, first, events, shape),
                              media_type="application/x-ndjson")
+
+
+async def _first_then_collect(req: ChatRequest, events: AsyncIterator[Chunk | Done],
+                              shape: Shape) -> Response:
+    try:
+        first = await anext(events)
+    except EngineError as exc:
+        return error(exc.status, exc.message, exc.retry_after)
+    return await _collect(req, first, events, shape)
 
 
 async def _ndjson(req: ChatRequest, first: Chunk | Done,
@@ -422,7 +434,7 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
             logprobs += _logprobs(event)
             event = await anext(rest, None)
     except EngineError as exc:
-        return error(exc.status, exc.message)
+        return error(exc.status, exc.message, exc.retry_after)
     finally:
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")

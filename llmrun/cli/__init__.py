@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from llmrun import __version__
-from llmrun.cli import models, run, serve
+from llmrun.cli import daemon, models, run, serve
 
 app = typer.Typer(
     name="llmrun",
@@ -33,6 +33,7 @@ def _root(
 serve.register(app)
 run.register(app)
 models.register(app)
+daemon.register(app)
 
 
 def main() -> None:

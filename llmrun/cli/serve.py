@@ -10,6 +10,7 @@ import typer
 
 from llmrun import config
 from llmrun.cli._common import fail
+from llmrun.server import pidfile
 
 
 def _settings_help() -> str:
@@ -37,5 +38,14 @@ def register(app: typer.Typer) -> None:
                 fail(f"cannot listen on {host}:{port}: {exc.strerror}")
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        uvicorn.run(create_app(), host=host, port=port, log_level="info",
+        pid_path = config.home() / "daemon.pid"
+        try:
+            pidfile.claim(pid_path)
+        except pidfile.AlreadyRunning as exc:
+            fail(str(exc))
+        # SIGINT/SIGTERM: uvicorn stops accepting, lets requests in flight finish for up to
+        # 10 s (then cancels them, which cancels their sequences), and the app's shutdown
+        # stops every runner process.
+        app = create_app(on_shutdown=lambda: pidfile.release(pid_path))
+        uvicorn.run(app, host=host, port=port, log_level="info",
                     server_header=False, timeout_graceful_shutdown=10)

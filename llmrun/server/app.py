@@ -7,7 +7,7 @@ client goes away, which is how a disconnect frees a slot.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
-from llmrun.api import ollama
+from llmrun.api import anthropic, ollama, openai
 from llmrun.request import EngineError
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.service import Service
@@ -75,7 +75,8 @@ def describe_validation_error(exc: RequestValidationError) -> str:
     return f"invalid field '{'.'.join(loc)}': {first.get('msg')}"
 
 
-def create_app(store: Store | None = None) -> FastAPI:
+def create_app(store: Store | None = None,
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     store = store or Store()
     scheduler = Scheduler(store, config.home() / "logs")
     service = Service(store, scheduler)
@@ -84,13 +85,18 @@ def create_app(store: Store | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await scheduler.shutdown()
+        if on_shutdown is not None:
+            on_shutdown()  # here, not atexit: uvicorn re-raises SIGTERM after shutting down
 
     app = FastAPI(title="llmrun", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.state.service = service
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation(_: Request, exc: RequestValidationError) -> Response:
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        path = request.url.path
+        if path.startswith("/v1/") and not path.startswith("/v1/messages"):
+            return openai.validation_error(exc)
         return JSONResponse({"error": describe_validation_error(exc)}, status_code=400)
 
     @app.exception_handler(EngineError)
@@ -108,6 +114,8 @@ def create_app(store: Store | None = None) -> FastAPI:
 
     app.include_router(ollama.router(service))
     app.include_router(ollama.store_router(store))
+    app.include_router(anthropic.router(service))
+    app.include_router(openai.router(service))
     app.add_middleware(JSONBodies)
     app.add_middleware(IdentityHeader)
     return app

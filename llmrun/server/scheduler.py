@@ -30,6 +30,31 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def available_memory() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: do not refuse on a guess
+
+
+def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) -> int:
+    """Weights + f16 KV cache for every slot's full context + a compute-buffer allowance."""
+    n_layer = int(info.arch_value("block_count", 0) or 0)
+    n_embd = int(info.arch_value("embedding_length", 0) or 0)
+    n_head = int(info.arch_value("attention.head_count", 1) or 1)
+    n_head_kv = info.arch_value("attention.head_count_kv", n_head)
+    n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else n_head)
+    k_len = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)) or 0)
+    v_len = int(info.arch_value("attention.value_length", k_len) or 0)
+    kv = 2 * n_layer * n_head_kv * (k_len + v_len) * spec.n_ctx * spec.n_slots
+    return weights + kv + (256 << 20)
+
+
 def parse_keep_alive(value: str | float | int | None) -> float:
     """Seconds to keep a model loaded: `5m`, `1h30m`, `30s`, a number of seconds;
     negative means forever (math.inf), 0 means unload once idle."""
@@ -132,6 +157,14 @@ class Scheduler:
         async with self._lock:
             current = self.loaded.get(key)
             if current is not None and current.runner.alive and current.spec == spec:
+                waiting = current.refs - current.spec.n_slots
+                if waiting >= config.max_queue():
+                    # answer at once rather than let clients pile up behind a full queue
+                    raise EngineError(
+                        f"server busy: {current.refs} requests for '{parsed.short}' already "
+                        f"running or queued (LLMRUN_NUM_PARALLEL={current.spec.n_slots}, "
+                        f"LLMRUN_MAX_QUEUE={config.max_queue()}); retry shortly",
+                        status=503, kind="overloaded", retry_after=1)
                 current.refs += 1
                 current.expires_at = math.inf
                 return Lease(current, 0.0)
@@ -141,8 +174,8 @@ class Scheduler:
                 # busy with other options: it finishes its requests, then expires
                 self.loaded.pop(key, None)
                 current.expires_at = time.monotonic()
-            await self._make_room()
-            self._check_files(parsed.short, manifest, spec)
+            need = await asyncio.to_thread(self._check_files, parsed.short, manifest, spec)
+            await self._make_room(need)
             runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
             await runner.start()
             loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
@@ -150,9 +183,10 @@ class Scheduler:
             self._ensure_reaper()
             return Lease(loaded, runner.load_seconds)
 
-    def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> None:
+    def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> int:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
-        file version: size and mtime) and its GGUF header must pass the validator."""
+        file version: size and mtime) and its GGUF header must pass the validator.
+        Returns the memory the loaded model will need, in bytes (an estimate)."""
         try:
             for path in (*spec.model_paths, *spec.lora_paths):
                 st = path.stat()
@@ -162,18 +196,30 @@ class Scheduler:
                     for p in (*spec.model_paths, *spec.lora_paths):
                         gguf_reader.read(p)
                     self._verified.add(key)
+            info = gguf_reader.read(spec.model_paths[0])
         except (OSError, StoreError, gguf_reader.GGUFError) as exc:
             raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
+        return estimate_memory(info, manifest.size, spec)
 
-    async def _make_room(self) -> None:
-        limit = max(1, int(config.raw("LLMRUN_MAX_LOADED_MODELS") or 1))
+    async def _make_room(self, need: int) -> None:
+        """Unload idle models, least recently used first, until the model count is under
+        LLMRUN_MAX_LOADED_MODELS and `need` bytes fit in available memory."""
+        limit = config.max_loaded_models()
         for key in [k for k, v in self.loaded.items() if not v.runner.alive and v.refs == 0]:
             self.loaded.pop(key)
-        while len(self.loaded) >= limit:
+        while len(self.loaded) >= limit or need > available_memory():
             idle = [v for v in self.loaded.values() if v.refs == 0]
             if not idle:
-                return  # everything is busy; load anyway rather than fail the request
+                break
+            log.info("unloading %s to make room", min(idle, key=lambda v: v.last_used).name)
             await self.unload(min(idle, key=lambda v: v.last_used))
+        avail = available_memory()
+        if need > avail:
+            raise EngineError(
+                f"model needs about {need / 2**30:.1f} GiB (weights and KV cache for "
+                f"LLMRUN_NUM_PARALLEL slots of num_ctx tokens) but only {avail / 2**30:.1f} GiB "
+                "is available; lower num_ctx or LLMRUN_NUM_PARALLEL, or stop other models",
+                status=507, kind="insufficient_memory")
 
     async def unload(self, loaded: Loaded) -> None:
         key = loaded.manifest.model.digest

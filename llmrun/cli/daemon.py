@@ -1,0 +1,64 @@
+"""Commands about the running daemon: `ps` (what is loaded) and `stop MODEL` (unload it)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import typer
+from rich.table import Table
+
+from llmrun.cli._common import console, fail, human_size
+from llmrun.client import Client, ClientError
+
+
+def _until(expires_at: str | None) -> str:
+    if not expires_at:
+        return ""
+    try:
+        when = datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
+    except ValueError:
+        return expires_at
+    seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds > 10 * 365 * 86400:
+        return "Forever"
+    if seconds < 60:
+        return f"{max(0, int(seconds))} seconds from now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} minutes from now"
+    return f"{seconds / 3600:.1f} hours from now"
+
+
+def _client() -> Client:
+    client = Client()
+    state = client.probe()
+    if state != "llmrun":
+        fail(f"no llmrun daemon answers on {client.base_url} (start one with `llmrun serve`)"
+             if state == "down" else f"{client.base_url} is not an llmrun daemon")
+    return client
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def ps() -> None:
+        """List the models loaded in the daemon."""
+        try:
+            models = _client().ps()
+        except ClientError as exc:
+            fail(str(exc))
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "UNTIL"):
+            table.add_column(col)
+        for m in models:
+            table.add_row(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
+                          str(m.get("context_length", "")),
+                          f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
+                          _until(m.get("expires_at")))
+        console.print(table)
+
+    @app.command()
+    def stop(model: str = typer.Argument(..., help="Model to unload")) -> None:
+        """Unload a model from the daemon now (its requests in flight finish first)."""
+        try:
+            _client().stop_model(model)
+        except ClientError as exc:
+            fail(str(exc))

@@ -1,0 +1,171 @@
+"""The daemon as a long-running service: keep-alive, eviction, queue bounds, disconnects,
+shutdown, pid files. Real daemon subprocesses; tiny random-weight models where the model's
+output does not matter (they load in milliseconds)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmrun.store import Store
+from tests.conftest import Daemon, make_home
+from tests.tinymodel import write_tiny_llama
+
+
+def tiny_home(root: Path, names: list[str]) -> Path:
+    store = Store(root)
+    for i, name in enumerate(names):
+        path = write_tiny_llama(root / f"{name}.gguf", seed=i)
+        store.create(name, f"FROM {path}\n")
+    return root
+
+
+def loaded(url: str) -> list[str]:
+    return [m["name"] for m in httpx.get(f"{url}/api/ps").json()["models"]]
+
+
+def gen(url: str, model: str, **body: object) -> httpx.Response:
+    return httpx.post(f"{url}/api/generate", timeout=120,
+                      json={"model": model, "prompt": "hello", "stream": False,
+                            "options": {"num_predict": 2}, **body})
+
+
+def test_keep_alive_expiry_unloads(tmp_path: Path) -> None:
+    d = Daemon(tiny_home(tmp_path, ["a"])).start()
+    try:
+        assert gen(d.url, "a", keep_alive="1s").status_code == 200
+        assert loaded(d.url) == ["a:latest"]
+        deadline = time.monotonic() + 10
+        while loaded(d.url) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert loaded(d.url) == []
+        # negative keep_alive: stays loaded
+        assert gen(d.url, "a", keep_alive=-1).status_code == 200
+        time.sleep(2.5)
+        assert loaded(d.url) == ["a:latest"]
+    finally:
+        d.stop()
+
+
+def test_lru_model_evicted_at_the_limit(tmp_path: Path) -> None:
+    d = Daemon(tiny_home(tmp_path, ["a", "b", "c"]),
+               env={"LLMRUN_MAX_LOADED_MODELS": "2"}).start()
+    try:
+        for name in ("a", "b"):
+            assert gen(d.url, name).status_code == 200
+        assert sorted(loaded(d.url)) == ["a:latest", "b:latest"]
+        assert gen(d.url, "a").status_code == 200  # a is now the most recently used
+        assert gen(d.url, "c").status_code == 200
+        assert sorted(loaded(d.url)) == ["a:latest", "c:latest"]  # b was least recent
+    finally:
+        d.stop()
+
+
+def test_num_ctx_change_reloads(tmp_path: Path) -> None:
+    d = Daemon(tiny_home(tmp_path, ["a"])).start()
+    try:
+        gen(d.url, "a", options={"num_predict": 1, "num_ctx": 128})
+        assert httpx.get(f"{d.url}/api/ps").json()["models"][0]["context_length"] == 128
+        gen(d.url, "a", options={"num_predict": 1, "num_ctx": 256})
+        assert httpx.get(f"{d.url}/api/ps").json()["models"][0]["context_length"] == 256
+    finally:
+        d.stop()
+
+
+def test_queue_overflow_is_503_at_once(tmp_path: Path, smollm2_path: Path) -> None:
+    d = Daemon(make_home(tmp_path, smollm2_path),
+               env={"LLMRUN_NUM_PARALLEL": "1", "LLMRUN_MAX_QUEUE": "1"}).start()
+    try:
+        gen(d.url, "smollm2")  # loaded
+        long = {"options": {"num_predict": 40, "temperature": 0}}
+        with ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(gen, d.url, "smollm2", **long) for _ in range(2)]
+            time.sleep(1.0)  # one decoding, one waiting in the queue
+            t0 = time.monotonic()
+            r = gen(d.url, "smollm2", **long)
+            assert time.monotonic() - t0 < 2  # refused at once, not after waiting
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "1"
+            assert "server busy" in r.json()["error"]
+            results = [f.result() for f in running]
+        assert [x.status_code for x in results] == [200, 200]
+        assert all(x.json()["done"] and x.json()["eval_count"] > 0 for x in results)
+    finally:
+        d.stop()
+
+
+def test_client_disconnect_frees_the_slot(tmp_path: Path, smollm2_path: Path) -> None:
+    d = Daemon(make_home(tmp_path, smollm2_path), env={"LLMRUN_NUM_PARALLEL": "1"}).start()
+    try:
+        endless = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a story"}],
+                   "options": {"num_predict": 100000}}
+        with httpx.stream("POST", f"{d.url}/api/chat", json=endless, timeout=60) as r:
+            next(r.iter_lines())  # generating; now hang up
+        # non-streaming too: the client gives up after a second
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{d.url}/api/chat", json={**endless, "stream": False}, timeout=1.0)
+        # with one slot, this only finishes if both abandoned sequences were cancelled
+        t0 = time.monotonic()
+        r = gen(d.url, "smollm2", options={"num_predict": 4})
+        assert r.status_code == 200 and r.json()["eval_count"] == 4
+        assert time.monotonic() - t0 < 30  # an abandoned sequence would run to num_ctx
+        models = httpx.get(f"{d.url}/api/ps").json()["models"]
+        assert models[0]["slots_busy"] == 0
+    finally:
+        d.stop()
+
+
+def test_sigterm_during_stream_ends_cleanly(tmp_path: Path, smollm2_path: Path) -> None:
+    d = Daemon(make_home(tmp_path, smollm2_path)).start()
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a story"}],
+            "options": {"num_predict": 100000}}
+    lines = []
+    with httpx.stream("POST", f"{d.url}/api/chat", json=body, timeout=60) as r:
+        it = r.iter_lines()
+        lines.append(next(it))
+        runners = subprocess.run(["pgrep", "-P", str(d.proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        assert runners
+        d.proc.send_signal(signal.SIGTERM)
+        # the server may close the stream when its grace period ends
+        with contextlib.suppress(httpx.HTTPError):
+            for line in it:
+                lines.append(line)
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM
+    assert d.proc.wait(30) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in d.log.read_text()
+    for line in lines:
+        json.loads(line)  # every line that arrived is whole
+    for pid in runners:  # no orphaned runner processes
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_stale_pid_file_is_replaced(tmp_path: Path) -> None:
+    home = tiny_home(tmp_path, ["a"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (home / "daemon.pid").write_text(f"{dead.pid}\n")
+    d = Daemon(home).start()
+    try:
+        assert (home / "daemon.pid").read_text().strip() == str(d.proc.pid)
+        # a second daemon on the same home (another port) is refused while this one lives
+        other = Daemon(home)
+        proc = subprocess.run([sys.executable, "-m", "llmrun", "serve"], env=other.env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1
+        assert f"pid {d.proc.pid}" in proc.stderr
+    finally:
+        d.stop()
+    assert not (home / "daemon.pid").exists()  # removed on a clean exit
+    assert os.path.exists(home)
