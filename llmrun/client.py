@@ -66,7 +66,10 @@ def tail(path: Path, lines: int = 20) -> str:
 class Client:
     def __init__(self, base_url: str | None = None) -> None:
         self.base_url = base_url or config.base_url()
-        self.http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0, read=None))
+        keys = [k.strip() for k in config.raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else None
+        self.http = httpx.Client(base_url=self.base_url, headers=headers,
+                                 timeout=httpx.Timeout(10.0, read=None))
 
     def probe(self) -> Literal["llmrun", "other", "down"]:
         try:

@@ -74,8 +74,9 @@ def _file_settings(path: Path) -> dict[str, Any]:
 
 
 def raw(name: str) -> str:
-    """The string value of one setting: environment first, then config.yaml, then default."""
-    if name in os.environ:
+    """The string value of one setting: environment first (an empty variable counts as
+    unset), then config.yaml, then the default."""
+    if os.environ.get(name):
         return os.environ[name]
     file_value = _file_settings(home() / "config.yaml").get(name)
     if file_value is not None:
@@ -140,7 +141,7 @@ def num_parallel() -> int:
 
 
 def context_length() -> int:
-    return max(256, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
+    return max(16, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
 
 
 def num_threads() -> int:

@@ -81,3 +81,29 @@ def test_ps_and_unload(client: ollama.Client) -> None:
     gone = client.generate(model="smollm2", prompt="", keep_alive=0)
     assert gone.done_reason == "unload"
     assert client.ps().models == []
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_chat_with_tools_round_trip(client: ollama.Client) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    # SmolLM2 is not trained for tools; a JSON-schema format is not a tool choice, so only
+    # check that tool calls, when the model makes them, arrive parsed and never as text
+    out = client.chat(model="smollm2", messages=ask, tools=[WEATHER],
+                      options={"num_predict": 48, **GREEDY})
+    assert "<tool_call>" not in (out.message.content or "")
+    for call in out.message.tool_calls or []:
+        assert call.function.name == "get_weather"
+        assert isinstance(call.function.arguments, dict)
+    history = [*ask, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "22 degrees and sunny"}]
+    final = client.chat(model="smollm2", messages=history, tools=[WEATHER],
+                        options={"num_predict": 24, **GREEDY})
+    assert final.done
+    # the tool result reached the prompt (it is longer than the question alone)
+    assert final.prompt_eval_count > out.prompt_eval_count

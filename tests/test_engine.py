@@ -135,9 +135,9 @@ def test_prefix_reuse_second_turn(harness: Harness) -> None:
 
 def test_kv_cells_match_bookkeeping_after_mixed_requests(harness: Harness) -> None:
     rids = []
-    for i in range(40):
+    for i in range(200):
         q = QUESTIONS[i % 4] + (" Answer briefly." if i % 3 == 0 else "")
-        rid = harness.submit(q, max_tokens=1 + (i * 7) % 20, temperature=0.7, seed=i)
+        rid = harness.submit(q, max_tokens=1 + (i * 7) % 6, temperature=0.7, seed=i)
         if i % 5 == 0:
             harness.engine.cancel(rid)
         rids.append(rid)

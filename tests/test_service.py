@@ -169,3 +169,20 @@ def test_stale_pid_file_is_replaced(tmp_path: Path) -> None:
         d.stop()
     assert not (home / "daemon.pid").exists()  # removed on a clean exit
     assert os.path.exists(home)
+
+
+def test_settings_from_config_yaml(tmp_path: Path) -> None:
+    home = tiny_home(tmp_path, ["a"])
+    (home / "config.yaml").write_text("LLMRUN_CONTEXT_LENGTH: 192\nllmrun_keep_alive: 7m\n")
+    d = Daemon(home, env={"LLMRUN_CONTEXT_LENGTH": ""}).start()
+    try:
+        gen(d.url, "a")
+        models = httpx.get(f"{d.url}/api/ps").json()["models"]
+        assert models[0]["context_length"] == 192  # from config.yaml
+    finally:
+        d.stop()
+    help_text = subprocess.run([sys.executable, "-m", "llmrun", "serve", "--help"],
+                               capture_output=True, text=True, timeout=60).stdout
+    for name in ("LLMRUN_HOST", "LLMRUN_KEEP_ALIVE", "LLMRUN_NUM_PARALLEL", "LLMRUN_MAX_QUEUE",
+                 "LLMRUN_API_KEYS", "LLMRUN_ORIGINS", "LLMRUN_CONTEXT_LENGTH"):
+        assert name in help_text

@@ -16,7 +16,17 @@ from pydantic import BaseModel, Field, ValidationError
 
 from llmrun import __version__
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.request import ChatRequest, Chunk, Done, EngineError, Message, Options, Stats
+from llmrun.request import (
+    ChatRequest,
+    Chunk,
+    Done,
+    EngineError,
+    Message,
+    Options,
+    Stats,
+    Tool,
+    ToolCall,
+)
 from llmrun.server.service import Service
 from llmrun.store import (
     CreateError,
@@ -32,7 +42,9 @@ from llmrun.store.modelfile import parse as modelfile_parse
 
 log = logging.getLogger(__name__)
 
-DONE_REASONS = {"stop": "stop", "length": "length", "cancel": "stop", "error": "stop"}
+# Ollama ends a turn with tool calls as "stop", the calls being in the message
+DONE_REASONS = {"stop": "stop", "length": "length", "cancel": "stop", "error": "stop",
+                "tool_calls": "stop"}
 
 
 class OllamaMessage(BaseModel):
@@ -191,7 +203,8 @@ def router(service: Service) -> APIRouter:
         try:
             req = ChatRequest(
                 model=body.model,
-                messages=[Message(role=m.role, content=m.content) for m in body.messages],
+                messages=[_message(m) for m in body.messages],
+                tools=[_tool(t) for t in body.tools or []],
                 options=parse_options(body.options),
                 stream=body.stream,
                 keep_alive=body.keep_alive,
@@ -363,6 +376,37 @@ async def _load_only(service: Service, req: ChatRequest, shape: Shape) -> Respon
                          "done_reason": "unload" if unloading else "load", "done": True})
 
 
+def _tool(spec: dict[str, Any]) -> Tool:
+    fn = spec.get("function", spec)
+    if not isinstance(fn, dict) or not fn.get("name"):
+        raise EngineError("invalid field 'tools': each tool needs function.name", status=400)
+    return Tool(name=fn["name"], description=fn.get("description") or "",
+                parameters=fn.get("parameters") or {"type": "object", "properties": {}})
+
+
+def _message(m: OllamaMessage) -> Message:
+    """Ollama's message -> internal: assistant tool_calls carry arguments as objects; a tool
+    result names its function in `tool_name`."""
+    calls = []
+    for i, call in enumerate(m.tool_calls or []):
+        fn = call.get("function", {})
+        args = fn.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = {"value": args}
+        calls.append(ToolCall(id=call.get("id") or f"call_{i}", name=fn.get("name", ""),
+                              arguments=args if isinstance(args, dict) else {"value": args}))
+    return Message(role=m.role, content=m.content, tool_calls=calls,
+                   name=m.tool_name if m.role == "tool" else None)
+
+
+def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]
+
+
 def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
     return [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
              "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
@@ -372,6 +416,8 @@ def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
 def _chunk_line(req: ChatRequest, chunk: Chunk, shape: Shape) -> bytes:
     obj: dict[str, Any] = {"model": req.model, "created_at": now(),
                            **_text(shape, chunk.text), "done": False}
+    if chunk.tool_calls and shape == "chat":
+        obj["message"]["tool_calls"] = _tool_calls(chunk.tool_calls)
     if chunk.logprobs is not None:
         obj["logprobs"] = _logprobs(chunk)
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
@@ -427,11 +473,13 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
                    rest: AsyncIterator[Chunk | Done], shape: Shape) -> Response:
     parts: list[str] = []
     logprobs: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     event: Chunk | Done | None = first
     try:
         while isinstance(event, Chunk):
             parts.append(event.text)
             logprobs += _logprobs(event)
+            calls += event.tool_calls or []
             event = await anext(rest, None)
     except EngineError as exc:
         return error(exc.status, exc.message, exc.retry_after)
@@ -439,6 +487,8 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
     body = _done_obj(req, stats, shape, "".join(parts))
+    if calls and shape == "chat":
+        body["message"]["tool_calls"] = _tool_calls(calls)
     if req.logprobs is not None:
         body["logprobs"] = logprobs
     return JSONResponse(body)
@@ -601,8 +651,6 @@ def _modelfile_from(body: CreateBody) -> Modelfile:
         source = body.from_
     else:
         raise CreateError("give 'from' (a model name) or 'files' (an uploaded GGUF blob)")
-    if body.adapters:
-        raise CreateError("adapters (LoRA) are not supported yet")
     params = dict(body.parameters or {})
     unknown = sorted(set(params) - set(Options.model_fields))
     if unknown:
@@ -612,6 +660,7 @@ def _modelfile_from(body: CreateBody) -> Modelfile:
     licenses = [body.license] if isinstance(body.license, str) else list(body.license or [])
     return Modelfile(
         from_=source, parameters=params, template=body.template, system=body.system,
+        adapters=list((body.adapters or {}).values()),  # uploaded blobs: sha256:<hex>
         messages=[Message(role=m.role, content=m.content) for m in body.messages or []
                   if m.role != "tool"],
         license=licenses)

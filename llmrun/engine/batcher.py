@@ -38,6 +38,7 @@ class SeqParams:
     stops: list[str] = field(default_factory=list)
     grammar: str | None = None
     logprobs: int | None = None  # None: off; 0: the sampled token's; k: also the top k
+    pieces: dict[int, bytes] = field(default_factory=dict)  # text for tokens shown as nothing
 
 
 @dataclass
@@ -174,9 +175,8 @@ class Engine:
         # Penalties look at recent tokens: show the sampler the prompt it continues.
         last_n = p.sampling.get("repeat_last_n", 64)
         history = seq.prompt if last_n == -1 else seq.prompt[-last_n:] if last_n > 0 else []
-        if p.grammar is None:
-            for tok in history:
-                seq.sampler.accept(tok)
+        for tok in history:
+            seq.sampler.accept(tok)
         seq.text = TextStream(p.stops)
         seq.cached = n
         seq.pending = seq.prompt[n:]
@@ -236,7 +236,9 @@ class Engine:
             self._finish(seq, "stop", events)
             return
         seq.generated += 1
-        piece = self.model.piece(token)
+        piece = seq.params.pieces.get(token) if seq.params.pieces else None
+        if piece is None:
+            piece = self.model.piece(token)
         text = seq.text.push(piece)
         if seq.params.logprobs is not None:
             events.append((seq.id, "chunk", [text, [self._logprob(token, piece, idx,
@@ -296,6 +298,7 @@ class Engine:
             "prompt_ns": int(((first - seq.t_start) if seq.t_start else 0) * 1e9),
             "generate_ns": int((end - first) * 1e9),
             "finish_reason": reason,
+            "stop_sequence": seq.text.matched if seq.text is not None else None,
         }
 
     def _decode_failed(self, rc: int) -> None:

@@ -59,9 +59,12 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     from llama_cpp import llama_grammar
 
     try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
     except Exception as exc:  # the converter raises bare Exceptions for unsupported schemas
         raise LlamaError(f"unsupported JSON schema: {exc}") from None
+    # This converter lets raw control characters (newlines...) into strings, which JSON
+    # forbids; llama.cpp's own excludes them.
+    return gbnf.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |', 1)
 
 
 class Model:
@@ -186,8 +189,19 @@ class Batch:
             self.raw = None
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
 class Sampler:
-    """A llama.cpp sampler chain (runs in C; sampling adds no per-token Python work)."""
+    """A llama.cpp sampler chain (runs in C; sampling adds no per-token Python work), and an
+    optional grammar kept apart from the chain.
+
+    A grammar sampler rejects tokens by walking the grammar for every candidate, which on a
+    50k vocabulary costs about a second per token here. Like llama.cpp's own server, we
+    sample without the grammar first and ask the grammar about that one token; only when it
+    is rejected (rarely, once the model follows the format) is the grammar applied to the
+    whole vocabulary and the token sampled again.
+    """
 
     def __init__(self, model: Model, *, temperature: float, top_k: int, top_p: float,
                  min_p: float, typical_p: float, repeat_last_n: int, repeat_penalty: float,
@@ -197,13 +211,17 @@ class Sampler:
         params.no_perf = True
         chain = C.llama_sampler_chain_init(params)
         self.ptr = chain
+        self.grammar = None
         add = C.llama_sampler_chain_add
         if grammar:
             g = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
             if not g:
                 self.close()
                 raise LlamaError("invalid grammar")
-            add(chain, g)
+            self.grammar = g
+            self._cand = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+            self._ids = np.arange(model.n_vocab, dtype=np.int32)
+            self._one = np.zeros(1, dtype=_TOKEN_DATA)
         if repeat_penalty != 1.0 or presence_penalty or frequency_penalty:
             last_n = model.n_ctx_train if repeat_last_n == -1 else repeat_last_n
             add(chain, C.llama_sampler_init_penalties(
@@ -223,9 +241,40 @@ class Sampler:
         add(chain, C.llama_sampler_init_dist(DEFAULT_SEED if seed < 0 else seed & 0xFFFFFFFF))
 
     def accept(self, token: int) -> None:
+        """Show the chain a token (the prompt, for penalties); the grammar never sees it."""
         C.llama_sampler_accept(self.ptr, token)
 
+    @staticmethod
+    def _apply(smpl: ctypes.c_void_p, cand: np.ndarray) -> int:
+        arr = C.llama_token_data_array(
+            data=cand.ctypes.data_as(C.llama_token_data_p), size=len(cand), selected=-1,
+            sorted=False)
+        C.llama_sampler_apply(smpl, ctypes.byref(arr))
+        return int(arr.selected)
+
+    def sample_constrained(self, logits: np.ndarray) -> int:
+        cand = self._cand
+        cand["id"] = self._ids
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        token = int(cand["id"][self._apply(self.ptr, cand)])
+        one = self._one
+        one["id"], one["logit"], one["p"] = token, 1.0, 0.0
+        self._apply(self.grammar, one)
+        if not np.isfinite(one["logit"][0]):  # the grammar refuses it: constrain, resample
+            cand["id"] = self._ids
+            cand["logit"] = logits
+            cand["p"] = 0.0
+            self._apply(self.grammar, cand)
+            token = int(cand["id"][self._apply(self.ptr, cand)])
+        C.llama_sampler_accept(self.grammar, token)
+        C.llama_sampler_accept(self.ptr, token)
+        return token
+
     def close(self) -> None:
+        if self.grammar:
+            C.llama_sampler_free(self.grammar)
+            self.grammar = None
         if self.ptr:
             C.llama_sampler_free(self.ptr)
             self.ptr = None
@@ -280,7 +329,9 @@ class Context:
         return C.llama_decode(self.ptr, batch.raw)
 
     def sample(self, sampler: Sampler, index: int) -> int:
-        """Sample from the logits of batch row `index`; the chain accepts the token itself."""
+        """Sample from the logits of batch row `index`; the sampler accepts the token."""
+        if sampler.grammar is not None:
+            return sampler.sample_constrained(self.logits(index))
         return C.llama_sampler_sample(sampler.ptr, self.ptr, index)
 
     def logits(self, index: int) -> np.ndarray:

@@ -6,10 +6,11 @@ It speaks framed JSON (llmrun.engine.ipc) over the inherited socket `--fd`:
 
     daemon -> runner   {"type": "generate", "id": ..., "job": GenerateJob}
                        {"type": "embed", "id": ..., "inputs": [str], "truncate": bool}
+                       {"type": "count", "id": ..., "job": GenerateJob}  (render, no decode)
                        {"type": "cancel", "id": ...}      {"type": "shutdown"}
     runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
                        {"type": "events", "events": [[id, kind, payload]]}
-                       kind: "chunk" | "done" | "error" | "embedding"
+                       kind: "chunk" | "done" | "error" | "embedding" | "count"
 
 A crash here (llama.cpp is C++) takes down only this process; the daemon reports it to the
 requests in flight. When the daemon goes away the channel closes and the runner exits.
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmrun.engine import templates
+from llmrun.engine import templates, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
@@ -69,8 +70,12 @@ class Runner:
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
+        self._tool_streams: dict[str, tools.ToolStream] = {}  # requests that offer tools
+        self._control_pieces: dict[int, bytes] | None = None
 
     def emit(self, events: list[Event]) -> None:
+        if self._tool_streams:
+            events = tools.filter_events(self._tool_streams, events)
         # OSError: the daemon is gone; the main loop notices and exits
         with contextlib.suppress(OSError):
             self.chan.send({"type": "events", "events": events})
@@ -95,9 +100,10 @@ class Runner:
             return self.model.tokenize(job.prompt, add_special=self.model.add_bos,
                                        parse_special=True)
         source = job.template or self.template or templates.FALLBACK_TEMPLATE
-        messages = templates.with_system([m.model_dump() for m in job.messages], job.system)
+        messages, extra = tools.chat_inputs(job.messages, job.system, source,
+                                            tools.plan(job, source))
         text = templates.render(source, messages, bos_token=self.bos_text,
-                                eos_token=self.eos_text)
+                                eos_token=self.eos_text, **extra)
         # Most templates write the BOS token themselves; adding another one hurts quality.
         add_bos = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.model.tokenize(text, add_special=add_bos, parse_special=True)
@@ -106,8 +112,11 @@ class Runner:
         try:
             job = GenerateJob.model_validate(raw_job)
             prompt = self.render(job)
+            plan = tools.plan(job, job.template or self.template or templates.FALLBACK_TEMPLATE)
             grammar = job.grammar
-            if job.format == "json":
+            if plan is not None and plan.choice != "auto":
+                grammar = plan.grammar()
+            elif job.format == "json":
                 grammar = json_grammar()
             elif isinstance(job.format, dict):
                 grammar = schema_grammar(job.format)
@@ -128,8 +137,31 @@ class Runner:
             stops=list(o.stop or []),
             grammar=grammar,
             logprobs=job.logprobs,
+            pieces=self.control_pieces() if plan is not None else {},
         )
+        if plan is not None:
+            self._tool_streams[req_id] = plan.stream()
         self.engine.submit(req_id, prompt, params)
+
+    def control_pieces(self) -> dict[int, bytes]:
+        """Tool-call markers that are control tokens in this vocabulary (rendered as nothing
+        by default), as the text the tool parser looks for."""
+        if self._control_pieces is None:
+            self._control_pieces = {}
+            for marker in tools.CONTROL_MARKERS:
+                toks = self.model.tokenize(marker, add_special=False, parse_special=True)
+                if len(toks) == 1 and not self.model.piece(toks[0]):
+                    self._control_pieces[toks[0]] = marker.encode()
+        return self._control_pieces
+
+    def count(self, req_id: str, raw_job: dict[str, Any]) -> None:
+        """The prompt length a job renders to, exactly as `generate` would see it."""
+        try:
+            n = len(self.render(GenerateJob.model_validate(raw_job)))
+        except (ValueError, LlamaError) as exc:
+            self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
+            return
+        self.emit([(req_id, "count", {"prompt_tokens": n, "n_ctx": self.n_ctx_seq})])
 
     def serve(self) -> None:
         self.engine.start()
@@ -142,6 +174,8 @@ class Runner:
             kind = msg.get("type")
             if kind == "generate":
                 self.generate(msg["id"], msg["job"])
+            elif kind == "count":
+                self.count(msg["id"], msg["job"])
             elif kind == "cancel":
                 self.engine.cancel(msg["id"])
             elif kind == "embed":

@@ -12,6 +12,7 @@ class TextStream:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once one did
 
     def push(self, data: bytes) -> str:
         """Add a token's bytes; return the text that can be released now."""
@@ -19,14 +20,15 @@ class TextStream:
         if not self._stops:
             out, self._held = self._held, ""
             return out
-        first = -1
+        first, matched = -1, None
         for stop in self._stops:
             i = self._held.find(stop)
             if i != -1 and (first == -1 or i < first):
-                first = i
+                first, matched = i, stop
         if first != -1:
             out, self._held = self._held[:first], ""
             self.stopped = True
+            self.matched = matched
             return out
         keep = self._partial_stop_len()
         cut = len(self._held) - keep

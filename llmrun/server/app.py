@@ -20,6 +20,7 @@ from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai
 from llmrun.request import EngineError
 from llmrun.server.scheduler import Scheduler
+from llmrun.server.security import Security
 from llmrun.server.service import Service
 from llmrun.store import Store
 
@@ -117,6 +118,7 @@ def create_app(store: Store | None = None,
     app.include_router(anthropic.router(service))
     app.include_router(openai.router(service))
     app.add_middleware(JSONBodies)
+    app.add_middleware(Security)
     app.add_middleware(IdentityHeader)
     return app
 

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from llmrun.engine import ipc
-from llmrun.request import Chunk, Done, EngineError, GenerateJob, Stats, TokenLogprob
+from llmrun.request import (
+    Chunk,
+    Done,
+    EngineError,
+    GenerateJob,
+    Stats,
+    TokenLogprob,
+    ToolCall,
+)
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
@@ -149,6 +157,14 @@ class Runner:
                 if kind == "chunk":
                     if isinstance(payload, str):
                         yield Chunk(text=payload)
+                    elif isinstance(payload, dict):  # {"text", "tool_calls"?, "logprobs"?}
+                        lps = payload.get("logprobs")
+                        calls = payload.get("tool_calls")
+                        yield Chunk(text=payload.get("text", ""),
+                                    logprobs=[TokenLogprob.model_validate(e) for e in lps]
+                                    if lps is not None else None,
+                                    tool_calls=[ToolCall.model_validate(c) for c in calls]
+                                    if calls else None)
                     else:
                         text, lps = payload
                         yield Chunk(text=text,
@@ -180,6 +196,20 @@ class Runner:
         if kind != "embedding":
             raise EngineError(payload["message"], status=payload.get("status", 500))
         return payload["embeddings"], payload["prompt_tokens"]
+
+    async def count(self, job: GenerateJob) -> int:
+        """How many tokens `job`'s prompt renders to (nothing is generated)."""
+        req_id = f"c{next(_ids)}"
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._queues[req_id] = q
+        try:
+            await self._send({"type": "count", "id": req_id, "job": job.model_dump()})
+            kind, payload = await q.get()
+        finally:
+            self._queues.pop(req_id, None)
+        if kind != "count":
+            raise EngineError(payload["message"], status=payload.get("status", 500))
+        return int(payload["prompt_tokens"])
 
     async def stop(self) -> None:
         if self.alive:

@@ -30,6 +30,11 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def model_key(manifest: Manifest) -> str:
+    """What makes two names the same loaded model: the same weights and the same adapters."""
+    return "+".join([manifest.model.digest, *(a.digest for a in manifest.adapters)])
+
+
 def available_memory() -> int:
     """Bytes the kernel says can be allocated without swapping (MemAvailable)."""
     try:
@@ -97,13 +102,15 @@ class Lease:
 
     loaded: Loaded
     load_seconds: float  # time this request spent waiting for a load (0 if already loaded)
+    manifest: Manifest  # the requested name's: its parameters, template and system apply,
+    # even when the runner was loaded for another name with the same weights
 
 
 class Scheduler:
     def __init__(self, store: Store, logs: Path) -> None:
         self.store = store
         self.logs = logs
-        self.loaded: dict[str, Loaded] = {}  # by manifest digest
+        self.loaded: dict[str, Loaded] = {}  # by model_key
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
         self._verified: set[tuple[str, int, int]] = set()
@@ -140,7 +147,7 @@ class Scheduler:
             loaded.keep_alive = ttl
             if loaded.refs == 0:
                 loaded.expires_at = loaded.last_used + ttl
-                replaced = self.loaded.get(loaded.manifest.model.digest) is not loaded
+                replaced = self.loaded.get(model_key(loaded.manifest)) is not loaded
                 if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
@@ -153,7 +160,7 @@ class Scheduler:
             raise EngineError(f"invalid model name: {exc}", status=400,
                               kind="invalid_request") from None
         spec = self.spec_for(manifest, options)
-        key = manifest.model.digest
+        key = model_key(manifest)
         async with self._lock:
             current = self.loaded.get(key)
             if current is not None and current.runner.alive and current.spec == spec:
@@ -167,7 +174,7 @@ class Scheduler:
                         status=503, kind="overloaded", retry_after=1)
                 current.refs += 1
                 current.expires_at = math.inf
-                return Lease(current, 0.0)
+                return Lease(current, 0.0, manifest)
             if current is not None and current.refs == 0:
                 await self.unload(current)
             elif current is not None:
@@ -181,7 +188,7 @@ class Scheduler:
             loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
             self.loaded[key] = loaded
             self._ensure_reaper()
-            return Lease(loaded, runner.load_seconds)
+            return Lease(loaded, runner.load_seconds, manifest)
 
     def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> int:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
@@ -222,7 +229,7 @@ class Scheduler:
                 status=507, kind="insufficient_memory")
 
     async def unload(self, loaded: Loaded) -> None:
-        key = loaded.manifest.model.digest
+        key = model_key(loaded.manifest)
         if self.loaded.get(key) is loaded:
             del self.loaded[key]
         await loaded.runner.stop()
@@ -232,7 +239,7 @@ class Scheduler:
             _, manifest = self.store.get(name)
         except (ModelNotFound, InvalidName):
             return False
-        loaded = self.loaded.get(manifest.model.digest)
+        loaded = self.loaded.get(model_key(manifest))
         if loaded is None:
             return False
         if loaded.refs == 0:

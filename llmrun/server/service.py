@@ -12,7 +12,24 @@ from collections.abc import AsyncIterator
 
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob
 from llmrun.server.scheduler import Scheduler
-from llmrun.store import Store
+from llmrun.store import Manifest, Store
+
+
+def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
+    """The runner's job for `req`: request options over the Modelfile's over llmrun's
+    defaults; the Modelfile's MESSAGEs before the conversation."""
+    return GenerateJob(
+        messages=[*manifest.messages, *req.messages],
+        prompt=req.prompt,
+        template=req.template or manifest.template,
+        system=manifest.system,
+        options=req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
+        format=req.format,
+        logprobs=req.logprobs,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+    )
 
 
 class Service:
@@ -23,25 +40,18 @@ class Service:
     async def chat(self, req: ChatRequest) -> AsyncIterator[Chunk | Done]:
         t0 = time.perf_counter()
         async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
-            manifest = lease.loaded.manifest
-            options = req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS))
-            job = GenerateJob(
-                messages=[*manifest.messages, *req.messages],
-                prompt=req.prompt,
-                template=req.template or manifest.template,
-                system=manifest.system,
-                options=options,
-                format=req.format,
-                logprobs=req.logprobs,
-                tools=req.tools,
-                tool_choice=req.tool_choice,
-                parallel_tool_calls=req.parallel_tool_calls,
-            )
+            job = build_job(req, lease.manifest)
             async for event in lease.loaded.runner.generate(job):
                 if isinstance(event, Done):
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
                 yield event
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """The number of prompt tokens `req` renders to on its model (nothing is generated);
+        the same job `chat` would send, so the count matches its `prompt_tokens`."""
+        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+            return await lease.loaded.runner.count(build_job(req, lease.manifest))
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:

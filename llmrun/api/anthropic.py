@@ -1,0 +1,539 @@
+"""Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`): what Claude Code
+and the official `anthropic` SDKs speak.
+
+Content blocks become the internal `Message`s (text flattened, `tool_use` into
+`Message.tool_calls`, `tool_result` into `tool` turns, `thinking` dropped, every `system`
+part folded into one leading system message); the answer goes back as content blocks, or as
+Anthropic's named SSE events. Errors here always take Anthropic's shape,
+`{"type": "error", "error": {"type": ..., "message": ...}}`, request validation included (the
+route class below catches it, so the app's Ollama-shaped handler never sees these paths).
+
+Usage follows Anthropic's arithmetic: `input_tokens + cache_read_input_tokens` is the whole
+prompt, the second part being what the slot's KV cache already held (prefix reuse), so a
+client that sums them (Claude Code's context meter does) sees the true prompt length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmrun.api.disconnect import unless_disconnected
+from llmrun.request import (
+    ChatRequest,
+    Chunk,
+    Done,
+    EngineError,
+    Message,
+    NamedTool,
+    Options,
+    Stats,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
+from llmrun.server.service import Service
+from llmrun.store import StoreError
+
+log = logging.getLogger(__name__)
+
+# HTTP status -> Anthropic's error type. A full queue (503 inside llmrun) is Anthropic's
+# 529 overloaded_error, which its SDKs and Claude Code retry with backoff.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+_TOO_LONG = re.compile(r"the prompt is (\d+) tokens but the model's context is (\d+) tokens")
+
+
+# ---- wire models (fields in Anthropic's documented order) -------------------------------
+
+
+class InMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # `system` is not Anthropic's, but Claude Code sends it inside `messages`: folded in.
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class CountBody(BaseModel):
+    """`/v1/messages/count_tokens`; unknown fields (Claude Code sends several) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[InMessage]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # accepted; llmrun does not think out loud
+
+
+class MessagesBody(CountBody):
+    """`/v1/messages`."""
+
+    max_tokens: int = Field(ge=1)
+    metadata: dict[str, Any] | None = None
+    # structured output: {"format": {"type": "json_schema", "schema": {...}}}; `effort` and
+    # the rest are accepted and ignored. `output_format` is the same, from the older beta.
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    # Sampling, as older API versions (and raw clients) send it; newer SDKs no longer do.
+    temperature: float | None = Field(None, ge=0.0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+
+
+# ---- errors ---------------------------------------------------------------------------
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    if status == 503:
+        status = 529
+    headers = {"retry-after": str(retry_after)} if retry_after else None
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
+
+
+def engine_error(exc: EngineError, model: str) -> JSONResponse:
+    """An engine error in Anthropic's words; a prompt over the context says so the way
+    Anthropic does ("prompt is too long: N tokens > M maximum"), which Claude Code
+    recognises (it compacts the conversation), then names num_ctx."""
+    m = _TOO_LONG.search(exc.message)
+    if m:
+        n, ctx = int(m[1]), int(m[2])
+        return error(400, f"prompt is too long: {n} tokens > {ctx} maximum (model '{model}' "
+                          f"is served with a context of {ctx} tokens, num_ctx; shorten the "
+                          f"conversation or serve the model with a larger num_ctx)")
+    return error(exc.status, exc.message, getattr(exc, "retry_after", None))
+
+
+def describe_validation_error(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}"
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc:
+        return f"invalid request body: {first.get('msg')}"
+    if first.get("type") == "missing":
+        return f"{'.'.join(loc)}: Field required"
+    return f"{'.'.join(loc)}: {first.get('msg')}"
+
+
+class AnthropicRoute(APIRoute):
+    """Routes whose failures, request validation included, answer in Anthropic's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return error(400, describe_validation_error(exc))
+            except EngineError as exc:
+                return error(exc.status, exc.message, getattr(exc, "retry_after", None))
+
+        return route
+
+
+# ---- request: Anthropic -> ChatRequest --------------------------------------------------
+
+
+def _invalid(message: str) -> EngineError:
+    return EngineError(message, status=400, kind="invalid_request")
+
+
+def _no_images(model: str, where: str) -> EngineError:
+    return _invalid(f"{where}: model '{model}' does not support images or documents "
+                    f"(it is text-only); send the content as text")
+
+
+def _block_text(block: dict[str, Any], where: str, model: str) -> str | None:
+    """The text a user-side content block carries; None for blocks that are dropped
+    (thinking). Anything that cannot be expressed as text is refused, never lost."""
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise _invalid(f"{where}.text: Field required")
+        return text
+    if kind in ("thinking", "redacted_thinking"):
+        return None
+    if kind == "image":
+        raise _no_images(model, where)
+    if kind == "document":
+        source = block.get("source") or {}
+        if source.get("type") == "text" and isinstance(source.get("data"), str):
+            title = block.get("title")
+            return f"{title}\n\n{source['data']}" if title else source["data"]
+        if source.get("type") == "content" and isinstance(source.get("content"), list):
+            return _join([_block_text(b, f"{where}.source.content.{i}", model) or ""
+                          for i, b in enumerate(source["content"])
+                          if isinstance(b, dict)])
+        raise _no_images(model, where)
+    if kind == "search_result":
+        parts = [block.get("title"), block.get("source")]
+        parts += [b.get("text") for b in block.get("content") or [] if isinstance(b, dict)]
+        return _join([p for p in parts if isinstance(p, str)])
+    raise _invalid(f"{where}: content blocks of type {kind!r} are not supported here")
+
+
+def _join(parts: list[str]) -> str:
+    return "\n\n".join(p for p in parts if p)
+
+
+def _content_text(content: str | list[Any], where: str, model: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for i, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise _invalid(f"{where}.{i}: expected a content block object")
+        text = _block_text(block, f"{where}.{i}", model)
+        if text is not None:
+            texts.append(text)
+    return _join(texts)
+
+
+def _tool_result(block: dict[str, Any], where: str, model: str,
+                 names: dict[str, str]) -> Message:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str):
+        raise _invalid(f"{where}.tool_use_id: Field required")
+    content = block.get("content")
+    text = "" if content is None else _content_text(content, f"{where}.content", model)
+    if block.get("is_error"):
+        text = f"Error: {text}"
+    return Message(role="tool", content=text, tool_call_id=call_id, name=names.get(call_id))
+
+
+def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
+    call_id, name, args = block.get("id"), block.get("name"), block.get("input")
+    if not isinstance(call_id, str) or not isinstance(name, str):
+        raise _invalid(f"{where}: a tool_use block needs 'id' and 'name'")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise _invalid(f"{where}.input: must be an object")
+    return ToolCall(id=call_id, name=name, arguments=args)
+
+
+def to_messages(body: CountBody) -> list[Message]:
+    """Anthropic's system and messages as the internal list: one leading system message
+    (top-level `system`, then any `system`-role messages, in order), then the turns."""
+    model = body.model
+    system: list[str] = []
+    if body.system is not None:
+        system.append(_content_text(body.system, "system", model))
+    out: list[Message] = []
+    names: dict[str, str] = {}  # tool_use id -> tool name, for the tool turns answering them
+    for i, msg in enumerate(body.messages):
+        where = f"messages.{i}.content"
+        if msg.role == "system":
+            system.append(_content_text(msg.content, where, model))
+            continue
+        if isinstance(msg.content, str):
+            out.append(Message(role=msg.role, content=msg.content))
+            continue
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for j, block in enumerate(msg.content):
+            at = f"{where}.{j}"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if not isinstance(block, dict):
+                raise _invalid(f"{at}: expected a content block object")
+            if kind == "tool_use" and msg.role == "assistant":
+                call = _tool_use(block, at)
+                names[call.id] = call.name
+                calls.append(call)
+            elif kind == "tool_result" and msg.role == "user":
+                if texts:  # keep the order: text that came before the result goes first
+                    out.append(Message(role="user", content=_join(texts)))
+                    texts = []
+                out.append(_tool_result(block, at, model, names))
+            elif kind in ("tool_use", "tool_result"):
+                raise _invalid(f"{at}: a {kind} block belongs in a "
+                               f"{'assistant' if kind == 'tool_use' else 'user'} message")
+            else:
+                text = _block_text(block, at, model)
+                if text is not None:
+                    texts.append(text)
+        if msg.role == "assistant":
+            out.append(Message(role="assistant", content=_join(texts), tool_calls=calls))
+        elif texts or not any(isinstance(b, dict) and b.get("type") == "tool_result"
+                              for b in msg.content):
+            out.append(Message(role="user", content=_join(texts)))
+    if any(system):
+        out.insert(0, Message(role="system", content=_join(system)))
+    return out
+
+
+def to_tools(body: CountBody) -> tuple[list[Tool], ToolChoice, bool]:
+    """(tools, tool choice, parallel calls allowed). Server tools (web search, code
+    execution, ... : a `type` other than `custom`) run at Anthropic, not here: ignored."""
+    tools: list[Tool] = []
+    for i, t in enumerate(body.tools or []):
+        if t.get("type") not in (None, "custom"):
+            log.info("ignoring server tool %r (%s)", t.get("name"), t.get("type"))
+            continue
+        name, schema = t.get("name"), t.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise _invalid(f"tools.{i}.name: Field required")
+        if schema is None:
+            schema = {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise _invalid(f"tools.{i}.input_schema: must be a JSON schema object")
+        description = t.get("description")
+        tools.append(Tool(name=name, description=description if isinstance(description, str)
+                          else "", parameters=schema))
+    choice_in = body.tool_choice or {"type": "auto"}
+    parallel = not choice_in.get("disable_parallel_tool_use", False)
+    kind = choice_in.get("type")
+    choice: ToolChoice
+    if kind == "auto":
+        choice = "auto"
+    elif kind == "none":
+        choice = "none"
+    elif kind == "any":
+        if not tools:
+            raise _invalid("tool_choice: type 'any' needs at least one tool in 'tools'")
+        choice = "required"
+    elif kind == "tool":
+        name = choice_in.get("name")
+        if not any(t.name == name for t in tools):
+            raise _invalid(f"tool_choice.name: no tool named {name!r} in 'tools'")
+        choice = NamedTool(name=str(name))
+    else:
+        raise _invalid(f"tool_choice.type: expected 'auto', 'any', 'tool' or 'none', "
+                       f"got {kind!r}")
+    return tools, choice, parallel
+
+
+def _model_stops(service: Service, model: str) -> list[str]:
+    """The model's own stop strings (Modelfile): a request's stop list would replace them,
+    so the client's stop_sequences are added to these instead."""
+    try:
+        _, manifest = service.store.get(model)
+    except StoreError:
+        return []  # the chat itself reports the missing model
+    return list(manifest.options().stop or [])
+
+
+def to_format(body: MessagesBody) -> dict[str, Any] | None:
+    """The JSON schema the answer must follow (structured output), if one was asked for."""
+    fmt = (body.output_config or {}).get("format") or body.output_format
+    if not fmt:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
+            or not isinstance(fmt.get("schema"), dict):
+        raise _invalid("output_config.format: expected {\"type\": \"json_schema\", "
+                       "\"schema\": {...}}")
+    return fmt["schema"]
+
+
+def to_request(body: CountBody, service: Service) -> ChatRequest:
+    tools, choice, parallel = to_tools(body)
+    options = Options()
+    stream = False
+    fmt = None
+    if isinstance(body, MessagesBody):
+        stream = body.stream
+        fmt = to_format(body)
+        client_stops = [s for s in body.stop_sequences or [] if s]
+        options = Options(
+            num_predict=body.max_tokens,
+            temperature=body.temperature,
+            top_k=body.top_k,
+            top_p=body.top_p,
+            stop=[*_model_stops(service, body.model), *client_stops] if client_stops else None,
+        )
+    return ChatRequest(model=body.model, messages=to_messages(body), options=options,
+                       stream=stream, format=fmt, tools=tools, tool_choice=choice,
+                       parallel_tool_calls=parallel)
+
+
+# ---- response: Chunk/Done -> Anthropic ----------------------------------------------------
+
+
+def _message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+def _tool_id(call: ToolCall) -> str:
+    return call.id or "toolu_" + secrets.token_hex(12)
+
+
+def stop_reason(stats: Stats, body: MessagesBody, tool_calls: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence). `stop_sequence` only for a string the client sent;
+    a stop string of the model's own (Modelfile) ends the turn as end_turn."""
+    if tool_calls or stats.finish_reason == "tool_calls":
+        return "tool_use", None
+    if stats.finish_reason == "length":
+        return "max_tokens", None
+    if stats.stop_sequence and stats.stop_sequence in (body.stop_sequences or []):
+        return "stop_sequence", stats.stop_sequence
+    return "end_turn", None
+
+
+def usage(stats: Stats) -> dict[str, int]:
+    cached = min(stats.cached_tokens, stats.prompt_tokens)
+    return {"input_tokens": stats.prompt_tokens - cached,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+            "output_tokens": stats.completion_tokens}
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return (f"event: {event}\ndata: "
+            f"{json.dumps({'type': event, **data}, ensure_ascii=False)}\n\n").encode()
+
+
+async def _collect(body: MessagesBody, first: Chunk | Done,
+                   rest: AsyncIterator[Chunk | Done]) -> Response:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    event: Chunk | Done | None = first
+    try:
+        while isinstance(event, Chunk):
+            texts.append(event.text)
+            calls += event.tool_calls or []
+            event = await anext(rest, None)
+    except EngineError as exc:
+        return engine_error(exc, body.model)
+    finally:
+        await rest.aclose()
+    stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
+    text = "".join(texts)
+    content: list[dict[str, Any]] = []
+    if text or not calls:
+        content.append({"type": "text", "text": text})
+    content += [{"type": "tool_use", "id": _tool_id(c), "name": c.name, "input": c.arguments}
+                for c in calls]
+    reason, sequence = stop_reason(stats, body, bool(calls))
+    return JSONResponse({
+        "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
+        "content": content, "stop_reason": reason, "stop_sequence": sequence,
+        "usage": usage(stats),
+    })
+
+
+async def _stream(body: MessagesBody, input_tokens: int, first: Chunk | Done,
+                  rest: AsyncIterator[Chunk | Done]) -> AsyncIterator[bytes]:
+    """Anthropic's event sequence: message_start, per block content_block_start / _delta /
+    _stop, message_delta (stop reason, final usage), message_stop."""
+    yield _sse("message_start", {"message": {
+        "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": 0, "output_tokens": 0}}})
+    yield _sse("ping", {})
+    index = -1  # of the last block started
+    text_open = False
+    any_calls = False
+    event: Chunk | Done | None = first
+    try:
+        while isinstance(event, Chunk):
+            if event.text:
+                if not text_open:
+                    index += 1
+                    text_open = True
+                    yield _sse("content_block_start", {
+                        "index": index, "content_block": {"type": "text", "text": ""}})
+                yield _sse("content_block_delta", {
+                    "index": index, "delta": {"type": "text_delta", "text": event.text}})
+            for call in event.tool_calls or []:
+                if text_open:
+                    text_open = False
+                    yield _sse("content_block_stop", {"index": index})
+                index += 1
+                any_calls = True
+                yield _sse("content_block_start", {"index": index, "content_block": {
+                    "type": "tool_use", "id": _tool_id(call), "name": call.name, "input": {}}})
+                yield _sse("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta",
+                    "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
+                yield _sse("content_block_stop", {"index": index})
+            event = await anext(rest, None)
+        if index == -1:  # nothing generated: still one (empty) text block, as non-streamed
+            index, text_open = 0, True
+            yield _sse("content_block_start", {
+                "index": 0, "content_block": {"type": "text", "text": ""}})
+        if text_open:
+            yield _sse("content_block_stop", {"index": index})
+        stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
+        reason, sequence = stop_reason(stats, body, any_calls)
+        yield _sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                     "usage": usage(stats)})
+        yield _sse("message_stop", {})
+    except EngineError as exc:
+        status = 529 if exc.status == 503 else exc.status
+        yield _sse("error", {"error": error_body(status, exc.message)["error"]})
+    finally:
+        await rest.aclose()
+
+
+def router(service: Service) -> APIRouter:
+    api = APIRouter(route_class=AnthropicRoute)
+
+    async def respond(body: MessagesBody, req: ChatRequest) -> Response:
+        """Errors before the first token are HTTP errors; after it, an `error` event."""
+        input_tokens = 0
+        try:
+            if req.stream:  # message_start carries the prompt's size before any token
+                input_tokens = await service.count_tokens(req)
+            events = service.chat(req)
+            first = await anext(events)
+        except EngineError as exc:
+            return engine_error(exc, body.model)
+        if not req.stream:
+            return await _collect(body, first, events)
+        return StreamingResponse(_stream(body, input_tokens, first, events),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @api.post("/v1/messages", response_model=None)
+    async def messages(body: MessagesBody, request: Request) -> Response:
+        req = to_request(body, service)
+        # A client that gives up (Esc in Claude Code) during prefill or a non-streamed
+        # answer cancels the work; once streaming, Starlette cancels the stream itself.
+        return await unless_disconnected(request, respond(body, req))
+
+    @api.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(body: CountBody, request: Request) -> Response:
+        req = to_request(body, service)
+        try:
+            n = await unless_disconnected(request, service.count_tokens(req))
+            if isinstance(n, Response):
+                return n
+        except EngineError as exc:
+            return engine_error(exc, body.model)
+        return JSONResponse({"input_tokens": n})
+
+    return api

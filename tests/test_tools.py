@@ -1,0 +1,475 @@
+"""llmrun.engine.tools: family detection, prompt rendering, grammars, parsing and the stream
+filter, without the real model (grammars run on the tiny synthetic model)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llmrun.engine import templates, tools
+from llmrun.engine.tools import TemplateInfo, ToolStream, filter_events, parse_calls
+from llmrun.request import GenerateJob, Message, NamedTool, Options, Tool, ToolCall
+from tests.tinymodel import write_tiny_llama
+
+CHATML = (  # SmolLM2's template: knows nothing of tools
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+QWEN = (  # the shape of Qwen 2.5's template
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>\n"
+    "{%- for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    "Return calls in <tool_call></tool_call> tags.<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{%- for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}<|im_start|>assistant\n"
+)
+LLAMA3 = (
+    "{{- bos_token }}{%- if tools is not none %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary}."
+    "{%- for t in tools %}{{ t | tojson }}{% endfor %}<|eot_id|>{%- endif %}"
+    "{%- for m in messages %}{%- if m.role == 'ipython' or m.role == 'tool' %}"
+    "<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{%- elif m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{{- '{\"name\": \"' + m.tool_calls[0].function.name + '\", \"parameters\": ' }}"
+    "{{- m.tool_calls[0].function.arguments | tojson }}}<|eot_id|>"
+    "{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{%- endif %}{%- endfor %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+MISTRAL = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
+    "{%- endif %}[INST]{{ m.content }}[/INST]"
+    "{%- elif m.tool_calls %}[TOOL_CALLS][{%- for c in m.tool_calls %}"
+    "{%- if c.id | length != 9 %}{{ raise_exception('ids must be 9 characters') }}{% endif %}"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }},"
+    " \"id\": \"{{ c.id }}\"}{%- endfor %}]</s>"
+    "{%- elif m.role == 'tool' %}[TOOL_RESULTS]{\"call_id\": \"{{ m.tool_call_id }}\", "
+    "\"content\": {{ m.content | tojson }}}[/TOOL_RESULTS]"
+    "{%- else %}{{ m.content }}</s>{%- endif %}{%- endfor %}"
+)
+MISTRAL_ARGS = MISTRAL.replace("[TOOL_CALLS][", "[TOOL_CALLS]{{ '[ARGS]' }}[")
+GENERIC = (
+    "{% if tools %}Functions: {{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+)
+
+WEATHER = Tool(name="get_weather", description="Weather in a city", parameters={
+    "type": "object",
+    "properties": {"city": {"type": "string"},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]})
+TIME = Tool(name="get_time", description="The time now")
+HERMES = TemplateInfo("hermes", native=False, native_calls=False, native_results=False)
+
+
+def info(family: str, **kw: Any) -> TemplateInfo:
+    return TemplateInfo(family, native=True, native_calls=True,  # type: ignore[arg-type]
+                        native_results=True, **kw)
+
+
+# -- detection ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "family", "native"), [
+    (CHATML, "hermes", False), (None, "hermes", False), (QWEN, "hermes", True),
+    (LLAMA3, "llama3", True), (MISTRAL, "mistral", True), (GENERIC, "json", True),
+])
+def test_detect_family(source: str | None, family: str, native: bool) -> None:
+    got = tools.inspect_template(source)
+    assert (got.family, got.native) == (family, native)
+
+
+def test_detect_mistral_variant_and_what_templates_render() -> None:
+    assert not tools.inspect_template(MISTRAL).mistral_args
+    assert tools.inspect_template(MISTRAL_ARGS).mistral_args
+    generic = tools.inspect_template(GENERIC)
+    assert not generic.native_calls and not generic.native_results
+    llama = tools.inspect_template(LLAMA3)
+    assert llama.native_calls and llama.native_results
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+def test_parse_hermes_single_with_text_around() -> None:
+    calls, rest = parse_calls(
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call>", "hermes") or ([], "")
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert rest == "Let me check."
+    assert calls[0].id.startswith("call_") and len(calls[0].id) == 29
+
+
+def test_parse_hermes_parallel_and_string_arguments() -> None:
+    text = ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>\n'
+            '<tool_call>\n{"name": "b", "parameters": {}}\n</tool_call>\n'
+            '<tool_call>{"name": "c"}')  # no closing tag: the model stopped right after
+    calls, _ = parse_calls(text, "hermes") or ([], "")
+    assert [(c.name, c.arguments) for c in calls] == [("a", {"x": 1}), ("b", {}), ("c", {})]
+    assert len({c.id for c in calls}) == 3
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "a", "arguments": {"x": }</tool_call>',  # malformed JSON
+    '<tool_call>{"arguments": {}}</tool_call>',  # no name
+    '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',  # arguments not an object
+    '<tool_call>{"name": "a", "arguments": "not json"}</tool_call>',
+    "no call at all",
+    '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": </tool_call>',  # one broken
+])
+def test_parse_hermes_malformed_is_not_a_call(text: str) -> None:
+    assert parse_calls(text, "hermes") is None
+
+
+def test_parse_truncated_output_keeps_whole_calls() -> None:
+    text = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "a'
+    assert parse_calls(text, "hermes") is None
+    calls, _ = parse_calls(text, "hermes", truncated=True) or ([], "")
+    assert [c.name for c in calls] == ["a"]
+    # cut inside the first call: nothing to keep
+    assert parse_calls('<tool_call>{"name": "a", "argu', "hermes", truncated=True) is None
+    calls, _ = parse_calls('[{"name": "a", "arguments": {}}, {"name": "a", "argu', "json",
+                           {"a"}, truncated=True) or ([], "")
+    assert [c.name for c in calls] == ["a"]
+
+
+def test_parse_llama3_json_tag_and_pythonic() -> None:
+    names = {"get_weather", "get_time"}
+    one = parse_calls('{"name": "get_weather", "parameters": {"city": "Oslo"}}', "llama3", names)
+    assert one and one[0][0].arguments == {"city": "Oslo"}
+    tagged = parse_calls('<|python_tag|>{"name": "get_time", "parameters": {}}; '
+                         '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+                         "llama3", names)
+    assert tagged and [c.name for c in tagged[0]] == ["get_time", "get_weather"]
+    py = parse_calls('[get_weather(city="Lima", unit="celsius"), get_time()]', "llama3", names)
+    assert py and [(c.name, c.arguments) for c in py[0]] == [
+        ("get_weather", {"city": "Lima", "unit": "celsius"}), ("get_time", {})]
+    # an ordinary JSON answer is not a call; nor is code that is not a literal call
+    assert parse_calls('{"name": "Ada", "parameters": {}}', "llama3", names) is None
+    assert parse_calls("[get_weather(city=open('x'))]", "llama3", names) is None
+    assert parse_calls("[__import__('os')]", "llama3", names) is None
+
+
+def test_parse_mistral_both_forms() -> None:
+    listed = parse_calls('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Nice"}, '
+                         '"id": "abcdefghi"}, {"name": "get_time", "arguments": {}}]', "mistral")
+    assert listed and [c.name for c in listed[0]] == ["get_weather", "get_time"]
+    args = parse_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Nice"}[TOOL_CALLS]get_time'
+                       "[ARGS]{}", "mistral")
+    assert args and [(c.name, c.arguments) for c in args[0]] == [
+        ("get_weather", {"city": "Nice"}), ("get_time", {})]
+    assert parse_calls("[TOOL_CALLS]get_weather[ARGS]{oops", "mistral") is None
+
+
+def test_parse_generic_json() -> None:
+    names = {"get_weather"}
+    fenced = parse_calls('```json\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n```',
+                         "json", names)
+    assert fenced and fenced[0][0].arguments == {"city": "Bern"}
+    listed = parse_calls('[{"type": "function", "function": {"name": "get_weather", '
+                         '"arguments": "{\\"city\\": \\"Graz\\"}"}}]', "json", names)
+    assert listed and listed[0][0].arguments == {"city": "Graz"}
+    assert parse_calls('{"name": "other", "arguments": {}}', "json", names) is None
+
+
+# -- the stream filter ----------------------------------------------------------------------
+
+
+def feed(stream: ToolStream, pieces: list[str]) -> tuple[str, tools.Finished]:
+    out = "".join(stream.push(p)[0] for p in pieces)
+    return out, stream.finish()
+
+
+def test_stream_holds_markup_split_across_chunks() -> None:
+    s = ToolStream(HERMES, {"get_weather"})
+    pieces = ["Sure", ", one moment. <", "tool", "_ca", "ll>\n{\"name\": \"get_weather\", ",
+              "\"arguments\": {\"city\": \"Paris\"}}\n</tool_", "call>"]
+    released = []
+    for p in pieces:
+        text, _ = s.push(p)
+        released.append(text)
+        assert "<" not in text
+    assert "".join(released) == "Sure, one moment. "
+    end = s.finish()
+    assert [c.name for c in end.calls] == ["get_weather"] and end.text == ""
+
+
+def test_stream_releases_what_was_not_a_call() -> None:
+    # a partial marker that goes on differently
+    out, end = feed(ToolStream(HERMES, set()), ["a <", "b and <tool", "box>"])
+    assert out + end.text == "a <b and <toolbox>" and not end.calls
+    # a marker followed by garbage: released at the end, whole
+    out, end = feed(ToolStream(HERMES, set()), ["x <tool_call>", "oops"])
+    assert out == "x " and end.text == "<tool_call>oops" and not end.calls
+    # held partial marker at the very end
+    out, end = feed(ToolStream(HERMES, set()), ["ends with <tool_c"])
+    assert out == "ends with " and end.text == "<tool_c"
+
+
+def test_stream_json_families_hold_a_leading_brace_only() -> None:
+    llama = info("llama3")
+    out, end = feed(ToolStream(llama, {"get_weather"}),
+                    ["  ", "{\"name\": \"get_weather\",", " \"parameters\": {\"city\": \"X\"}}"])
+    assert out == "" and [c.name for c in end.calls] == ["get_weather"]
+    out, end = feed(ToolStream(llama, {"get_weather"}), ["{\"answer\": 42}"])
+    assert out == "" and end.text == "{\"answer\": 42}" and not end.calls
+    out, end = feed(ToolStream(llama, {"get_weather"}), ["The JSON {\"name\": 1}"])
+    assert out == "The JSON {\"name\": 1}" and not end.calls
+
+
+def test_stream_not_parallel_keeps_the_first_call() -> None:
+    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"}'
+    _, end = feed(ToolStream(HERMES, set(), parallel=False), [text])
+    assert [c.name for c in end.calls] == ["a"]
+
+
+def lp(token: str) -> dict[str, Any]:
+    return {"token": token, "logprob": -1.0, "bytes": list(token.encode()), "top": []}
+
+
+def test_filter_events_payloads_and_finish_reason() -> None:
+    streams = {"r1": ToolStream(HERMES, {"get_weather"}), "r2": ToolStream(HERMES, set())}
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    events = filter_events(streams, [
+        ("r1", "chunk", "Hi "), ("r1", "chunk", call), ("r0", "chunk", "other request"),
+        ("r1", "done", {"finish_reason": "stop", "completion_tokens": 9}),
+        ("r2", "chunk", "<tool"), ("r2", "done", {"finish_reason": "cancel"}),
+    ])
+    assert events[0] == ("r1", "chunk", "Hi ")
+    assert events[1] == ("r0", "chunk", "other request")
+    rid, kind, payload = events[2]
+    assert (rid, kind) == ("r1", "chunk") and payload["text"] == ""
+    assert [ToolCall.model_validate(c).name for c in payload["tool_calls"]] == ["get_weather"]
+    assert events[3] == ("r1", "done", {"finish_reason": "tool_calls", "completion_tokens": 9})
+    assert events[4] == ("r2", "done", {"finish_reason": "cancel"})
+    assert streams == {}
+
+
+def test_filter_events_logprobs_follow_their_text() -> None:
+    streams = {"r": ToolStream(HERMES, {"f"})}
+    events = filter_events(streams, [
+        ("r", "chunk", ["ok ", [lp("ok ")]]), ("r", "chunk", ["<", [lp("<")]]),
+        ("r", "chunk", ["b", [lp("b")]]), ("r", "done", {"finish_reason": "length"}),
+    ])
+    texts = [e[2][0] for e in events if e[1] == "chunk"]
+    tokens = [x["token"] for e in events if e[1] == "chunk" for x in e[2][1]]
+    assert "".join(texts) == "ok <b" and tokens == ["ok ", "<", "b"]
+    assert events[-1] == ("r", "done", {"finish_reason": "length"})
+    # a call: its tokens' logprobs ride on the tool-call chunk
+    streams = {"r": ToolStream(HERMES, {"f"})}
+    events = filter_events(streams, [
+        ("r", "chunk", ['<tool_call>{"name": "f"}</tool_call>', [lp("<tool_call>")]]),
+        ("r", "done", {"finish_reason": "stop"})])
+    assert events[0][2]["logprobs"][0]["token"] == "<tool_call>"
+
+
+def test_filter_events_truncated_call() -> None:
+    streams = {"r": ToolStream(HERMES, {"f"})}
+    events = filter_events(streams, [
+        ("r", "chunk", '<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"na'),
+        ("r", "done", {"finish_reason": "length"})])
+    assert [c["name"] for c in events[0][2]["tool_calls"]] == ["f"]
+    assert events[1][2]["finish_reason"] == "tool_calls"
+    # cut off inside the only call: no call, the text is released, and it says "length"
+    streams = {"r": ToolStream(HERMES, {"f"})}
+    events = filter_events(streams, [("r", "chunk", '<tool_call>{"na'),
+                                     ("r", "done", {"finish_reason": "length"})])
+    assert events == [("r", "chunk", '<tool_call>{"na'), ("r", "done", {"finish_reason": "length"})]
+
+
+def test_repeated_calls_are_dropped() -> None:
+    one = '<tool_call>{"name": "f", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+    same = '<tool_call>{"name": "f", "arguments": {"b": 2, "a": 1}}</tool_call>\n'
+    other = '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'
+    _, end = feed(ToolStream(HERMES, {"f"}), [one, same, other, one])
+    assert [c.arguments for c in end.calls] == [{"a": 1, "b": 2}, {"a": 2}]
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def job(messages: list[Message], **kw: Any) -> GenerateJob:
+    return GenerateJob(messages=messages, options=Options(), **kw)
+
+
+def render(source: str, j: GenerateJob, system: str | None = None) -> str:
+    plan = tools.plan(j, source)
+    messages, extra = tools.chat_inputs(j.messages, system, source, plan)
+    return templates.render(source, messages, bos_token="<s>", **extra)
+
+
+HISTORY = [
+    Message(role="user", content="Weather in Paris and Rome?"),
+    Message(role="assistant", content="", tool_calls=[
+        ToolCall(id="call_1", name="get_weather", arguments={"city": "Paris"}),
+        ToolCall(id="call_2", name="get_weather", arguments={"city": "Rome"})]),
+    Message(role="tool", content="18 C", tool_call_id="call_1", name="get_weather"),
+    Message(role="tool", content="21 C", tool_call_id="call_2", name="get_weather"),
+]
+
+
+def test_preamble_for_templates_without_tools() -> None:
+    q = [Message(role="user", content="Weather in Paris?")]
+    text = render(CHATML, job(q, tools=[WEATHER, TIME]))
+    assert text.startswith("<|im_start|>system\n# Tools\n")
+    assert '"name": "get_weather"' in text and '"name": "get_time"' in text
+    assert "<tool_call>\n{\"name\": <function-name>" in text
+    assert text.count("<|im_start|>system") == 1
+    # merged into the first system message, the model's own or the conversation's
+    text = render(CHATML, job(q, tools=[WEATHER]), system="Be brief.")
+    assert text.startswith("<|im_start|>system\nBe brief.\n# Tools")
+    text = render(CHATML, job(q, tools=[WEATHER], tool_choice=NamedTool(name="get_weather")))
+    assert "You must call the function get_weather." in text
+
+
+def test_tool_choice_none_hides_tools_but_keeps_history() -> None:
+    text = render(CHATML, job(HISTORY, tools=[WEATHER], tool_choice="none"))
+    assert "# Tools" not in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call>\n<tool_call>') in text
+    # consecutive results become one user turn
+    assert ("<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n<tool_response>\n"
+            "21 C\n</tool_response><|im_end|>") in text
+    assert tools.plan(job(HISTORY, tools=[WEATHER], tool_choice="none"), CHATML) is None
+
+
+def test_native_templates_get_tools_and_hf_messages() -> None:
+    text = render(QWEN, job(HISTORY, tools=[WEATHER]))
+    assert text.startswith('<|im_start|>system\n# Tools\n<tools>{"type": "function"')
+    assert ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+            "</tool_call>") in text
+    assert "<tool_response>\n21 C\n</tool_response>" in text
+    llama = render(LLAMA3, job(HISTORY[:1], tools=[WEATHER]))
+    assert '"parameters"' in llama and '"get_weather"' in llama
+
+
+def test_mistral_ids_are_made_nine_characters() -> None:
+    text = render(MISTRAL, job([*HISTORY, Message(role="user", content="thanks")],
+                               tools=[WEATHER]))
+    ids = [json.loads(part.split("[/TOOL_RESULTS]")[0])["call_id"]
+           for part in text.split("[TOOL_RESULTS]")[1:]]
+    assert len(ids) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
+    assert ids[0] != ids[1] and f'"id": "{ids[0]}"' in text
+
+
+def test_plan_rejects_an_unknown_named_tool() -> None:
+    with pytest.raises(ValueError, match="not among the tools"):
+        tools.plan(job(HISTORY, tools=[WEATHER], tool_choice=NamedTool(name="nope")), CHATML)
+    assert tools.plan(job(HISTORY), CHATML) is None
+    assert tools.plan(GenerateJob(prompt="raw", options=Options(), tools=[WEATHER]),
+                      CHATML) is None
+
+
+def test_format_calls_per_family() -> None:
+    calls = [ToolCall(id="call_1", name="f", arguments={"a": 1})]
+    assert tools.format_calls(calls, info("llama3")) == '{"name": "f", "parameters": {"a": 1}}'
+    assert tools.format_calls(calls, info("mistral")) == \
+        '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]'
+    assert tools.format_calls(calls, info("mistral", mistral_args=True)) == \
+        '[TOOL_CALLS]f[ARGS]{"a": 1}'
+    for family in ("hermes", "llama3", "mistral", "json"):
+        i = info(family)
+        parsed = parse_calls(tools.format_calls(calls, i), i.family, {"f"})
+        assert parsed and parsed[0][0].arguments == {"a": 1}
+
+
+# -- grammars, generated on the tiny model ---------------------------------------------------
+
+BOUNDED = Tool(name="set_mode", parameters={  # every value has a bounded length
+    "type": "object",
+    "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}},
+    "required": ["mode", "on"], "additionalProperties": False})
+EMPTY = Tool(name="ping")
+DEFS = Tool(name="move", parameters={
+    "type": "object", "properties": {"to": {"$ref": "#/$defs/Dir"}}, "required": ["to"],
+    "$defs": {"Dir": {"enum": ["up", "down"]}}})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from llmrun.engine.llama import Context, Model
+
+    model = Model(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+    ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=256, n_threads=1)
+    yield model, ctx
+    ctx.close()
+    model.close()
+
+
+def generate(tiny: Any, grammar: str, seed: int) -> tuple[str, bool]:
+    """Sample from random weights under `grammar`: (text, ended by end-of-generation)."""
+    from llmrun.engine.llama import Batch, Sampler
+
+    model, ctx = tiny
+    ctx.seq_rm(0, -1, -1)
+    batch = Batch(8)
+    sampler = Sampler(model, grammar=grammar, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                      typical_p=1.0, repeat_last_n=0, repeat_penalty=1.0, presence_penalty=0.0,
+                      frequency_penalty=0.0, seed=seed)
+    out = b""
+    token = model.bos
+    try:
+        for pos in range(250):
+            batch.clear()
+            batch.add(token, pos, 0, True)
+            assert ctx.decode(batch) == 0
+            token = ctx.sample(sampler, 0)
+            if model.is_eog(token):
+                return out.decode("utf-8", "replace"), True
+            out += model.piece(token)
+    finally:
+        sampler.close()
+        batch.close()
+    return out.decode("utf-8", "replace"), False
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "mistral-args", "json"])
+def test_grammar_output_parses_and_matches_schemas(tiny: Any, family: str) -> None:
+    import jsonschema
+
+    i = info("mistral", mistral_args=True) if family == "mistral-args" else info(family)
+    offered = [BOUNDED, EMPTY, DEFS]
+    schemas = {t.name: t.parameters for t in offered}
+    for parallel in (False, True):
+        plan = tools.ToolPlan(i, offered, "required", parallel)
+        grammar = plan.grammar()
+        assert grammar is not None
+        for seed in range(3):
+            text, ended = generate(tiny, grammar, seed)
+            parsed = parse_calls(text, i.family, plan.names, truncated=not ended)
+            assert parsed is not None, text
+            calls, rest = parsed
+            assert calls and rest == ""
+            if not parallel:
+                assert len(calls) == 1 and ended, text
+            for call in calls:
+                jsonschema.validate(call.arguments, schemas[call.name])
+
+
+def test_grammar_for_a_named_tool(tiny: Any) -> None:
+    plan = tools.ToolPlan(HERMES, [BOUNDED, EMPTY], NamedTool(name="set_mode"), False)
+    for seed in range(3):
+        text, ended = generate(tiny, plan.grammar() or "", seed)
+        parsed = parse_calls(text, "hermes")
+        assert ended and parsed is not None
+        assert [c.name for c in parsed[0]] == ["set_mode"]
+    assert tools.ToolPlan(HERMES, [BOUNDED], "auto").grammar() is None
+
+
+def test_control_markers_cover_every_family() -> None:
+    for family, markers in tools.START_MARKERS.items():
+        assert family in ("hermes", "llama3", "mistral", "json")
+        for m in markers:
+            if m != "functools[":
+                assert m in tools.CONTROL_MARKERS
+
