@@ -157,3 +157,12 @@ def test_rm_missing_model(_isolated_home: Path) -> None:
 def test_version() -> None:
     r = llmrun("--version")
     assert r.returncode == 0 and r.stdout.startswith("llmrun ")
+
+
+def test_launch_claude_print_env(home_with_model: Path) -> None:
+    r = llmrun("launch", "claude", "--model", "smollm2", "--print-env")
+    assert r.returncode == 0, r.stderr
+    host = os.environ["LLMRUN_HOST"]
+    assert f"export ANTHROPIC_BASE_URL=http://{host}" in r.stdout
+    assert "export ANTHROPIC_DEFAULT_SONNET_MODEL=smollm2" in r.stdout
+    assert "ANTHROPIC_AUTH_TOKEN" in r.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from llmrun import __version__
-from llmrun.cli import daemon, models, run, serve
+from llmrun.cli import daemon, launch, models, run, serve
 
 app = typer.Typer(
     name="llmrun",
@@ -34,6 +34,7 @@ serve.register(app)
 run.register(app)
 models.register(app)
 daemon.register(app)
+launch.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""`llmrun launch claude`: run Claude Code against the local daemon."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+
+import typer
+
+from llmrun import config
+from llmrun.cli._common import err, fail
+from llmrun.cli.run import _connect
+
+
+def claude_env(base_url: str, model: str) -> dict[str, str]:
+    keys = [k.strip() for k in config.raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_AUTH_TOKEN": keys[0] if keys else "llmrun",
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        # no telemetry or update checks to hosts this machine may not reach, and no
+        # per-turn extras that would change the prompt's prefix between turns
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def launch(
+        ctx: typer.Context,
+        tool: str = typer.Argument(..., help="The client to launch: claude"),
+        model: str = typer.Option("smollm2", "--model", "-m", help="Model to serve it"),
+        print_env: bool = typer.Option(False, "--print-env",
+                                       help="Print the environment instead of running"),
+    ) -> None:
+        """Run Claude Code on a local model (extra arguments after -- go to claude)."""
+        if tool != "claude":
+            fail(f"unknown tool {tool!r}: llmrun can launch: claude")
+        client = _connect()
+        env = claude_env(client.base_url, model)
+        if print_env:
+            for k, v in env.items():
+                typer.echo(f"export {k}={shlex.quote(v)}")
+            return
+        exe = shutil.which("claude")
+        if exe is None:
+            fail("claude is not installed: npm install -g @anthropic-ai/claude-code")
+        for k, v in env.items():
+            err.print(f"[dim]{k}={v}[/]", markup=True)
+        os.execvpe(exe, [exe, *ctx.args], {**os.environ, **env})
