@@ -87,10 +87,14 @@ def test_queue_overflow_is_503_at_once(tmp_path: Path, smollm2_path: Path) -> No
                env={"LLMRUN_NUM_PARALLEL": "1", "LLMRUN_MAX_QUEUE": "1"}).start()
     try:
         gen(d.url, "smollm2")  # loaded
-        long = {"options": {"num_predict": 40, "temperature": 0}}
+        long = {"prompt": "Write a long story about a dragon.",
+                "options": {"num_predict": 300, "temperature": 0}}
         with ThreadPoolExecutor(2) as pool:
             running = [pool.submit(gen, d.url, "smollm2", **long) for _ in range(2)]
-            time.sleep(1.0)  # one decoding, one waiting in the queue
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{d.url}/api/ps").json()["models"][0]["slots_busy"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)  # until one decodes and one waits in the queue
             t0 = time.monotonic()
             r = gen(d.url, "smollm2", **long)
             assert time.monotonic() - t0 < 2  # refused at once, not after waiting
