@@ -29,6 +29,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.validation import describe_validation_error
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -131,21 +132,6 @@ def engine_error(exc: EngineError, model: str) -> JSONResponse:
     return error(exc.status, exc.message, getattr(exc, "retry_after", None))
 
 
-def describe_validation_error(exc: RequestValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request"
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return f"invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}"
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if not loc:
-        return f"invalid request body: {first.get('msg')}"
-    if first.get("type") == "missing":
-        return f"{'.'.join(loc)}: Field required"
-    return f"{'.'.join(loc)}: {first.get('msg')}"
-
-
 class AnthropicRoute(APIRoute):
     """Routes whose failures, request validation included, answer in Anthropic's shape."""
 
@@ -156,7 +142,7 @@ class AnthropicRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                return error(400, describe_validation_error(exc))
+                return error(400, describe_validation_error(exc, quote_field=False))
             except EngineError as exc:
                 return error(exc.status, exc.message, getattr(exc, "retry_after", None))
 

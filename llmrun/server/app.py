@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai
+from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.security import Security
@@ -61,19 +62,6 @@ class JSONBodies:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
-
-
-def describe_validation_error(exc: RequestValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request"
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return f"invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}"
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if not loc:
-        return f"invalid request body: {first.get('msg')}"
-    return f"invalid field '{'.'.join(loc)}': {first.get('msg')}"
 
 
 def create_app(store: Store | None = None,
