@@ -120,17 +120,21 @@ async def prefix_reuse(url: str, model: str, busy: int) -> tuple[float, float]:
 def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
     from llama_cpp import Llama
 
+    from llmrun.engine import templates
+
     llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, flash_attn=True,
                 verbose=False)
-    msgs = [{"role": "user", "content": PROMPTS[0]}]
+    # the same rendered prompt the engine sees (some GGUFs carry no chat template)
+    tpl = llm.metadata.get("tokenizer.chat_template") or templates.FALLBACK_TEMPLATE
+    prompt = templates.render(tpl, [{"role": "user", "content": PROMPTS[0]}])
     t0 = time.perf_counter()
     n = 0
-    for _ in llm.create_chat_completion(msgs, max_tokens=tokens, temperature=0.0,
-                                        repeat_penalty=1.0, stream=True):
-        n += 1
+    for chunk in llm.create_completion(prompt, max_tokens=tokens, temperature=0.0,
+                                       repeat_penalty=1.0, stream=True):
+        n += 1 if chunk["choices"][0]["text"] else 0
     wall = time.perf_counter() - t0
     llm.close()
-    return max(0, n - 2) / wall  # role and finish chunks carry no token
+    return n / wall
 
 
 def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> float:
