@@ -46,6 +46,19 @@ class LlamaError(RuntimeError):
     pass
 
 
+def _meta_str(getter: Any, ptr: Any, key: str, size: int) -> str | None:
+    """A metadata value as text through one of llama.cpp's `*_meta_val_str` getters,
+    retrying with a buffer of the reported length when the first one is too small."""
+    buf = ctypes.create_string_buffer(size)
+    n = getter(ptr, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        getter(ptr, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
 def json_grammar() -> str:
     """GBNF for any JSON value (`format: "json"`)."""
     from llama_cpp import llama_grammar
@@ -94,14 +107,7 @@ class Model:
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
+        return _meta_str(C.llama_model_meta_val_str, self.ptr, key, 1 << 16)
 
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)
@@ -458,14 +464,7 @@ class LoraAdapter:
 
     def meta(self, key: str) -> str | None:
         """A metadata value of the adapter GGUF as text (e.g. `adapter.lora.alpha`)."""
-        buf = ctypes.create_string_buffer(1 << 12)
-        n = C.llama_adapter_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            C.llama_adapter_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
+        return _meta_str(C.llama_adapter_meta_val_str, self.ptr, key, 1 << 12)
 
     def close(self) -> None:
         if self.ptr:

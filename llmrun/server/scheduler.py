@@ -194,16 +194,15 @@ class Scheduler:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
         file version: size and mtime) and its GGUF header must pass the validator.
         Returns the memory the loaded model will need, in bytes (an estimate)."""
+        files = (*spec.model_paths, *spec.lora_paths)
         try:
-            for path in (*spec.model_paths, *spec.lora_paths):
-                st = path.stat()
-                key = (str(path), st.st_size, st.st_mtime_ns)
-                if key not in self._verified:
-                    self.store.verify(manifest)
-                    for p in (*spec.model_paths, *spec.lora_paths):
-                        gguf_reader.read(p)
-                    self._verified.add(key)
-            info = gguf_reader.read(spec.model_paths[0])
+            versions = {(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files}
+            if not versions <= self._verified:
+                self.store.verify(manifest)  # hashes every file of the model once
+                for p in files[1:]:
+                    gguf_reader.read(p)
+            info = gguf_reader.read(files[0])
+            self._verified |= versions
         except (OSError, StoreError, gguf_reader.GGUFError) as exc:
             raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
         return estimate_memory(info, manifest.size, spec)
