@@ -17,9 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from fetch_test_models import test_models_dir  # noqa: E402
-
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from fetch_test_models import models, test_models_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -37,12 +35,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    path = test_models_dir() / SMOLLM2_FILE
+def model_file(name: str) -> Path:
+    path = test_models_dir() / models()[name].file
     if not path.is_file():
         pytest.fail(f"test model missing: run `python scripts/fetch_test_models.py` ({path})")
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return model_file("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return model_file("gemma3")
 
 
 def make_home(root: Path, model_path: Path, name: str = "smollm2") -> Path:

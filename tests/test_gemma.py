@@ -1,0 +1,98 @@
+"""Claude Code's ~20k-token request on a 32k-context model: Gemma 3 270M (the second test model,
+which carries no chat template) made servable by a Modelfile with `PARAMETER num_ctx 32768` and
+a TEMPLATE, next to SmolLM2 at its own 8k context, which must refuse the same request clearly.
+
+One daemon, one slot per model: the second turn must land on the slot that holds the first.
+Reading 20k tokens takes a few minutes on 2 cores, so this module sends the long prompt once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llmrun.store import Store, catalog, names
+from tests.conftest import Daemon
+from tests.test_api_anthropic import CC_HEADERS, claude_code_body, sse_events
+
+GEMMA = "gemma3-32k"
+SMOL = "smollm2-8k"
+INSTRUCTIONS = ("IMPORTANT: follow the user's instructions and the repository's conventions; "
+                "run the tests before you say you are done. ") * 540
+
+
+@pytest.fixture(scope="module")
+def daemon32k(tmp_path_factory: pytest.TempPathFactory, gemma3_path: Path,
+              smollm2_path: Path) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("gemma-home")
+    store = Store(home)
+    template = catalog.lookup(names.parse("gemma3:270m")).template  # type: ignore[union-attr]
+    store.create(GEMMA, f'FROM {gemma3_path}\nPARAMETER num_ctx 32768\n'
+                        f'TEMPLATE """{template}"""\n')
+    store.create(SMOL, f"FROM {smollm2_path}\nPARAMETER num_ctx 8192\n")
+    d = Daemon(home, env={"LLMRUN_NUM_PARALLEL": "1"}).start()
+    yield d
+    d.stop()
+
+
+def body_for(model: str, **extra: Any) -> dict[str, Any]:
+    return claude_code_body(INSTRUCTIONS, model=model, temperature=0, **extra)
+
+
+def count(d: Daemon, body: dict[str, Any]) -> int:
+    r = httpx.post(d.url + "/v1/messages/count_tokens?beta=true", json=body,
+                   headers=CC_HEADERS, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["input_tokens"]
+
+
+def test_8k_model_refuses_the_claude_code_prompt_clearly(daemon32k: Daemon) -> None:
+    body = body_for(SMOL)
+    n = count(daemon32k, body)
+    assert n > 8192
+    r = httpx.post(daemon32k.url + "/v1/messages?beta=true", json=body, headers=CC_HEADERS,
+                   timeout=120)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"].startswith(f"prompt is too long: {n} tokens > 8192 maximum")
+
+
+def test_32k_model_answers_claude_code_and_reuses_the_prefix_next_turn(
+        daemon32k: Daemon) -> None:
+    # max_tokens stays Claude Code's 32000 (clamped to the room left); the stop below only
+    # keeps the answer short, since a base model may ramble
+    body = body_for(GEMMA, stop_sequences=["\n"])
+    n = count(daemon32k, body)
+    assert 18_000 < n < 32_768  # the whole prompt is counted, tools and system blocks included
+    r = httpx.post(daemon32k.url + "/v1/messages?beta=true", json=body, headers=CC_HEADERS,
+                   timeout=900)
+    assert r.status_code == 200, r.text
+    events = sse_events(r.text)
+    names_ = [e for e, _ in events]
+    assert names_[0] == "message_start" and names_[-2:] == ["message_delta", "message_stop"]
+    assert events[0][1]["message"]["usage"]["input_tokens"] == n
+    usage = events[-2][1]["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == n
+    assert usage["output_tokens"] >= 1
+    reply = "".join(d["delta"].get("text", "") for e, d in events
+                    if e == "content_block_delta")
+
+    # turn two: Claude Code resends everything plus the answer and a new user message
+    body["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": reply}]},
+                         {"role": "user", "content": [{"type": "text", "text": "Thanks."}]}]
+    body["stream"] = False
+    n2 = count(daemon32k, body)
+    r = httpx.post(daemon32k.url + "/v1/messages?beta=true", json=body, headers=CC_HEADERS,
+                   timeout=900)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == n2
+    # all of turn one's prompt came from the cache; only the new turn was read
+    assert usage["cache_read_input_tokens"] >= n - 1
+    assert usage["input_tokens"] <= n2 - n + 1
