@@ -96,6 +96,11 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)  # assistant turns
     tool_call_id: str | None = None  # tool turns: which call this answers
     name: str | None = None  # tool turns: the function's name
+    thinking: str | None = None  # assistant turns: the thought before the answer
+
+
+# Thinking: None leaves it to the model's template; an effort level implies on.
+Think = bool | Literal["low", "medium", "high"] | None
 
 
 class ChatRequest(BaseModel):
@@ -113,6 +118,11 @@ class ChatRequest(BaseModel):
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
     template: str | None = None  # overrides the model's chat template for this request
+    think: Think = None
+    think_required: bool = False  # a model that cannot think is an error (else: ignored)
+    suffix: str | None = None  # fill-in-the-middle: the text after the insertion point
+    context: list[int] | None = None  # token ids of an earlier answer (Ollama's generate)
+    return_context: bool = False
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema
@@ -132,6 +142,11 @@ class GenerateJob(BaseModel):
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
+    think: Think = None
+    think_required: bool = False
+    suffix: str | None = None
+    context: list[int] | None = None
+    return_context: bool = False  # report the prompt + output token ids when done
 
 
 FinishReason = Literal["stop", "length", "cancel", "error", "tool_calls"]
@@ -147,6 +162,7 @@ class Stats(BaseModel):
     total_ns: int = 0  # filled in by the daemon: from request received to done
     finish_reason: FinishReason = "stop"
     stop_sequence: str | None = None  # the stop string that ended generation, if one did
+    context: list[int] | None = None  # prompt + output token ids, when the job asked
 
 
 class TokenLogprob(BaseModel):
@@ -160,6 +176,7 @@ class Chunk(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # complete calls, parsed (never raw markup)
+    thinking: str | None = None  # part of the model's thought (text is then empty)
 
 
 class Done(BaseModel):

@@ -603,8 +603,9 @@ def test_stream_framing_of_tool_calls_and_errors() -> None:
                 if isinstance(e, EngineError):
                     raise e
                 yield e
-        first = events[0]
-        assert not isinstance(first, EngineError)
+        first: asyncio.Future[Chunk | Done] = asyncio.get_running_loop().create_future()
+        assert not isinstance(events[0], EngineError)
+        first.set_result(events[0])
         out = b"".join([f async for f in _stream(req, 7, first, gen())]).decode()
         return sse_events(out)
 
@@ -624,3 +625,37 @@ def test_stream_framing_of_tool_calls_and_errors() -> None:
     got = asyncio.run(frames([Chunk(text="x"), EngineError("runner died", 500)]))
     assert got[-1] == ("error", {"type": "error", "error": {"type": "api_error",
                                                             "message": "runner died"}})
+
+
+def test_stream_pings_while_the_first_token_is_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llmrun.api.anthropic.PING_EVERY", 0.05)
+    req = MessagesBody.model_validate({"model": MODEL, "max_tokens": 9, "messages": HI})
+
+    async def slow_first() -> Chunk | Done:
+        await asyncio.sleep(0.3)  # a long prompt being read
+        return Done(stats=Stats(prompt_tokens=7, finish_reason="stop"))
+
+    async def nothing() -> AsyncIterator[Chunk | Done]:
+        return
+        yield
+
+    async def frames() -> list[str]:
+        first = asyncio.ensure_future(slow_first())
+        out = b"".join([f async for f in _stream(req, 7, first, nothing())]).decode()
+        return [e for e, _ in sse_events(out)]
+
+    names = asyncio.run(frames())
+    assert names[0] == "message_start"
+    pings = names[1:names.index("content_block_start")]
+    assert len(pings) >= 3 and set(pings) == {"ping"}
+    assert names[-2:] == ["message_delta", "message_stop"]
+
+
+def test_claude_codes_billing_header_is_kept_out_of_the_prompt() -> None:
+    body = CountBody.model_validate({"model": MODEL, "messages": HI, "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.39.c39; "
+                                 "cc_entrypoint=cli; cch=56445;"},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+    ]})
+    msgs = to_messages(body)
+    assert msgs[0] == Message(role="system", content="You are Claude Code.")

@@ -64,6 +64,35 @@ def test_create_from_model_with_parameters(client: ollama.Client) -> None:
     client.delete("terse")
 
 
+# Ollama's own ChatML template (Go text/template), as a Modelfile copied from Ollama carries it
+CHATML_GO = """{{- range $i, $_ := .Messages }}
+{{- $last := eq (len (slice $.Messages $i)) 1 -}}
+<|im_start|>{{ .Role }}
+{{ .Content }}{{ if not $last }}<|im_end|>
+{{ end }}
+{{- if and (ne .Role "assistant") $last }}<|im_end|>
+<|im_start|>assistant
+{{ end }}
+{{- end }}"""
+
+
+def test_create_with_an_ollama_go_template(client: ollama.Client) -> None:
+    client.create(model="smol-go", from_="smollm2", template=CHATML_GO)
+    assert client.show("smol-go").template == CHATML_GO
+    greedy = {"temperature": 0, "seed": 1, "num_predict": 8}
+    chat = client.chat(model="smol-go", options=greedy, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}])
+    raw = client.generate(model="smol-go", raw=True, options=greedy, prompt=(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay hi<|im_end|>\n"
+        "<|im_start|>assistant\n"))
+    assert chat.prompt_eval_count == raw.prompt_eval_count
+    assert chat.message.content == raw.response
+    client.delete("smol-go")
+    with pytest.raises(ollama.ResponseError) as err:
+        client.create(model="bad-go", from_="smollm2", template="{{ if .System }}unclosed")
+    assert err.value.status_code == 400 and "TEMPLATE" in str(err.value)
+
+
 def test_create_from_uploaded_blob(client: ollama.Client, store_daemon: Daemon,
                                    smollm2_path: Path) -> None:
     digest = client.create_blob(smollm2_path)

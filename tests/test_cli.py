@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import socket
@@ -17,10 +18,11 @@ import pytest
 from tests.conftest import make_home
 
 
-def llmrun(*args: str, stdin: str | None = None,
-           timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def llmrun(*args: str, stdin: str | None = None, timeout: float = 180,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmrun", *args], input=stdin,
                           capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env} if env else None,
                           stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
@@ -166,3 +168,28 @@ def test_launch_claude_print_env(home_with_model: Path) -> None:
     assert f"export ANTHROPIC_BASE_URL=http://{host}" in r.stdout
     assert "export ANTHROPIC_DEFAULT_SONNET_MODEL=smollm2" in r.stdout
     assert "ANTHROPIC_AUTH_TOKEN" in r.stdout
+    assert "export CLAUDE_CODE_ATTRIBUTION_HEADER=0" in r.stdout
+    assert "# then: claude --settings" in r.stdout
+
+
+def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
+                                                          tmp_path: Path) -> None:
+    """A stand-in `claude` on PATH records what llmrun ran it with."""
+    fake = tmp_path / "bin" / "claude"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    f"env > {tmp_path}/env\n"
+                    f"for a in \"$@\"; do echo \"$a\"; done > {tmp_path}/args\n")
+    fake.chmod(0o755)
+    path = f"{fake.parent}:{os.environ['PATH']}"
+    r = llmrun("launch", "claude", "-m", "smollm2", "--", "-p", "hello there", env={"PATH": path})
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()
+               if "=" in line)
+    assert env["ANTHROPIC_BASE_URL"] == f"http://{os.environ['LLMRUN_HOST']}"
+    assert env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "smollm2"
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[0] == "--settings"
+    assert json.loads(args[1])["env"]["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert args[2:] == ["-p", "hello there"]

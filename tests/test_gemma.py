@@ -76,6 +76,8 @@ def test_32k_model_answers_claude_code_and_reuses_the_prefix_next_turn(
     events = sse_events(r.text)
     names_ = [e for e, _ in events]
     assert names_[0] == "message_start" and names_[-2:] == ["message_delta", "message_stop"]
+    # pings kept the connection alive while the prompt was read (minutes, here)
+    assert names_[1:4] == ["ping"] * 3
     assert events[0][1]["message"]["usage"]["input_tokens"] == n
     usage = events[-2][1]["usage"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == n

@@ -190,3 +190,36 @@ def test_settings_from_config_yaml(tmp_path: Path) -> None:
     for name in ("LLMRUN_HOST", "LLMRUN_KEEP_ALIVE", "LLMRUN_NUM_PARALLEL", "LLMRUN_MAX_QUEUE",
                  "LLMRUN_API_KEYS", "LLMRUN_ORIGINS", "LLMRUN_CONTEXT_LENGTH"):
         assert name in help_text
+
+
+def test_fill_in_the_middle_and_context(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("fim", f"FROM {write_tiny_llama(tmp_path / 'fim.gguf', fim=True)}\n")
+    store.create("plain", f"FROM {write_tiny_llama(tmp_path / 'plain.gguf')}\n")
+    d = Daemon(tmp_path).start()
+    try:
+        # suffix: <s> <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, then the middle
+        r = gen(d.url, "fim", prompt="hello", suffix="the end")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        n, ctx = body["prompt_eval_count"], body["context"]
+        assert ctx[:2] == [1, 3] and ctx[n - 1] == 5 and ctx[2:n - 1].count(4) == 1
+        assert len(ctx) == n + body["eval_count"]
+        r = httpx.post(f"{d.url}/v1/completions", timeout=60, json={
+            "model": "fim", "prompt": "hello", "suffix": "the end", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == n
+        r = gen(d.url, "plain", suffix="the end")
+        assert r.status_code == 400 and "does not support insert" in r.json()["error"]
+
+        # context: an earlier exchange's tokens come before the new prompt
+        first = gen(d.url, "plain").json()
+        second = gen(d.url, "plain", context=first["context"]).json()
+        # (the tiny model adds BOS; the one inside the context stays, the new one goes)
+        assert second["prompt_eval_count"] == len(first["context"]) + \
+            first["prompt_eval_count"] - 1
+        assert second["context"][:len(first["context"])] == first["context"]
+        r = gen(d.url, "plain", context=[10**6])
+        assert r.status_code == 400 and "vocabulary" in r.json()["error"]
+        assert "context" not in gen(d.url, "plain", raw=True).json()
+    finally:
+        d.stop()

@@ -28,26 +28,31 @@ _MERGES = ["he", "ll", "in", "er", "or", "th", "▁t", "▁th", "▁the", "▁a"
            "▁hello"]
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
+FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]  # ids 3, 4, 5 with fim=True
+
+
+def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of the tiny SentencePiece vocabulary."""
     tt = gguf.TokenType
-    tokens = ["<unk>", "<s>", "</s>"]
-    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL]
+    tokens = ["<unk>", "<s>", "</s>", *(FIM_TOKENS if fim else [])]
+    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.CONTROL] * 3 if fim else [])]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [tt.BYTE] * 256
     pieces = ["▁", *_CHARS, *_MERGES]
     tokens += pieces
     types += [tt.NORMAL] * len(pieces)
     # SentencePiece merges the highest-scoring pieces first: longer pieces score higher.
-    scores = [0.0] * (3 + 256) + [float(len(p)) - i * 1e-3 for i, p in enumerate(pieces)]
+    scores = [0.0] * (len(tokens) - len(pieces)) + [float(len(p)) - i * 1e-3
+                                                      for i, p in enumerate(pieces)]
     return tokens, scores, [int(t) for t in types]
 
 
 def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_LAYER,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, fim: bool = False) -> Path:
     """Write a tiny llama model to `path`: matrices in `dtype` (float16 or float32), 1-D norms
-    in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match."""
-    tokens, scores, types = vocabulary()
+    in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match. With
+    `fim`, the vocabulary has fill-in-the-middle tokens (ids 3, 4, 5)."""
+    tokens, scores, types = vocabulary(fim)
     n_vocab = len(tokens)
     head_dim = N_EMBD // N_HEAD
     rng = np.random.default_rng(seed)
@@ -80,6 +85,10 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if fim:
+        w.add_uint32("tokenizer.ggml.fim_pre_token_id", 3)
+        w.add_uint32("tokenizer.ggml.fim_suf_token_id", 4)
+        w.add_uint32("tokenizer.ggml.fim_mid_token_id", 5)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_chat_template(

@@ -15,6 +15,9 @@ client that sums them (Claude Code's context meter does) sees the true prompt le
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -60,6 +63,13 @@ ERROR_TYPES = {
     529: "overloaded_error",
 }
 
+# Seconds to wait for a streamed answer's first token before the stream is committed to
+# (errors before it are HTTP errors), then between the pings sent while a prompt is read.
+PING_GRACE = 1.0
+PING_EVERY = 5.0
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
 _TOO_LONG = re.compile(r"the prompt is (\d+) tokens but the model's context is (\d+) tokens")
 
 
@@ -84,7 +94,7 @@ class CountBody(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None  # accepted; llmrun does not think out loud
+    thinking: dict[str, Any] | None = None  # {"type": "enabled" | "adaptive" | "disabled"}
 
 
 class MessagesBody(CountBody):
@@ -231,13 +241,23 @@ def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=args)
 
 
+def _without_billing_header(blocks: list[Any]) -> list[Any]:
+    """Claude Code 2.1 starts `system` with a text block `x-anthropic-billing-header: ...`
+    whose values change on every request. Anthropic's server takes it out of the prompt; left
+    in, it would change the prompt's first tokens each turn and defeat the prefix cache."""
+    return [b for b in blocks if not (isinstance(b, dict) and b.get("type") == "text"
+                                      and str(b.get("text", "")).startswith(BILLING_HEADER))]
+
+
 def to_messages(body: CountBody) -> list[Message]:
     """Anthropic's system and messages as the internal list: one leading system message
     (top-level `system`, then any `system`-role messages, in order), then the turns."""
     model = body.model
     system: list[str] = []
-    if body.system is not None:
-        system.append(_content_text(body.system, "system", model))
+    if isinstance(body.system, list):
+        system.append(_content_text(_without_billing_header(body.system), "system", model))
+    elif body.system is not None:
+        system.append(body.system)
     out: list[Message] = []
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool turns answering them
     for i, msg in enumerate(body.messages):
@@ -362,7 +382,13 @@ def to_request(body: CountBody, service: Service) -> ChatRequest:
         )
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
                        stream=stream, format=fmt, tools=tools, tool_choice=choice,
-                       parallel_tool_calls=parallel)
+                       parallel_tool_calls=parallel, think=to_think(body))
+
+
+def to_think(body: CountBody) -> bool:
+    """`thinking` enabled or adaptive turns thinking on for models that can think (others
+    just answer: Claude Code asks for it on every request); absent or disabled, off."""
+    return (body.thinking or {}).get("type") in ("enabled", "adaptive")
 
 
 # ---- response: Chunk/Done -> Anthropic ----------------------------------------------------
@@ -370,6 +396,12 @@ def to_request(body: CountBody, service: Service) -> ChatRequest:
 
 def _message_id() -> str:
     return "msg_" + secrets.token_hex(12)
+
+
+def _signature(thinking: str) -> str:
+    """Anthropic's clients carry a thinking block's `signature` back with it; llmrun drops
+    past thoughts from the prompt, so this only has to be present and stable."""
+    return "llmrun-" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
 
 
 def _tool_id(call: ToolCall) -> str:
@@ -404,11 +436,13 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 async def _collect(body: MessagesBody, first: Chunk | Done,
                    rest: AsyncIterator[Chunk | Done]) -> Response:
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     event: Chunk | Done | None = first
     try:
         while isinstance(event, Chunk):
             texts.append(event.text)
+            thoughts.append(event.thinking or "")
             calls += event.tool_calls or []
             event = await anext(rest, None)
     except EngineError as exc:
@@ -417,7 +451,11 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
     text = "".join(texts)
+    thought = "".join(thoughts)
     content: list[dict[str, Any]] = []
+    if thought:
+        content.append({"type": "thinking", "thinking": thought,
+                        "signature": _signature(thought)})
     if text or not calls:
         content.append({"type": "text", "text": text})
     content += [{"type": "tool_use", "id": _tool_id(c), "name": c.name, "input": c.arguments}
@@ -430,10 +468,17 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
     })
 
 
-async def _stream(body: MessagesBody, input_tokens: int, first: Chunk | Done,
+def _close_thinking(index: int, thought: list[str]) -> list[bytes]:
+    return [_sse("content_block_delta", {"index": index, "delta": {
+                "type": "signature_delta", "signature": _signature("".join(thought))}}),
+            _sse("content_block_stop", {"index": index})]
+
+
+async def _stream(body: MessagesBody, input_tokens: int, first: asyncio.Future[Chunk | Done],
                   rest: AsyncIterator[Chunk | Done]) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, per block content_block_start / _delta /
-    _stop, message_delta (stop reason, final usage), message_stop."""
+    _stop, message_delta (stop reason, final usage), message_stop. `ping` events keep the
+    connection alive while the first token is awaited (a long prompt being read)."""
     yield _sse("message_start", {"message": {
         "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
         "content": [], "stop_reason": None, "stop_sequence": None,
@@ -442,10 +487,25 @@ async def _stream(body: MessagesBody, input_tokens: int, first: Chunk | Done,
     yield _sse("ping", {})
     index = -1  # of the last block started
     text_open = False
+    thought: list[str] = []  # of the open thinking block
     any_calls = False
-    event: Chunk | Done | None = first
     try:
+        while not (await asyncio.wait({first}, timeout=PING_EVERY))[0]:
+            yield _sse("ping", {})
+        event: Chunk | Done | None = first.result()
         while isinstance(event, Chunk):
+            if event.thinking:
+                if not thought:
+                    index += 1
+                    yield _sse("content_block_start", {"index": index, "content_block": {
+                        "type": "thinking", "thinking": "", "signature": ""}})
+                thought.append(event.thinking)
+                yield _sse("content_block_delta", {"index": index, "delta": {
+                    "type": "thinking_delta", "thinking": event.thinking}})
+            if thought and (event.text or event.tool_calls):  # the thought is over
+                for frame in _close_thinking(index, thought):
+                    yield frame
+                thought = []
             if event.text:
                 if not text_open:
                     index += 1
@@ -467,6 +527,14 @@ async def _stream(body: MessagesBody, input_tokens: int, first: Chunk | Done,
                     "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
                 yield _sse("content_block_stop", {"index": index})
             event = await anext(rest, None)
+        if thought:  # the answer never came (cut short while thinking)
+            for frame in _close_thinking(index, thought):
+                yield frame
+            thought = []
+            index += 1
+            text_open = True
+            yield _sse("content_block_start", {
+                "index": index, "content_block": {"type": "text", "text": ""}})
         if index == -1:  # nothing generated: still one (empty) text block, as non-streamed
             index, text_open = 0, True
             yield _sse("content_block_start", {
@@ -482,6 +550,10 @@ async def _stream(body: MessagesBody, input_tokens: int, first: Chunk | Done,
         status = 529 if exc.status == 503 else exc.status
         yield _sse("error", {"error": error_body(status, exc.message)["error"]})
     finally:
+        if not first.done():  # the client left during prefill: cancel the request
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await first
         await rest.aclose()
 
 
@@ -492,14 +564,20 @@ def router(service: Service) -> APIRouter:
         """Errors before the first token are HTTP errors; after it, an `error` event."""
         input_tokens = 0
         try:
-            if req.stream:  # message_start carries the prompt's size before any token
-                input_tokens = await service.count_tokens(req)
+            if not req.stream:
+                events = service.chat(req)
+                return await _collect(body, await anext(events), events)
+            # message_start carries the prompt's size before any token
+            input_tokens = await service.count_tokens(req)
             events = service.chat(req)
-            first = await anext(events)
+            # What fails at once (a full queue, a prompt over the context) is still an HTTP
+            # error; past the grace period the stream starts and pings while the prompt is read.
+            first = asyncio.ensure_future(anext(events))
+            await asyncio.wait({first}, timeout=PING_GRACE)
+            if first.done():
+                first.result()
         except EngineError as exc:
             return engine_error(exc, body.model)
-        if not req.stream:
-            return await _collect(body, first, events)
         return StreamingResponse(_stream(body, input_tokens, first, events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

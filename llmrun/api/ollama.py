@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from llmrun import __version__
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.engine import thinking
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -24,6 +25,7 @@ from llmrun.request import (
     Message,
     Options,
     Stats,
+    Think,
     Tool,
     ToolCall,
 )
@@ -210,6 +212,8 @@ def router(service: Service) -> APIRouter:
                 keep_alive=body.keep_alive,
                 format=body.format or None,
                 logprobs=body.top_logprobs if body.logprobs else None,
+                think=_think(body.think),
+                think_required=bool(body.think),
             )
         except EngineError as exc:
             return error(exc.status, exc.message, exc.retry_after)
@@ -223,12 +227,6 @@ def router(service: Service) -> APIRouter:
             return error(400, f"model '{body.model}' does not support images (it is text-only)")
         if isinstance(body.format, str) and body.format not in ("json", ""):
             return error(400, f"invalid format {body.format!r}: use \"json\" or a JSON schema")
-        if body.suffix:
-            return error(400, "'suffix' (fill-in-the-middle) is not supported by llmrun yet")
-        if body.context:
-            return error(400, "'context' (token ids of a previous answer) is deprecated in "
-                              "Ollama and not supported by llmrun: send the conversation to "
-                              "/api/chat instead")
         messages = []
         if body.system:
             messages.append(Message(role="system", content=body.system))
@@ -238,7 +236,13 @@ def router(service: Service) -> APIRouter:
             req = ChatRequest(
                 model=body.model,
                 messages=messages,
-                prompt=body.prompt if body.raw and body.prompt else None,
+                # fill-in-the-middle: the prompt is the text before the gap, the suffix after
+                prompt=body.prompt if (body.raw or body.suffix) and body.prompt else None,
+                suffix=body.suffix or None,
+                context=body.context or None,
+                return_context=not body.raw,
+                think=_think(body.think),
+                think_required=bool(body.think),
                 template=body.template or None,
                 options=parse_options(body.options),
                 stream=body.stream,
@@ -355,11 +359,23 @@ async def _pull_events(store: Store, name: str) -> AsyncIterator[dict[str, Any]]
 Shape = Literal["chat", "generate"]
 
 
-def _text(shape: Shape, text: str) -> dict[str, Any]:
-    """Where the generated text goes: /api/chat's message, /api/generate's response."""
+def _text(shape: Shape, text: str, thinking: str | None = None) -> dict[str, Any]:
+    """Where the generated text goes: /api/chat's message, /api/generate's response; the
+    model's thought (if it thinks) beside it."""
+    extra = {"thinking": thinking} if thinking else {}
     if shape == "chat":
-        return {"message": {"role": "assistant", "content": text}}
-    return {"response": text}
+        return {"message": {"role": "assistant", "content": text, **extra}}
+    return {"response": text, **extra}
+
+
+def _think(value: bool | str | None) -> Think:
+    """Ollama's `think`: true/false, or an effort level for models that take one."""
+    if value is None or isinstance(value, bool):
+        return value
+    if value in ("low", "medium", "high"):
+        return value  # type: ignore[return-value]
+    raise EngineError(f"invalid think value {value!r}: use true, false, \"low\", \"medium\" "
+                      "or \"high\"", status=400)
 
 
 async def _load_only(service: Service, req: ChatRequest, shape: Shape) -> Response:
@@ -399,7 +415,8 @@ def _message(m: OllamaMessage) -> Message:
         calls.append(ToolCall(id=call.get("id") or f"call_{i}", name=fn.get("name", ""),
                               arguments=args if isinstance(args, dict) else {"value": args}))
     return Message(role=m.role, content=m.content, tool_calls=calls,
-                   name=m.tool_name if m.role == "tool" else None)
+                   name=m.tool_name if m.role == "tool" else None,
+                   thinking=m.thinking if m.role == "assistant" else None)
 
 
 def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -415,7 +432,7 @@ def _logprobs(chunk: Chunk) -> list[dict[str, Any]]:
 
 def _chunk_line(req: ChatRequest, chunk: Chunk, shape: Shape) -> bytes:
     obj: dict[str, Any] = {"model": req.model, "created_at": now(),
-                           **_text(shape, chunk.text), "done": False}
+                           **_text(shape, chunk.text, chunk.thinking), "done": False}
     if chunk.tool_calls and shape == "chat":
         obj["message"]["tool_calls"] = _tool_calls(chunk.tool_calls)
     if chunk.logprobs is not None:
@@ -423,10 +440,13 @@ def _chunk_line(req: ChatRequest, chunk: Chunk, shape: Shape) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
 
-def _done_obj(req: ChatRequest, stats: Stats, shape: Shape,
-              content: str = "") -> dict[str, Any]:
-    return {"model": req.model, "created_at": now(), **_text(shape, content),
-            "done": True, **stats_fields(stats)}
+def _done_obj(req: ChatRequest, stats: Stats, shape: Shape, content: str = "",
+              thinking: str | None = None) -> dict[str, Any]:
+    out = {"model": req.model, "created_at": now(), **_text(shape, content, thinking),
+           "done": True}
+    if stats.context is not None:
+        out["context"] = stats.context
+    return {**out, **stats_fields(stats)}
 
 
 async def _respond(req: ChatRequest, events: AsyncIterator[Chunk | Done], shape: Shape,
@@ -472,12 +492,14 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
 async def _collect(req: ChatRequest, first: Chunk | Done,
                    rest: AsyncIterator[Chunk | Done], shape: Shape) -> Response:
     parts: list[str] = []
+    thoughts: list[str] = []
     logprobs: list[dict[str, Any]] = []
     calls: list[ToolCall] = []
     event: Chunk | Done | None = first
     try:
         while isinstance(event, Chunk):
             parts.append(event.text)
+            thoughts.append(event.thinking or "")
             logprobs += _logprobs(event)
             calls += event.tool_calls or []
             event = await anext(rest, None)
@@ -486,7 +508,7 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
     finally:
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
-    body = _done_obj(req, stats, shape, "".join(parts))
+    body = _done_obj(req, stats, shape, "".join(parts), "".join(thoughts))
     if calls and shape == "chat":
         body["message"]["tool_calls"] = _tool_calls(calls)
     if req.logprobs is not None:
@@ -527,19 +549,31 @@ class CreateBody(BaseModel):
     modelfile: str | None = None  # pre-0.5 clients sent the Modelfile text
 
 
+def capabilities(template: str, info: dict[str, object]) -> list[str]:
+    """What clients may ask of the model (Open WebUI and VS Code read this). Every model
+    takes tools here: a template without tool support gets them in a system preamble."""
+    out = ["completion", "tools"]
+    if "tokenizer.ggml.fim_pre_token_id" in info:
+        out.append("insert")
+    if thinking.markers(template):
+        out.append("thinking")
+    return out
+
+
 def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
     params = []
     for key, value in manifest.parameters.items():
         for v in value if isinstance(value, list) else [value]:
             params.append(f"{key:<20} {json.dumps(v) if isinstance(v, str) else v}")
     entry = model_entry(manifest)
+    info = store.model_info(manifest)
     out: dict[str, Any] = {
         "modelfile": store.modelfile_of(manifest).render(),
         "parameters": "\n".join(params),
         "template": manifest.template or "",
         "details": entry["details"],
-        "model_info": store.model_info(manifest),
-        "capabilities": ["completion"],
+        "model_info": info,
+        "capabilities": capabilities(store.template_of(manifest), info),
         "modified_at": entry["modified_at"],
     }
     if manifest.system:

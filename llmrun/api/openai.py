@@ -37,6 +37,7 @@ from llmrun.request import (
     NamedTool,
     Options,
     Stats,
+    Think,
     TokenLogprob,
     Tool,
     ToolCall,
@@ -236,6 +237,9 @@ class ChatCompletionBody(LlamaExtras):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     user: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # llama-server's way to pass template variables; `enable_thinking` is the one used here
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionBody(LlamaExtras):
@@ -373,6 +377,16 @@ def _format(body: ChatCompletionBody) -> Format:
     return rf.json_schema.schema_ or "json"
 
 
+def _think(body: ChatCompletionBody) -> Think:
+    """`reasoning_effort` (OpenAI), or `chat_template_kwargs.enable_thinking` (llama-server);
+    for a model that cannot think both are ignored, as OpenAI ignores them for such models."""
+    effort = body.reasoning_effort
+    if effort is not None:
+        return False if effort in ("none", "minimal") else effort
+    enable = (body.chat_template_kwargs or {}).get("enable_thinking")
+    return enable if isinstance(enable, bool) else None
+
+
 def chat_requests(body: ChatCompletionBody) -> list[ChatRequest]:
     """One internal request per choice (`n`)."""
     if body.top_logprobs is not None and not body.logprobs:
@@ -389,6 +403,7 @@ def chat_requests(body: ChatCompletionBody) -> list[ChatRequest]:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        think=_think(body),
     )
     return _replicate(base, body.n)
 
@@ -513,6 +528,7 @@ def _tool_call_out(call: ToolCall) -> dict[str, Any]:
 @dataclass
 class ChatChoice:
     text: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     stats: Stats | None = None
@@ -528,6 +544,7 @@ async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
                 c.stats = event.stats
                 continue
             c.text.append(event.text)
+            c.thinking.append(event.thinking or "")
             if not event.tool_calls:  # the tokens of a call are not content
                 c.logprobs += _chat_logprobs(event.logprobs or [])
             c.calls += event.tool_calls or []
@@ -544,6 +561,8 @@ async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
                                    "refusal": None}
         if c.calls:
             message["tool_calls"] = [_tool_call_out(t) for t in c.calls]
+        if any(c.thinking):  # the field llama-server, vLLM and DeepSeek use
+            message["reasoning_content"] = "".join(c.thinking)
         out.append({"index": i, "message": message,
                     "logprobs": {"content": c.logprobs, "refusal": None}
                     if reqs[i].logprobs is not None else None,
@@ -583,6 +602,8 @@ async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choice
                 stats[index] = event.stats
                 yield frame(index, {}, FINISH_REASONS.get(event.stats.finish_reason, "stop"))
                 continue
+            if event.thinking:
+                yield frame(index, {"reasoning_content": event.thinking})
             lps = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
             if event.text or (lps and not event.tool_calls):
                 yield frame(index, {"content": event.text}, logprobs=lps)
@@ -608,8 +629,6 @@ async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choice
 
 def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatRequest]]:
     """(prompt of each choice, request of each choice): choice p*n + j is prompt p's j-th."""
-    if body.suffix:
-        raise ApiError(400, "'suffix' (fill-in-the-middle) is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise ApiError(400, "'best_of' other than 'n' is not supported", "best_of")
     raw = body.prompt
@@ -624,7 +643,7 @@ def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatReque
     for prompt in prompts:
         base = ChatRequest(model=body.model, messages=[], prompt=str(prompt), options=options,
                            stream=bool(body.stream), keep_alive=body.keep_alive,
-                           logprobs=body.logprobs)
+                           logprobs=body.logprobs, suffix=body.suffix or None)
         for req in _replicate(base, body.n):
             texts.append(str(prompt))
             reqs.append(req)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -23,12 +24,25 @@ def claude_env(base_url: str, model: str) -> dict[str, str]:
         "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
         "ANTHROPIC_SMALL_FAST_MODEL": model,
-        # no telemetry or update checks to hosts this machine may not reach, and no
-        # per-turn extras that would change the prompt's prefix between turns
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
+        **STABLE_PROMPT_ENV,
     }
+
+
+# No telemetry or update checks to hosts this machine may not reach, and no attribution
+# header: Claude Code puts `x-anthropic-billing-header: ...cch=<changes every request>` at
+# the top of the system prompt, which would defeat the prefix cache on every turn (the
+# daemon also drops that block, for setups made by hand). Claude Code reads some of these
+# only from its settings, so they go in through `--settings` as well as the environment.
+STABLE_PROMPT_ENV = {
+    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+
+
+def claude_args(extra: list[str]) -> list[str]:
+    return ["--settings", json.dumps({"env": STABLE_PROMPT_ENV}), *extra]
 
 
 def register(app: typer.Typer) -> None:
@@ -48,10 +62,13 @@ def register(app: typer.Typer) -> None:
         if print_env:
             for k, v in env.items():
                 typer.echo(f"export {k}={shlex.quote(v)}")
+            typer.echo(f"# then: claude {shlex.join(claude_args(ctx.args))}")
             return
         exe = shutil.which("claude")
         if exe is None:
             fail("claude is not installed: npm install -g @anthropic-ai/claude-code")
+        args = claude_args(ctx.args)
         for k, v in env.items():
             err.print(f"[dim]{k}={v}[/]", markup=True)
-        os.execvpe(exe, [exe, *ctx.args], {**os.environ, **env})
+        err.print(f"[dim]claude {shlex.join(args)}[/]", markup=True)
+        os.execvpe(exe, [exe, *args], {**os.environ, **env})

@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
             return
         sections = [
             (modelfile, lambda: store.modelfile_of(m).render()),
-            (template, lambda: m.template or _gguf_template(store, m)),
+            (template, lambda: store.template_of(m)),
             (parameters, lambda: "\n".join(f"{k} {v}" for k, v in m.parameters.items())),
             (system, lambda: m.system or ""),
             (license_, lambda: "\n".join(m.license)),
@@ -191,10 +191,3 @@ def register(app: typer.Typer) -> None:
         if m.license:
             console.print("[bold]License[/]")
             console.print(f"  {m.license[0].splitlines()[0]}", markup=False)
-
-
-def _gguf_template(store: Store, m: object) -> str:
-    from llmrun.store import gguf
-
-    info = gguf.read(store.model_path(m))  # type: ignore[arg-type]
-    return info.chat_template or ""

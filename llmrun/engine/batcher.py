@@ -39,6 +39,7 @@ class SeqParams:
     grammar: str | None = None
     logprobs: int | None = None  # None: off; 0: the sampled token's; k: also the top k
     pieces: dict[int, bytes] = field(default_factory=dict)  # text for tokens shown as nothing
+    context: bool = False  # report prompt + output token ids when done (Ollama's `context`)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Sequence:
     pending: list[int] = field(default_factory=list)  # tokens still to feed to the model
     cached: int = 0
     generated: int = 0
+    output: list[int] = field(default_factory=list)  # only with params.context
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
@@ -236,6 +238,8 @@ class Engine:
             self._finish(seq, "stop", events)
             return
         seq.generated += 1
+        if seq.params.context:
+            seq.output.append(token)
         piece = seq.params.pieces.get(token) if seq.params.pieces else None
         if piece is None:
             piece = self.model.piece(token)
@@ -291,7 +295,9 @@ class Engine:
     def _stats(self, seq: Sequence, reason: str) -> dict[str, Any]:
         end = time.perf_counter()
         first = seq.t_first or end
+        extra = {"context": seq.prompt + seq.output} if seq.params.context else {}
         return {
+            **extra,
             "prompt_tokens": len(seq.prompt),
             "cached_tokens": seq.cached,
             "completion_tokens": seq.generated,

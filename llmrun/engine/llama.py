@@ -126,6 +126,12 @@ class Model:
     def eos(self) -> int:
         return C.llama_vocab_eos(self.vocab)
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) tokens for fill-in-the-middle, if the model has them."""
+        toks = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab),
+                C.llama_vocab_fim_mid(self.vocab))
+        return None if any(t < 0 for t in toks) else toks
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmrun.engine import templates, tools
+from llmrun.engine import templates, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
@@ -71,9 +71,12 @@ class Runner:
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
         self._tool_streams: dict[str, tools.ToolStream] = {}  # requests that offer tools
+        self._think_streams: dict[str, thinking.ThinkStream] = {}  # ... that may think
         self._control_pieces: dict[int, bytes] | None = None
 
     def emit(self, events: list[Event]) -> None:
+        if self._think_streams:  # thoughts first: the tool parser sees only the answer
+            events = thinking.filter_events(self._think_streams, events)
         if self._tool_streams:
             events = tools.filter_events(self._tool_streams, events)
         # OSError: the daemon is gone; the main loop notices and exits
@@ -95,24 +98,64 @@ class Runner:
             "size": self.model.size,
         }
 
-    def render(self, job: GenerateJob) -> list[int]:
+    def source(self, job: GenerateJob) -> str:
+        """The chat template this job renders with."""
+        return job.template or self.template or templates.FALLBACK_TEMPLATE
+
+    def render(self, job: GenerateJob) -> tuple[list[int], str]:
+        """The prompt's tokens and the text they came from."""
+        if job.suffix is not None:
+            return self._fill_in_the_middle(job.prompt or "", job.suffix), ""
         if job.prompt is not None:
-            return self.model.tokenize(job.prompt, add_special=self.model.add_bos,
-                                       parse_special=True)
-        source = job.template or self.template or templates.FALLBACK_TEMPLATE
-        messages, extra = tools.chat_inputs(job.messages, job.system, source,
-                                            tools.plan(job, source))
-        text = templates.render(source, messages, bos_token=self.bos_text,
-                                eos_token=self.eos_text, **extra)
-        # Most templates write the BOS token themselves; adding another one hurts quality.
-        add_bos = self.model.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        return self.model.tokenize(text, add_special=add_bos, parse_special=True)
+            text = job.prompt
+            add_bos = self.model.add_bos
+        else:
+            source = self.source(job)
+            messages, extra = tools.chat_inputs(job.messages, job.system, source,
+                                                tools.plan(job, source))
+            if thinking.markers(source):
+                extra.update(thinking.template_vars(job.think))
+            text = templates.render(source, messages, bos_token=self.bos_text,
+                                    eos_token=self.eos_text, **extra)
+            # Most templates write the BOS token themselves; adding another hurts quality.
+            add_bos = self.model.add_bos and not (self.bos_text and
+                                                  text.startswith(self.bos_text))
+        tokens = self.model.tokenize(text, add_special=add_bos, parse_special=True)
+        if job.context:
+            tokens = self._after_context(job.context, tokens)
+        return tokens, text
+
+    def _fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
+        """Prefix-suffix-middle order with the model's FIM tokens, as llama-server builds it."""
+        fim = self.model.fim_tokens()
+        if fim is None:
+            raise ValueError("this model does not support insert (fill-in-the-middle with "
+                             "'suffix'): its vocabulary has no FIM tokens")
+        pre, suf, mid = fim
+        head = [self.model.bos] if self.model.add_bos and self.model.bos >= 0 else []
+        return [*head, pre, *self.model.tokenize(prefix, add_special=False, parse_special=False),
+                suf, *self.model.tokenize(suffix, add_special=False, parse_special=False), mid]
+
+    def _after_context(self, context: list[int], tokens: list[int]) -> list[int]:
+        """Ollama's `context`: an earlier exchange's tokens, then the new prompt (whose BOS,
+        if any, would be a second one)."""
+        if any(not 0 <= t < self.model.n_vocab for t in context):
+            raise ValueError(f"context holds token ids outside this model's vocabulary "
+                             f"(0..{self.model.n_vocab - 1}); it came from another model?")
+        if tokens and tokens[0] == self.model.bos and context[:1] == [self.model.bos]:
+            tokens = tokens[1:]
+        return [*context, *tokens]
 
     def generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
         try:
             job = GenerateJob.model_validate(raw_job)
-            prompt = self.render(job)
-            plan = tools.plan(job, job.template or self.template or templates.FALLBACK_TEMPLATE)
+            prompt, text = self.render(job)
+            source = self.source(job)
+            plan = tools.plan(job, source) if job.suffix is None else None
+            pair = thinking.markers(source) if job.prompt is None else None
+            if job.think and job.think_required and pair is None and job.prompt is None:
+                raise ValueError("this model does not support thinking (its chat template "
+                                 "has no way to switch it)")
             grammar = job.grammar
             if plan is not None and plan.choice != "auto":
                 grammar = plan.grammar()
@@ -137,10 +180,14 @@ class Runner:
             stops=list(o.stop or []),
             grammar=grammar,
             logprobs=job.logprobs,
-            pieces=self.control_pieces() if plan is not None else {},
+            pieces=self.control_pieces() if plan is not None or pair is not None else {},
+            context=job.return_context,
         )
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
+        if pair is not None and grammar is None:
+            self._think_streams[req_id] = thinking.ThinkStream(
+                pair, inside=thinking.opens(text, pair), keep=job.think is not False)
         self.engine.submit(req_id, prompt, params)
 
     def control_pieces(self) -> dict[int, bytes]:
@@ -148,7 +195,7 @@ class Runner:
         by default), as the text the tool parser looks for."""
         if self._control_pieces is None:
             self._control_pieces = {}
-            for marker in tools.CONTROL_MARKERS:
+            for marker in (*tools.CONTROL_MARKERS, *thinking.CONTROL_MARKERS):
                 toks = self.model.tokenize(marker, add_special=False, parse_special=True)
                 if len(toks) == 1 and not self.model.piece(toks[0]):
                     self._control_pieces[toks[0]] = marker.encode()
@@ -157,7 +204,7 @@ class Runner:
     def count(self, req_id: str, raw_job: dict[str, Any]) -> None:
         """The prompt length a job renders to, exactly as `generate` would see it."""
         try:
-            n = len(self.render(GenerateJob.model_validate(raw_job)))
+            n = len(self.render(GenerateJob.model_validate(raw_job))[0])
         except (ValueError, LlamaError) as exc:
             self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
             return

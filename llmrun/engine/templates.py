@@ -1,4 +1,5 @@
-"""Chat templates: the Jinja template a GGUF carries (or a Modelfile TEMPLATE), rendered safely.
+"""Chat templates: the Jinja template a GGUF carries (or a Modelfile TEMPLATE, which may also be
+Go text/template as Ollama's are: see gotemplate.py), rendered safely.
 
 Templates come from model files, i.e. from strangers: they are rendered in Jinja's immutable
 sandbox (no attribute access to Python internals, no mutation of the objects passed in), with
@@ -53,8 +54,27 @@ def _compile(source: str) -> jinja2.Template:
         raise TemplateError(f"chat template does not compile: {exc}") from None
 
 
+def check(source: str) -> None:
+    """Raise TemplateError if `source` (Jinja or Go) does not compile."""
+    from llmrun.engine import gotemplate
+
+    if gotemplate.looks_like_go(source):
+        gotemplate.check(source)
+    else:
+        _compile(source)
+
+
 def render(source: str, messages: list[dict[str, Any]], *, bos_token: str = "",
            eos_token: str = "", add_generation_prompt: bool = True, **extra: Any) -> str:
+    """Render a chat template: Jinja (Hugging Face, GGUF files), or Go text/template as in
+    Ollama Modelfiles, where the Jinja variables `tools`, `enable_thinking` and
+    `reasoning_effort` become Ollama's `.Tools` and `.Think`."""
+    from llmrun.engine import gotemplate  # it imports TemplateError from here
+
+    if gotemplate.looks_like_go(source):
+        think = extra.get("reasoning_effort") or extra.get("enable_thinking")
+        return gotemplate.render(source, messages, tools=extra.get("tools"),
+                                 add_generation_prompt=add_generation_prompt, think=think)
     template = _compile(source)
     try:
         return template.render(

@@ -69,7 +69,7 @@ class TemplateInfo:
 def inspect_template(source: str | None) -> TemplateInfo:
     """Which tool-call family a chat template belongs to and what it renders itself."""
     text = source or ""
-    if not re.search(r"\btools\b", text):
+    if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
         return TemplateInfo("hermes", native=False, native_calls=False, native_results=False)
     family: Family
     if "<tool_call>" in text:
@@ -82,7 +82,7 @@ def inspect_template(source: str | None) -> TemplateInfo:
         family = "json"
     return TemplateInfo(
         family, native=True,
-        native_calls="tool_calls" in text,
+        native_calls="tool_calls" in text or ".ToolCalls" in text,
         native_results=bool(re.search(r"""['"](tool|ipython)['"]""", text)),
         mistral_args=family == "mistral" and "[ARGS]" in text,
     )
@@ -205,6 +205,8 @@ def history(messages: list[Message], info: TemplateInfo) -> list[dict[str, Any]]
                 out.append({"role": "user", "content": block})
         else:
             out.append({"role": m.role, "content": m.content})
+        if m.role == "assistant" and m.thinking:
+            out[-1]["reasoning_content"] = m.thinking  # what thinking templates read
         merging_results = is_result
     return out
 
@@ -631,8 +633,8 @@ def filter_events(streams: dict[str, ToolStream],
     for event in events:
         rid, kind, payload = event
         stream = streams.get(rid)
-        if stream is None:
-            out.append(event)
+        if stream is None or (kind == "chunk" and isinstance(payload, dict)):
+            out.append(event)  # (a dict here is a thought, see engine/thinking.py)
         elif kind == "chunk":
             with_lps = not isinstance(payload, str)
             text, lps = stream.push(*payload) if with_lps else stream.push(payload)

@@ -157,10 +157,11 @@ class Runner:
                 if kind == "chunk":
                     if isinstance(payload, str):
                         yield Chunk(text=payload)
-                    elif isinstance(payload, dict):  # {"text", "tool_calls"?, "logprobs"?}
-                        lps = payload.get("logprobs")
+                    elif isinstance(payload, dict):  # {"text", "tool_calls"?, "logprobs"?,
+                        lps = payload.get("logprobs")  # "thinking"?}
                         calls = payload.get("tool_calls")
                         yield Chunk(text=payload.get("text", ""),
+                                    thinking=payload.get("thinking"),
                                     logprobs=[TokenLogprob.model_validate(e) for e in lps]
                                     if lps is not None else None,
                                     tool_calls=[ToolCall.model_validate(c) for c in calls]

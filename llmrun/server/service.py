@@ -7,12 +7,15 @@ load and total durations on the final statistics.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
-from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob
+from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob, Stats
 from llmrun.server.scheduler import Scheduler
 from llmrun.store import Manifest, Store
+
+log = logging.getLogger(__name__)
 
 
 def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
@@ -29,7 +32,20 @@ def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
         tools=req.tools,
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
+        think=req.think,
+        think_required=req.think_required,
+        suffix=req.suffix,
+        context=req.context,
+        return_context=req.return_context,
     )
+
+
+def _log_done(model: str, s: Stats) -> None:
+    """One line per answer: what an operator needs to see whether the prefix cache works."""
+    rate = s.completion_tokens / (s.generate_ns / 1e9) if s.generate_ns else 0.0
+    log.info("%s: prompt %d tokens (%d from cache) in %.2fs, %d generated at %.1f tok/s, "
+             "%s, total %.2fs", model, s.prompt_tokens, s.cached_tokens, s.prompt_ns / 1e9,
+             s.completion_tokens, rate, s.finish_reason, s.total_ns / 1e9)
 
 
 class Service:
@@ -45,6 +61,7 @@ class Service:
                 if isinstance(event, Done):
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
+                    _log_done(req.model, event.stats)
                 yield event
 
     async def count_tokens(self, req: ChatRequest) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from filelock import FileLock
 
 from llmrun import config
+from llmrun.engine import templates
 from llmrun.store import catalog, gguf, modelfile, names, pypi
 from llmrun.store import pull as hub
 from llmrun.store.blobs import Blobs
@@ -109,6 +110,11 @@ class Store:
                 mf.options()
             except ValueError as exc:
                 raise CreateError(f"invalid parameters: {exc}") from None
+        if mf.template:
+            try:  # a template that cannot compile fails here, not at the first chat
+                templates.check(mf.template)
+            except templates.TemplateError as exc:
+                raise CreateError(f"TEMPLATE: {exc}") from None
         base_dir = base_dir or Path.cwd()
         adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
         base = self._resolve_from(mf.from_, base_dir, progress)
@@ -249,6 +255,12 @@ class Store:
             template=manifest.template, system=manifest.system,
             messages=list(manifest.messages), license=list(manifest.license),
             adapters=[str(p) for p in self.adapter_paths(manifest)])
+
+    def template_of(self, manifest: Manifest) -> str:
+        """The chat template the model renders with: the Modelfile's, else its GGUF's."""
+        if manifest.template:
+            return manifest.template
+        return gguf.read(self.model_path(manifest)).chat_template or ""
 
     def model_info(self, manifest: Manifest) -> dict[str, object]:
         """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`."""
