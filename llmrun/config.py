@@ -43,6 +43,8 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_NUM_THREADS", "0", "Decode threads per model (0 = all cores)"),
     Setting("LLMRUN_API_KEYS", "", "Comma-separated keys required when set"),
     Setting("LLMRUN_ORIGINS", "", "Extra allowed browser origins, comma-separated"),
+    Setting("LLMRUN_SANDBOX", "1",
+            "Confine model runners (seccomp filter, no new privileges); 0 turns it off"),
 ]
 _DEFAULTS = {s.name: s.default for s in SETTINGS}
 
@@ -159,3 +161,16 @@ def max_loaded_models() -> int:
 
 def keep_alive() -> str:
     return raw("LLMRUN_KEEP_ALIVE")
+
+
+def _flag(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def sandbox() -> bool:
+    return _parsed("LLMRUN_SANDBOX", _flag)

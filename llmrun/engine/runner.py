@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmrun.engine import templates, thinking, tools
+from llmrun import config
+from llmrun.engine import sandbox, templates, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
@@ -274,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
              args.slots, args.threads)
+    if config.sandbox():  # from here on the runner only computes and talks to the daemon
+        log.info("sandbox: %s", ", ".join(sandbox.confine()))
     Runner(chan, model, ctx, n_ctx_seq, args.slots, args.threads).serve()
     return 0
 
