@@ -167,11 +167,14 @@ class Client:
 
     def chat(self, model: str, messages: list[dict[str, Any]],
              options: dict[str, Any] | None = None,
-             keep_alive: str | None = None) -> Iterator[dict[str, Any]]:
+             keep_alive: str | None = None,
+             think: bool | None = None) -> Iterator[dict[str, Any]]:
         """Stream /api/chat; yields each NDJSON object; raises APIError on an error line."""
         body: dict[str, Any] = {"model": model, "messages": messages, "stream": True}
         if options:
             body["options"] = options
+        if think is not None:
+            body["think"] = think
         if keep_alive is not None:
             body["keep_alive"] = keep_alive
         yield from self._ndjson("/api/chat", body)

@@ -193,3 +193,18 @@ def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
     assert args[0] == "--settings"
     assert json.loads(args[1])["env"]["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
     assert args[2:] == ["-p", "hello there"]
+
+
+def test_run_shows_a_thinking_models_thought(home_with_model: Path, smollm2_path: Path) -> None:
+    from llmrun.store import Store
+    from tests.test_api_thinking import TEMPLATE
+
+    Store(home_with_model).create("thinker", f'FROM {smollm2_path}\nTEMPLATE """{TEMPLATE}"""\n'
+                                             "PARAMETER num_predict 6\n")
+    shown = llmrun("run", "thinker", "Say hi", "--think", "--seed", "1")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("Thinking...\n") and len(shown.stdout) > 20
+    hidden = llmrun("run", "thinker", "Say hi", "--think", "--hidethinking", "--seed", "1")
+    assert hidden.returncode == 0 and "Thinking" not in hidden.stdout
+    refused = llmrun("run", "smollm2", "Say hi", "--think")
+    assert refused.returncode == 1 and "does not support thinking" in refused.stderr

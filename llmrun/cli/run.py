@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -30,21 +31,47 @@ def _connect() -> Client:
     return client
 
 
-def _stream(client: Client, model: str, messages: list[dict[str, Any]],
-            options: dict[str, Any], verbose: bool) -> str:
+@dataclass
+class Chat:
+    """One session's settings: the model, its options and how to show thinking."""
+
+    client: Client
+    model: str
+    options: dict[str, Any]
+    verbose: bool = False
+    think: bool | None = None
+    hide_thinking: bool = False
+
+
+def _stream(chat: Chat, messages: list[dict[str, Any]]) -> str:
+    """Print the answer as it streams (a thinking model's thought first, dimmed, as Ollama
+    shows it); return the answer's text."""
     parts: list[str] = []
     final: dict[str, Any] = {}
-    for obj in client.chat(model, messages, options):
-        text = obj.get("message", {}).get("content", "")
+    thinking = False
+    dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stdout.isatty() else ("", "")
+    out = sys.stdout
+    for obj in chat.client.chat(chat.model, messages, chat.options, think=chat.think):
+        message = obj.get("message", {})
+        thought = message.get("thinking")
+        if thought and not chat.hide_thinking:
+            if not thinking:
+                out.write(f"{dim}Thinking...\n")
+                thinking = True
+            out.write(thought)
+        text = message.get("content", "")
         if text:
+            if thinking:
+                out.write(f"\n...done thinking.{plain}\n\n")
+                thinking = False
             parts.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            out.write(text)
+        out.flush()
         if obj.get("done"):
             final = obj
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    if verbose and final:
+    out.write(f"{plain}\n" if thinking else "\n")
+    out.flush()
+    if chat.verbose and final:
         _print_stats(final)
     return "".join(parts)
 
@@ -83,6 +110,11 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(None, help="Sampling temperature"),
         seed: int = typer.Option(None, help="Random seed, for reproducible output"),
         num_ctx: int = typer.Option(None, "--num-ctx", help="Context tokens"),
+        think: bool = typer.Option(None, "--think/--no-think",
+                                   help="Let a thinking model think first (default: the "
+                                        "model's own behaviour)"),
+        hide_thinking: bool = typer.Option(False, "--hidethinking",
+                                           help="Do not print a thinking model's thought"),
     ) -> None:
         """Run a model: answer PROMPT, or chat interactively (also reads piped stdin)."""
         options = {k: v for k, v in (("temperature", temperature), ("seed", seed),
@@ -91,12 +123,12 @@ def register(app: typer.Typer) -> None:
         if not sys.stdin.isatty():
             piped = sys.stdin.read()
             text = f"{text}\n\n{piped}".strip() if text else piped.strip()
-        client = _connect()
+        chat = Chat(_connect(), model, options, verbose, think, hide_thinking)
         try:
             if text:
-                _stream(client, model, [{"role": "user", "content": text}], options, verbose)
+                _stream(chat, [{"role": "user", "content": text}])
             elif sys.stdin.isatty():
-                _interactive(client, model, options, verbose)
+                _interactive(chat)
             else:
                 fail("no prompt: give one as an argument or on standard input")
         except APIError as exc:
@@ -112,11 +144,11 @@ def register(app: typer.Typer) -> None:
     app.command(name="chat", help="Alias of run.")(run)
 
 
-def _interactive(client: Client, model: str, options: dict[str, Any], verbose: bool) -> None:
+def _interactive(chat: Chat) -> None:
     history: list[dict[str, Any]] = []
-    console.print(f"[dim]Chatting with {model}. Type /bye to quit, /clear to forget.[/]")
+    console.print(f"[dim]Chatting with {chat.model}. Type /bye to quit, /clear to forget.[/]")
     # Load the model before the first prompt, so the first answer starts promptly.
-    client.load(model)
+    chat.client.load(chat.model)
     while True:
         try:
             line = console.input("[bold]>>> [/]")
@@ -134,7 +166,7 @@ def _interactive(client: Client, model: str, options: dict[str, Any], verbose: b
             continue
         history.append({"role": "user", "content": line})
         try:
-            answer = _stream(client, model, history, options, verbose)
+            answer = _stream(chat, history)
         except KeyboardInterrupt:
             sys.stdout.write("\n")
             history.pop()
