@@ -123,6 +123,7 @@ class ChatRequest(BaseModel):
     suffix: str | None = None  # fill-in-the-middle: the text after the insertion point
     context: list[int] | None = None  # token ids of an earlier answer (Ollama's generate)
     return_context: bool = False
+    prompt_logprobs: int | None = None  # logprobs of the prompt's own tokens (echo)
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema
@@ -147,6 +148,7 @@ class GenerateJob(BaseModel):
     suffix: str | None = None
     context: list[int] | None = None
     return_context: bool = False  # report the prompt + output token ids when done
+    prompt_logprobs: int | None = None  # score the prompt: None off, k: with the top k
 
 
 FinishReason = Literal["stop", "length", "cancel", "error", "tool_calls"]
@@ -167,7 +169,7 @@ class Stats(BaseModel):
 
 class TokenLogprob(BaseModel):
     token: str
-    logprob: float
+    logprob: float | None  # None: a prompt's first token (nothing comes before it)
     bytes: list[int]
     top: list[tuple[str, float]] = Field(default_factory=list)
 
@@ -177,6 +179,7 @@ class Chunk(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # complete calls, parsed (never raw markup)
     thinking: str | None = None  # part of the model's thought (text is then empty)
+    prompt_logprobs: list[TokenLogprob] | None = None  # the prompt scored (text is empty)
 
 
 class Done(BaseModel):

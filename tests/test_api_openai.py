@@ -405,3 +405,42 @@ def test_disconnect_cancels_every_choice(daemon: Daemon) -> None:
         time.sleep(0.1)
     else:
         pytest.fail("the choices kept decoding after the client went away")
+
+
+def test_echo_scores_the_prompt_like_plain_llama_cpp(client: openai.OpenAI,
+                                                     smollm2_path: Any) -> None:
+    """`echo` with `logprobs` (and max_tokens 0: what evaluation harnesses send) scores each
+    prompt token given the ones before it; compared with llama-cpp-python's own logits."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    prompt = "The capital of France is Paris. The capital of Italy is Rome."
+    out = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2,
+                                    max_tokens=0, temperature=0)
+    choice = out.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    lp = choice.logprobs
+    assert lp is not None and "".join(lp.tokens) == prompt
+    assert lp.token_logprobs[0] is None and lp.text_offset[0] == 0
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(lp.tokens)
+
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, logits_all=True,
+                flash_attn=True, verbose=False)
+    tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    assert [llm.detokenize([t]).decode() for t in tokens] == lp.tokens
+    llm.eval(tokens)
+    logits = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    ref = [float(logits[i, tokens[i + 1]] - logz[i]) for i in range(len(tokens) - 1)]
+    assert lp.token_logprobs[1:] == pytest.approx(ref, abs=1e-4)
+    for i, top in enumerate(lp.top_logprobs[1:]):
+        assert len(top) == 2 and max(top.values()) == pytest.approx(
+            float(logits[i].max() - logz[i]), abs=1e-4)
+
+    # streamed: the prompt arrives once, with the same scores, then the answer
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1,
+                                            max_tokens=3, temperature=0, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == prompt
+    assert first.logprobs.token_logprobs[1:] == pytest.approx(ref, abs=1e-4)
+    assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 4

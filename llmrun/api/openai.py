@@ -252,7 +252,7 @@ class CompletionBody(LlamaExtras):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt only
     n: int = Field(1, ge=1, le=MAX_N)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
@@ -643,7 +643,8 @@ def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatReque
     for prompt in prompts:
         base = ChatRequest(model=body.model, messages=[], prompt=str(prompt), options=options,
                            stream=bool(body.stream), keep_alive=body.keep_alive,
-                           logprobs=body.logprobs, suffix=body.suffix or None)
+                           logprobs=body.logprobs, suffix=body.suffix or None,
+                           prompt_logprobs=body.logprobs if body.echo else None)
         for req in _replicate(base, body.n):
             texts.append(str(prompt))
             reqs.append(req)
@@ -683,9 +684,11 @@ async def _completion_collect(body: CompletionBody, prompts: list[str],
                 stats[index] = event.stats
                 continue
             texts[index].append(event.text)
-            if event.logprobs is not None:
-                for k, v in lps[index].add(event.logprobs).items():
-                    merged[index][k] += v
+            for entries, log in ((event.prompt_logprobs, LegacyLogprobs(0)),
+                                 (event.logprobs, lps[index])):
+                if entries is not None:
+                    for k, v in log.add(entries).items():
+                        merged[index][k] += v
     except (EngineError, ApiError) as exc:
         return api_error(exc)
     finally:
@@ -726,11 +729,17 @@ async def _completion_stream(body: CompletionBody, prompts: list[str], reqs: lis
 
     lps = [LegacyLogprobs(len(p) if body.echo else 0) for p in prompts]
     stats: list[Stats | None] = [None] * len(reqs)
+    scoring = body.echo and body.logprobs is not None
     try:
-        if body.echo:
+        if body.echo and not scoring:
             for i, p in enumerate(prompts):
                 yield frame(i, p)
         async for index, event in choices.events():
+            if isinstance(event, Chunk) and event.prompt_logprobs is not None:
+                # echo with logprobs: the prompt, scored
+                yield frame(index, prompts[index],
+                            logprobs=LegacyLogprobs(0).add(event.prompt_logprobs))
+                continue
             if isinstance(event, Done):
                 stats[index] = event.stats
                 yield frame(index, "", FINISH_REASONS.get(event.stats.finish_reason, "stop"))

@@ -40,6 +40,10 @@ class SeqParams:
     logprobs: int | None = None  # None: off; 0: the sampled token's; k: also the top k
     pieces: dict[int, bytes] = field(default_factory=dict)  # text for tokens shown as nothing
     context: bool = False  # report prompt + output token ids when done (Ollama's `context`)
+    # score the prompt itself: each prompt token's logprob given the ones before it (and the
+    # top k), sent as one "prompt_logprobs" event before any output; the prompt is then
+    # evaluated whole (cached cells carry no logits)
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Sequence:
     cached: int = 0
     generated: int = 0
     output: list[int] = field(default_factory=list)  # only with params.context
+    scored: bool = False  # prompt logprobs sent (from the first token on)
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
@@ -165,6 +170,8 @@ class Engine:
 
     def _place(self, seq: Sequence, slot: Slot) -> None:
         n = common_prefix(slot.tokens, seq.prompt)
+        if seq.params.prompt_logprobs is not None:
+            n = 0
         if n == len(seq.prompt):
             n -= 1  # the last prompt token must be evaluated to get logits to sample from
         if n > 0 and not self.ctx.seq_rm(slot.seq_id, n, -1):
@@ -202,6 +209,7 @@ class Engine:
             elif seq.pending:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
+        scored: list[tuple[Sequence, int, int]] = []  # (seq, batch index, next prompt token)
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -211,8 +219,12 @@ class Engine:
             del seq.pending[: len(chunk)]
             last = len(chunk) - 1
             base = len(slot.tokens)
+            score = seq.params.prompt_logprobs is not None
             for i, tok in enumerate(chunk):
-                idx = batch.add(tok, base + i, slot.seq_id, i == last and not seq.pending)
+                final = i == last and not seq.pending
+                idx = batch.add(tok, base + i, slot.seq_id, final or score)
+                if score and not final:
+                    scored.append((seq, idx, seq.prompt[base + i + 1]))
             slot.tokens.extend(chunk)
             budget -= len(chunk)
             if not seq.pending:
@@ -223,8 +235,17 @@ class Engine:
             return
         events: list[Event] = []
         now = time.perf_counter()
+        if scored:
+            self._score_prompt(scored, events)
+        for seq, _ in outputs:  # a one-token prompt has only its first token to report
+            if seq.params.prompt_logprobs is not None and not seq.scored:
+                self._score_prompt([], events, first_of=seq)
         for seq, idx in outputs:
             assert seq.sampler is not None
+            if seq.params.max_tokens == 0:  # prompt only (scoring, or loading a prefix)
+                seq.t_first = now
+                self._finish(seq, "length", events)
+                continue
             token = self.ctx.sample(seq.sampler, idx)
             if seq.generated == 0:
                 seq.t_first = now
@@ -255,6 +276,29 @@ class Engine:
             self._finish(seq, "length", events)
         else:
             seq.next_token = token
+
+    def _score_prompt(self, scored: list[tuple[Sequence, int, int]], events: list[Event],
+                      first_of: Sequence | None = None) -> None:
+        """Prompt logprobs of this step's prefill chunks, one event per sequence; a sequence's
+        first event also carries its first token, which has nothing to be scored against."""
+        per_seq: dict[str, list[dict[str, Any]]] = {}
+
+        def entries_of(seq: Sequence) -> list[dict[str, Any]]:
+            entries = per_seq.setdefault(seq.id, [])
+            if not seq.scored:
+                seq.scored = True
+                first = self.model.piece(seq.prompt[0])
+                entries.append({"token": first.decode("utf-8", "replace"), "logprob": None,
+                                "bytes": list(first), "top": []})
+            return entries
+
+        if first_of is not None:
+            entries_of(first_of)
+        for seq, idx, token in scored:
+            entries = entries_of(seq)
+            k = seq.params.prompt_logprobs or 0
+            entries.append(self._logprob(token, self.model.piece(token), idx, k))
+        events += [(rid, "prompt_logprobs", entries) for rid, entries in per_seq.items()]
 
     def _logprob(self, token: int, piece: bytes, idx: int, top: int) -> dict[str, Any]:
         """Log-probability of the sampled token under the model's raw distribution (before

@@ -183,6 +183,7 @@ class Runner:
             logprobs=job.logprobs,
             pieces=self.control_pieces() if plan is not None or pair is not None else {},
             context=job.return_context,
+            prompt_logprobs=job.prompt_logprobs,
         )
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()

@@ -149,6 +149,9 @@ def filter_events(streams: dict[str, ThinkStream],
             elif answer:
                 out.append((rid, kind, answer))
             continue
+        if kind not in ("done", "error"):
+            out.append(event)
+            continue
         streams.pop(rid, None)
         if kind == "done":
             thought, answer = stream.finish()

@@ -662,6 +662,7 @@ def filter_events(streams: dict[str, ToolStream],
                             else end.text))
             out.append((rid, kind, payload))
         else:
-            streams.pop(rid, None)
+            if kind == "error":
+                streams.pop(rid, None)
             out.append(event)
     return out

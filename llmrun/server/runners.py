@@ -170,6 +170,9 @@ class Runner:
                         text, lps = payload
                         yield Chunk(text=text,
                                     logprobs=[TokenLogprob.model_validate(e) for e in lps])
+                elif kind == "prompt_logprobs":
+                    yield Chunk(text="", prompt_logprobs=[TokenLogprob.model_validate(e)
+                                                          for e in payload])
                 elif kind == "done":
                     finished = True
                     yield Done(stats=Stats.model_validate(payload))

@@ -37,6 +37,7 @@ def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
         suffix=req.suffix,
         context=req.context,
         return_context=req.return_context,
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
