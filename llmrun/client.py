@@ -150,6 +150,11 @@ class Client:
         r = self.http.post("/api/chat", json={"model": model, "messages": []}, timeout=None)
         self._raise_for(r)
 
+    def show(self, model: str) -> dict[str, Any]:
+        r = self.http.post("/api/show", json={"model": model})
+        self._raise_for(r)
+        return dict(r.json())
+
     def pull(self, model: str) -> Iterator[dict[str, Any]]:
         """Stream /api/pull progress objects; raises APIError on an error line."""
         yield from self._ndjson("/api/pull", {"model": model, "stream": True})

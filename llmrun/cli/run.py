@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import typer
 
-from llmrun.cli._common import console, err, fail
+from llmrun.cli._common import err, fail
+from llmrun.cli.repl import Session, run_session
 from llmrun.client import APIError, Client, ClientError, DaemonStartError
 from llmrun.store import catalog, names
-
-BYE = ("/bye", "/exit", "/quit")
 
 
 def _connect() -> Client:
@@ -31,19 +29,8 @@ def _connect() -> Client:
     return client
 
 
-@dataclass
-class Chat:
-    """One session's settings: the model, its options and how to show thinking."""
-
-    client: Client
-    model: str
-    options: dict[str, Any]
-    verbose: bool = False
-    think: bool | None = None
-    hide_thinking: bool = False
-
-
-def _stream(chat: Chat, messages: list[dict[str, Any]]) -> str:
+def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
+            hide_thinking: bool = False) -> str:
     """Print the answer as it streams (a thinking model's thought first, dimmed, as Ollama
     shows it); return the answer's text."""
     parts: list[str] = []
@@ -51,10 +38,10 @@ def _stream(chat: Chat, messages: list[dict[str, Any]]) -> str:
     thinking = False
     dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stdout.isatty() else ("", "")
     out = sys.stdout
-    for obj in chat.client.chat(chat.model, messages, chat.options, think=chat.think):
+    for obj in client.chat(session.model, messages, session.options, think=session.think):
         message = obj.get("message", {})
         thought = message.get("thinking")
-        if thought and not chat.hide_thinking:
+        if thought and not hide_thinking:
             if not thinking:
                 out.write(f"{dim}Thinking...\n")
                 thinking = True
@@ -71,7 +58,7 @@ def _stream(chat: Chat, messages: list[dict[str, Any]]) -> str:
             final = obj
     out.write(f"{plain}\n" if thinking else "\n")
     out.flush()
-    if chat.verbose and final:
+    if session.verbose and final:
         _print_stats(final)
     return "".join(parts)
 
@@ -123,17 +110,19 @@ def register(app: typer.Typer) -> None:
         if not sys.stdin.isatty():
             piped = sys.stdin.read()
             text = f"{text}\n\n{piped}".strip() if text else piped.strip()
-        chat = Chat(_connect(), model, options, verbose, think, hide_thinking)
+        client = _connect()
+        session = Session(model, options, verbose, think)
         try:
             if text:
-                _stream(chat, [{"role": "user", "content": text}])
+                _stream(client, session, [{"role": "user", "content": text}], hide_thinking)
             elif sys.stdin.isatty():
-                _interactive(chat)
+                run_session(client, session,
+                            lambda s, msgs: _stream(client, s, msgs, hide_thinking))
             else:
                 fail("no prompt: give one as an argument or on standard input")
         except APIError as exc:
             if exc.status == 404:
-                fail(_not_found_hint(model))
+                fail(_not_found_hint(session.model))
             fail(str(exc))
         except ClientError as exc:
             fail(str(exc))
@@ -142,33 +131,3 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130) from None
 
     app.command(name="chat", help="Alias of run.")(run)
-
-
-def _interactive(chat: Chat) -> None:
-    history: list[dict[str, Any]] = []
-    console.print(f"[dim]Chatting with {chat.model}. Type /bye to quit, /clear to forget.[/]")
-    # Load the model before the first prompt, so the first answer starts promptly.
-    chat.client.load(chat.model)
-    while True:
-        try:
-            line = console.input("[bold]>>> [/]")
-        except (EOFError, KeyboardInterrupt):
-            console.print()
-            return
-        cmd = line.strip()
-        if not cmd:
-            continue
-        if cmd in BYE:
-            return
-        if cmd == "/clear":
-            history.clear()
-            console.print("[dim]Cleared the conversation.[/]")
-            continue
-        history.append({"role": "user", "content": line})
-        try:
-            answer = _stream(chat, history)
-        except KeyboardInterrupt:
-            sys.stdout.write("\n")
-            history.pop()
-            continue
-        history.append({"role": "assistant", "content": answer})

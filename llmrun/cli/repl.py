@@ -1,0 +1,192 @@
+"""The interactive chat of `llmrun run MODEL`, with Ollama's slash commands.
+
+    >>> Hello                      a message
+    >>> \"\"\"                        a message over several lines, until a line ending in \"\"\"
+    >>> /set parameter temperature 0.2      /set system You are terse.
+    >>> /set think | nothink | verbose | quiet
+    >>> /show info | parameters | system | template | modelfile
+    >>> /load MODEL   /clear   /? (help)   /bye
+
+`Session.handle` decides what a line means and changes the session's state; the loop in
+`run_session` only reads lines, prints, and streams answers, so the commands are tested
+without a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmrun.cli._common import console
+from llmrun.client import APIError, Client
+
+BYE = ("/bye", "/exit", "/quit")
+FENCE = '"""'
+
+HELP = """Available commands:
+  /set parameter NAME VALUE   set an option (temperature, num_ctx, seed, top_k, stop, ...)
+  /set system TEXT            set the system message
+  /set think | nothink        let a thinking model think, or not
+  /set verbose | quiet        print timings after each answer, or not
+  /show info | parameters | system | template | modelfile
+  /load MODEL                 chat with another model
+  /clear                      forget the conversation
+  /bye                        exit
+  /?, /help                   this help
+Start a message with \"\"\" to write it over several lines (end it with \"\"\")."""
+
+SHOW = ("info", "parameters", "system", "template", "modelfile")
+
+
+@dataclass
+class Session:
+    model: str
+    options: dict[str, Any] = field(default_factory=dict)
+    verbose: bool = False
+    think: bool | None = None
+    system: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    _draft: list[str] | None = None  # lines of a \"\"\" message being written
+
+    @property
+    def writing(self) -> bool:
+        return self._draft is not None
+
+    def messages(self) -> list[dict[str, Any]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return [*head, *self.history]
+
+    def handle(self, line: str) -> tuple[str, str]:
+        """What to do with one input line: ("send", text), ("say", text to print),
+        ("show", what), ("load", model), ("continue", ""), ("bye", "")."""
+        if self._draft is not None:
+            if line.rstrip().endswith(FENCE):
+                self._draft.append(line.rstrip()[: -len(FENCE)])
+                text, self._draft = "\n".join(self._draft).strip(), None
+                return ("send", text) if text else ("continue", "")
+            self._draft.append(line)
+            return "continue", ""
+        cmd = line.strip()
+        if cmd.startswith(FENCE):
+            rest = cmd[len(FENCE):]
+            if rest.endswith(FENCE) and rest:  # """one line"""
+                return "send", rest[: -len(FENCE)].strip()
+            self._draft = [rest] if rest else []
+            return "continue", ""
+        if not cmd:
+            return "continue", ""
+        if not cmd.startswith("/"):
+            return "send", line
+        word, _, arg = cmd.partition(" ")
+        arg = arg.strip()
+        if word in BYE:
+            return "bye", ""
+        if word in ("/?", "/help"):
+            return "say", HELP
+        if word == "/clear":
+            self.history.clear()
+            return "say", "Cleared the conversation."
+        if word == "/set":
+            return "say", self._set(arg)
+        if word == "/show":
+            if arg not in SHOW:
+                return "say", f"Usage: /show {' | '.join(SHOW)}"
+            return "show", arg
+        if word == "/load":
+            if not arg:
+                return "say", "Usage: /load MODEL"
+            return "load", arg
+        return "say", f"Unknown command {word!r}. Type /? for help."
+
+    def _set(self, arg: str) -> str:
+        what, _, rest = arg.partition(" ")
+        rest = rest.strip()
+        if what == "parameter":
+            name, _, value = rest.partition(" ")
+            if not name or not value.strip():
+                return "Usage: /set parameter NAME VALUE"
+            parsed = _value(value.strip())
+            if name == "stop":  # several stop strings, as in a Modelfile
+                self.options.setdefault("stop", []).append(str(parsed))
+            else:
+                self.options[name] = parsed
+            return f"Set parameter '{name}' to '{value.strip()}'"
+        if what == "system":
+            self.system = rest or None
+            return "Set system message." if rest else "Cleared the system message."
+        flags = {"think": ("think", True), "nothink": ("think", False),
+                 "verbose": ("verbose", True), "quiet": ("verbose", False)}
+        if what in flags:
+            attr, value = flags[what]
+            setattr(self, attr, value)
+            return f"Set '{what}' mode."
+        return "Usage: /set parameter NAME VALUE | system TEXT | think | nothink | verbose | quiet"
+
+
+def _value(text: str) -> Any:
+    """A parameter value as JSON would read it (numbers, true/false), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def show(client: Client, model: str, what: str) -> str:
+    info = client.show(model)
+    if what == "info":
+        d = info.get("details", {})
+        mi = info.get("model_info", {})
+        arch = mi.get("general.architecture", d.get("family", ""))
+        rows = [("architecture", arch), ("parameters", d.get("parameter_size", "")),
+                ("context length", mi.get(f"{arch}.context_length", "")),
+                ("quantization", d.get("quantization_level", "")),
+                ("capabilities", ", ".join(info.get("capabilities", [])))]
+        return "\n".join(f"  {k:<16}{v}" for k, v in rows)
+    return str(info.get(what, "") or f"(no {what})")
+
+
+def run_session(client: Client, session: Session,
+                stream: Callable[[Session, list[dict[str, Any]]], str]) -> None:
+    """Read lines until /bye or end of input; `stream` prints an answer and returns it."""
+    console.print(f"[dim]Chatting with {session.model}. Type /? for help, /bye to quit.[/]")
+    client.load(session.model)  # before the first prompt, so the first answer starts promptly
+    while True:
+        try:
+            line = console.input("[dim]... [/]" if session.writing else "[bold]>>> [/]")
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return
+        action, arg = session.handle(line)
+        if action == "bye":
+            return
+        if action == "say":
+            console.print(arg, markup=False)
+        elif action == "show":
+            try:
+                console.print(show(client, session.model, arg), markup=False)
+            except APIError as exc:
+                console.print(f"[red]{exc}[/]")
+        elif action == "load":
+            try:
+                client.load(arg)
+            except APIError as exc:
+                console.print(f"[red]{exc}[/]")
+                continue
+            session.model = arg
+            session.history.clear()
+            console.print(f"[dim]Loaded {arg}.[/]")
+        elif action == "send":
+            session.history.append({"role": "user", "content": arg})
+            try:
+                answer = stream(session, session.messages())
+            except KeyboardInterrupt:
+                console.print()
+                session.history.pop()
+                continue
+            except APIError as exc:
+                console.print(f"[red]{exc}[/]")
+                session.history.pop()
+                continue
+            session.history.append({"role": "assistant", "content": answer})
