@@ -280,9 +280,12 @@ def test_completions_logprobs(client: openai.OpenAI) -> None:
                                   logprobs=2, echo=True, **GREEDY)
     lp = r.choices[0].logprobs
     assert lp and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    # echo: the prompt's tokens (scored; the first has nothing before it), then the 5 new
+    n = r.usage.prompt_tokens + 5
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
     assert all(len(t) <= 2 for t in lp.top_logprobs)
-    assert lp.text_offset[0] == len("One, two, three,")
+    assert lp.text_offset[0] == 0 and lp.token_logprobs[0] is None
+    assert lp.text_offset[r.usage.prompt_tokens] == len("One, two, three,")
     text = r.choices[0].text
     for tok, off in zip(lp.tokens, lp.text_offset, strict=True):
         assert text[off:off + len(tok)] == tok

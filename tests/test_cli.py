@@ -208,3 +208,16 @@ def test_run_shows_a_thinking_models_thought(home_with_model: Path, smollm2_path
     assert hidden.returncode == 0 and "Thinking" not in hidden.stdout
     refused = llmrun("run", "smollm2", "Say hi", "--think")
     assert refused.returncode == 1 and "does not support thinking" in refused.stderr
+
+
+def test_bench_prints_ratios_against_raw_llama_cpp(home_with_model: Path) -> None:
+    r = llmrun("bench", "smollm2", "--levels", "1,2", "--tokens", "4", "--no-prefix",
+               "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert [row[1].strip() for row in rows[1:]] == ["1", "2"]  # after the header row
+    for row in rows[1:]:
+        assert float(row[2]) > 0 and float(row[7]) > 0 and float(row[8]) > 0  # ratios
+    assert "raw-1 (llama-cpp-python high-level Llama" in r.stdout
+    bad = llmrun("bench", "smollm2", "--levels", "x")
+    assert bad.returncode == 1 and "--levels" in bad.stderr

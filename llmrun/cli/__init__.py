@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from llmrun import __version__
-from llmrun.cli import daemon, launch, models, run, serve
+from llmrun.cli import bench, daemon, launch, models, run, serve
 
 app = typer.Typer(
     name="llmrun",
@@ -35,6 +35,7 @@ run.register(app)
 models.register(app)
 daemon.register(app)
 launch.register(app)
+bench.register(app)
 
 
 def main() -> None:

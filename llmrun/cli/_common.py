@@ -7,6 +7,8 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 
+from llmrun.client import Client, ClientError, DaemonStartError
+
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -22,3 +24,20 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def connect() -> Client:
+    """A client for the daemon, started in the background if none answers."""
+    client = Client()
+    try:
+        if client.ensure_running():
+            err.print(f"[dim]started llmrun daemon on {client.base_url}[/]")
+    except DaemonStartError as exc:
+        err.print(f"[bold red]Error:[/] {exc}")
+        if exc.log_tail:
+            err.print("[dim]last lines of the log:[/]")
+            err.print(exc.log_tail, markup=False)
+        raise typer.Exit(1) from None
+    except ClientError as exc:
+        fail(str(exc))
+    return client

@@ -10,8 +10,7 @@ import shutil
 import typer
 
 from llmrun import config
-from llmrun.cli._common import err, fail
-from llmrun.cli.run import _connect
+from llmrun.cli._common import connect, err, fail
 
 
 def claude_env(base_url: str, model: str) -> dict[str, str]:
@@ -57,7 +56,7 @@ def register(app: typer.Typer) -> None:
         """Run Claude Code on a local model (extra arguments after -- go to claude)."""
         if tool != "claude":
             fail(f"unknown tool {tool!r}: llmrun can launch: claude")
-        client = _connect()
+        client = connect()
         env = claude_env(client.base_url, model)
         if print_env:
             for k, v in env.items():

@@ -7,26 +7,10 @@ from typing import Any
 
 import typer
 
-from llmrun.cli._common import err, fail
+from llmrun.cli._common import connect, err, fail
 from llmrun.cli.repl import Session, run_session
-from llmrun.client import APIError, Client, ClientError, DaemonStartError
+from llmrun.client import APIError, Client, ClientError
 from llmrun.store import catalog, names
-
-
-def _connect() -> Client:
-    client = Client()
-    try:
-        if client.ensure_running():
-            err.print(f"[dim]started llmrun daemon on {client.base_url}[/]")
-    except DaemonStartError as exc:
-        err.print(f"[bold red]Error:[/] {exc}")
-        if exc.log_tail:
-            err.print("[dim]last lines of the log:[/]")
-            err.print(exc.log_tail, markup=False)
-        raise typer.Exit(1) from None
-    except ClientError as exc:
-        fail(str(exc))
-    return client
 
 
 def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
@@ -110,7 +94,7 @@ def register(app: typer.Typer) -> None:
         if not sys.stdin.isatty():
             piped = sys.stdin.read()
             text = f"{text}\n\n{piped}".strip() if text else piped.strip()
-        client = _connect()
+        client = connect()
         session = Session(model, options, verbose, think)
         try:
             if text:
