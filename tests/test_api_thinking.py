@@ -123,6 +123,9 @@ def test_anthropic_thinking_blocks(daemon: Daemon, thought: tuple[str, str],
         final = s.get_final_message()
     assert "thinking_delta" in kinds and kinds.count("signature_delta") == 1
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    # display "omitted" (what Claude Code sends): the model thinks, the thought is not sent
+    quiet = ac.messages.create(thinking={"type": "adaptive", "display": "omitted"}, **kw)
+    assert [b.type for b in quiet.content] == ["text"] and quiet.content[0].text == thought[1]
     # without `thinking` the model is told not to think
     plain = ac.messages.create(**kw)
     assert [b.type for b in plain.content] == ["text"] and plain.content[0].text == unthought

@@ -385,6 +385,11 @@ def to_request(body: CountBody, service: Service) -> ChatRequest:
                        parallel_tool_calls=parallel, think=to_think(body))
 
 
+def shows_thinking(body: CountBody) -> bool:
+    """`thinking.display: "omitted"` (Claude Code sends it): think, but send no thoughts."""
+    return (body.thinking or {}).get("display") != "omitted"
+
+
 def to_think(body: CountBody) -> bool:
     """`thinking` enabled or adaptive turns thinking on for models that can think (others
     just answer: Claude Code asks for it on every request); absent or disabled, off."""
@@ -442,7 +447,8 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
     try:
         while isinstance(event, Chunk):
             texts.append(event.text)
-            thoughts.append(event.thinking or "")
+            if shows_thinking(body):
+                thoughts.append(event.thinking or "")
             calls += event.tool_calls or []
             event = await anext(rest, None)
     except EngineError as exc:
@@ -494,7 +500,7 @@ async def _stream(body: MessagesBody, input_tokens: int, first: asyncio.Future[C
             yield _sse("ping", {})
         event: Chunk | Done | None = first.result()
         while isinstance(event, Chunk):
-            if event.thinking:
+            if event.thinking and shows_thinking(body):
                 if not thought:
                     index += 1
                     yield _sse("content_block_start", {"index": index, "content_block": {
