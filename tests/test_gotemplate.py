@@ -730,3 +730,13 @@ def test_parsed_once() -> None:
     assert gotemplate._compile.cache_info().hits == 2
     assert json.loads(render("{{ if .Messages }}{{ end }}{{ json .Tools }}", [], tools=TOOLS)) == [
         {"type": "function", "function": json.loads(FUNCTION_JSON)}]
+
+
+def test_a_past_thought_reaches_dot_thinking() -> None:
+    from llmrun.engine.gotemplate import render as go_render
+
+    source = "{{ range .Messages }}{{ .Role }}:{{ if .Thinking }}[{{ .Thinking }}]{{ end }}" \
+             "{{ .Content }};{{ end }}"
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello", "reasoning_content": "greet back"}]
+    assert go_render(source, msgs) == "user:hi;assistant:[greet back]hello;"

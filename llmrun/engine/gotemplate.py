@@ -154,7 +154,9 @@ def _tool_call(call: dict[str, Any]) -> _Struct:
 
 def _message(m: dict[str, Any]) -> _Struct:
     calls = [_tool_call(c) for c in _list(m.get("tool_calls"))]
-    f = {"Role": m["role"], "Content": m["content"], "Thinking": _text(m.get("thinking")),
+    # the thought arrives as `reasoning_content` (the Hugging Face name) from llmrun's history
+    thought = m.get("thinking") or m.get("reasoning_content")
+    f = {"Role": m["role"], "Content": m["content"], "Thinking": _text(thought),
          "Images": [], "ToolCalls": calls, "ToolName": _text(m.get("tool_name") or m.get("name")),
          "ToolCallID": _text(m.get("tool_call_id"))}
     json_form = _Ordered(f, Images=None, ToolCalls=calls or None)
