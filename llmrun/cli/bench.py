@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from llmrun.cli._common import connect, console, err, fail
+from llmrun.cli._common import connect, err, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -45,4 +45,4 @@ def register(app: typer.Typer) -> None:
                   "otherwise idle)...[/]")
         result = b.run(client.base_url, model, path, counts, tokens, threads,
                        baselines=baselines, prefix=prefix)
-        console.print(result.table(), markup=False)
+        typer.echo(result.table())  # plain: a table to paste, never wrapped

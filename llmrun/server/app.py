@@ -20,6 +20,7 @@ from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
+from llmrun.server.metrics import CONTENT_TYPE, CountRequests, Metrics
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.security import Security
 from llmrun.server.service import Service
@@ -68,7 +69,8 @@ def create_app(store: Store | None = None,
                on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     store = store or Store()
     scheduler = Scheduler(store, config.home() / "logs")
-    service = Service(store, scheduler)
+    metrics = Metrics(scheduler)
+    service = Service(store, scheduler, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -105,6 +107,12 @@ def create_app(store: Store | None = None,
     app.include_router(ollama.store_router(store))
     app.include_router(anthropic.router(service))
     app.include_router(openai.router(service))
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(CountRequests, metrics=metrics)
     app.add_middleware(JSONBodies)
     app.add_middleware(Security)
     app.add_middleware(IdentityHeader)

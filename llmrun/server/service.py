@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob, Stats
+from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import Scheduler
 from llmrun.store import Manifest, Store
 
@@ -50,9 +51,11 @@ def _log_done(model: str, s: Stats) -> None:
 
 
 class Service:
-    def __init__(self, store: Store, scheduler: Scheduler) -> None:
+    def __init__(self, store: Store, scheduler: Scheduler,
+                 metrics: Metrics | None = None) -> None:
         self.store = store
         self.scheduler = scheduler
+        self.metrics = metrics
 
     async def chat(self, req: ChatRequest) -> AsyncIterator[Chunk | Done]:
         t0 = time.perf_counter()
@@ -63,6 +66,8 @@ class Service:
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
                     _log_done(req.model, event.stats)
+                    if self.metrics is not None:
+                        self.metrics.observe(lease.manifest.name, event.stats)
                 yield event
 
     async def count_tokens(self, req: ChatRequest) -> int:

@@ -1,0 +1,96 @@
+"""Prometheus metrics at `/metrics` (prometheus-client's text format).
+
+What an operator watches on a shared daemon: requests by route and status (503s are the
+queue overflowing), tokens read and generated per model and how many of the prompt tokens
+came from the prefix cache, how long prompts and answers take, and, read at scrape time,
+which models are loaded and how many of their slots are busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest as _render
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmrun.request import Stats
+from llmrun.server.scheduler import Scheduler
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _Loaded(Collector):
+    """Gauges read from the scheduler when scraped."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        loaded = GaugeMetricFamily("llmrun_models_loaded", "Models loaded in memory")
+        busy = GaugeMetricFamily("llmrun_slots_busy", "Requests a model is serving now",
+                                 labels=["model"])
+        slots = GaugeMetricFamily("llmrun_slots", "Sequences a model decodes together",
+                                  labels=["model"])
+        models = list(self.scheduler.loaded.values())
+        loaded.add_metric([], len(models))
+        for m in models:
+            busy.add_metric([m.name], m.runner.busy)
+            slots.add_metric([m.name], m.spec.n_slots)
+        yield from (loaded, busy, slots)
+
+
+class Metrics:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("llmrun_http_requests", "HTTP requests answered",
+                                ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("llmrun_prompt_tokens", "Prompt tokens of finished "
+                                     "requests", ["model"], registry=r)
+        self.cached_tokens = Counter("llmrun_prompt_cached_tokens", "Prompt tokens that came "
+                                     "from the prefix cache", ["model"], registry=r)
+        self.generated_tokens = Counter("llmrun_generated_tokens", "Tokens generated",
+                                        ["model"], registry=r)
+        self.prompt_seconds = Histogram("llmrun_prompt_seconds", "Time to read a prompt "
+                                        "(to the first token)", ["model"], buckets=_SECONDS,
+                                        registry=r)
+        self.request_seconds = Histogram("llmrun_request_seconds", "Time from request to "
+                                         "last token", ["model"], buckets=_SECONDS, registry=r)
+        r.register(_Loaded(scheduler))
+
+    def observe(self, model: str, s: Stats) -> None:
+        self.prompt_tokens.labels(model).inc(s.prompt_tokens)
+        self.cached_tokens.labels(model).inc(min(s.cached_tokens, s.prompt_tokens))
+        self.generated_tokens.labels(model).inc(s.completion_tokens)
+        self.prompt_seconds.labels(model).observe(s.prompt_ns / 1e9)
+        self.request_seconds.labels(model).observe(s.total_ns / 1e9)
+
+    def render(self) -> bytes:
+        return _render(self.registry)
+
+
+class CountRequests:
+    """Counts every HTTP response by route and status (pure ASGI, so streams pass through).
+    The route is the matched route's template (`/api/blobs/{digest}`), which routing leaves
+    in the scope; anything unmatched is "other", so a scan of random URLs adds no labels."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                route = getattr(scope.get("route"), "path", None) or "other"
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
