@@ -41,6 +41,8 @@ DENIED = (
 )
 
 SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_FLTATR_CTL_TSYNC = 4  # enum scmp_filter_attr
+SCMP_FLTATR_CTL_SSB = 7
 SCMP_CMP_MASKED_EQ = 7
 CLONE_THREAD = 0x00010000
 PR_SET_NO_NEW_PRIVS = 38
@@ -67,6 +69,7 @@ def _libseccomp() -> ctypes.CDLL | None:
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
                                            ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     return lib
 
@@ -76,6 +79,12 @@ def _install_filter(lib: ctypes.CDLL) -> None:
     if not ctx:
         raise OSError("seccomp_init failed")
     try:
+        # every thread of the process, also any llama.cpp started while loading
+        lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1)
+        # On some kernels a seccomp filter also switches on the speculative-store-bypass
+        # mitigation, which slows number crunching; it guards against code running inside
+        # the process, which a runner does not host (Docker passes the same flag).
+        lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_SSB, 1)
         eperm = _errno_action(errno.EPERM)
         for name in DENIED:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
