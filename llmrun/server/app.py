@@ -20,7 +20,7 @@ from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
-from llmrun.server.metrics import CONTENT_TYPE, CountRequests, Metrics
+from llmrun.server.metrics import CONTENT_TYPE, Metrics
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.security import Security
 from llmrun.server.service import Service
@@ -29,25 +29,31 @@ from llmrun.store import Store
 IDENTITY_HEADER = b"x-llmrun-version"
 
 
-class IdentityHeader:
-    """Adds `X-Llmrun-Version` to every response, so the CLI can tell llmrun from another
-    server that holds the port. (Pure ASGI: BaseHTTPMiddleware would buffer streams.)"""
+class OnResponseStart:
+    """Calls `hook(scope, message)` as each HTTP response starts, where it may read the
+    routed scope or add headers. (Pure ASGI: BaseHTTPMiddleware would buffer streams.)"""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hook: Callable[[Scope, Message], None]) -> None:
         self.app = app
+        self.hook = hook
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_with_header(message: Message) -> None:
+        async def hooked_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []),
-                                      (IDENTITY_HEADER, __version__.encode())]
+                self.hook(scope, message)
             await send(message)
 
-        await self.app(scope, receive, send_with_header)
+        await self.app(scope, receive, hooked_send)
+
+
+def identity_header(_: Scope, message: Message) -> None:
+    """`X-Llmrun-Version` on every response, so the CLI can tell llmrun from another server
+    that holds the port."""
+    message["headers"] = [*message.get("headers", []), (IDENTITY_HEADER, __version__.encode())]
 
 
 class JSONBodies:
@@ -112,10 +118,10 @@ def create_app(store: Store | None = None,
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    app.add_middleware(CountRequests, metrics=metrics)
+    app.add_middleware(OnResponseStart, hook=metrics.count_response)
     app.add_middleware(JSONBodies)
     app.add_middleware(Security)
-    app.add_middleware(IdentityHeader)
+    app.add_middleware(OnResponseStart, hook=identity_header)
     return app
 
 

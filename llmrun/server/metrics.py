@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client import generate_latest as _render
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Scope
 
 from llmrun.request import Stats
 from llmrun.server.scheduler import Scheduler
@@ -69,28 +69,12 @@ class Metrics:
         self.prompt_seconds.labels(model).observe(s.prompt_ns / 1e9)
         self.request_seconds.labels(model).observe(s.total_ns / 1e9)
 
+    def count_response(self, scope: Scope, message: Message) -> None:
+        """Count an HTTP response by route and status. The route is the matched route's
+        template (`/api/blobs/{digest}`), which routing leaves in the scope; anything
+        unmatched is "other", so a scan of random URLs adds no labels."""
+        route = getattr(scope.get("route"), "path", None) or "other"
+        self.requests.labels(route, str(message["status"])).inc()
+
     def render(self) -> bytes:
         return _render(self.registry)
-
-
-class CountRequests:
-    """Counts every HTTP response by route and status (pure ASGI, so streams pass through).
-    The route is the matched route's template (`/api/blobs/{digest}`), which routing leaves
-    in the scope; anything unmatched is "other", so a scan of random URLs adds no labels."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                route = getattr(scope.get("route"), "path", None) or "other"
-                self.metrics.requests.labels(route, str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
