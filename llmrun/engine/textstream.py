@@ -4,6 +4,19 @@ never a piece of a stop string (the text is held back while it could still becom
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable
+
+
+def partial_match(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest end of `text` that begins one of `markers` (without being
+    all of it): what must be held back while it could still become a marker."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
 
 
 class TextStream:
@@ -30,7 +43,7 @@ class TextStream:
             self.stopped = True
             self.matched = matched
             return out
-        keep = self._partial_stop_len()
+        keep = partial_match(self._held, self._stops)
         cut = len(self._held) - keep
         out, self._held = self._held[:cut], self._held[cut:]
         return out
@@ -40,14 +53,3 @@ class TextStream:
         out = self._held + self._decoder.decode(b"", final=True)
         self._held = ""
         return out
-
-    def _partial_stop_len(self) -> int:
-        """Length of the longest suffix of the held text that begins some stop string."""
-        best = 0
-        held = self._held
-        for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(held)), best, -1):
-                if held.endswith(stop[:n]):
-                    best = n
-                    break
-        return best

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrun.engine.textstream import partial_match
+
 PAIRS: tuple[tuple[str, str], ...] = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 # Markers that are control tokens in some vocabularies (rendered as nothing by default).
 CONTROL_MARKERS = tuple(m for pair in PAIRS for m in pair)
@@ -87,7 +89,7 @@ class ThinkStream:
             elif self._state == "thinking":
                 end = self._held.find(close)
                 if end == -1:
-                    keep = _partial(self._held, close)
+                    keep = partial_match(self._held, (close,))
                     thinking.append(self._held[:len(self._held) - keep])
                     self._held = self._held[len(self._held) - keep:]
                     break
@@ -114,14 +116,6 @@ class ThinkStream:
         if self._state == "after":
             return "", ""
         return "", held
-
-
-def _partial(text: str, marker: str) -> int:
-    """How many characters at the end of `text` could start `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def filter_events(streams: dict[str, ThinkStream],

@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from llmrun.engine import templates
+from llmrun.engine.textstream import partial_match
 from llmrun.request import GenerateJob, Message, NamedTool, Tool, ToolCall, ToolChoice
 
 Family = Literal["hermes", "llama3", "mistral", "json"]
@@ -576,16 +577,7 @@ class ToolStream:
         if first != -1:
             self._capturing = True
             return self._release(first)
-        return self._release(len(held) - self._partial_marker(held))
-
-    def _partial_marker(self, held: str) -> int:
-        best = 0
-        for marker in self.markers:
-            for n in range(min(len(marker) - 1, len(held)), best, -1):
-                if held.endswith(marker[:n]):
-                    best = n
-                    break
-        return best
+        return self._release(len(held) - partial_match(held, self.markers))
 
     def _release(self, n: int) -> tuple[str, list[Any]]:
         out: list[str] = []
