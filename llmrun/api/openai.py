@@ -16,8 +16,9 @@ import logging
 import secrets
 import struct
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -782,6 +783,27 @@ def model_object(m: Manifest) -> dict[str, Any]:
 # -- routes ---------------------------------------------------------------------------------
 
 
+async def _answer(request: Request, service: Service, reqs: list[ChatRequest], id_prefix: str,
+                  collect: Callable[[Choices, str, int], Awaitable[Response]],
+                  stream: Callable[[Choices, str, int], AsyncIterator[bytes]]) -> Response:
+    """Start every choice, then answer whole (`collect`) or as SSE (`stream`), both given the
+    running choices, the response id and its creation time."""
+
+    async def respond() -> Response:
+        started = await _start(service, reqs)
+        if isinstance(started, JSONResponse):
+            return started
+        cid, created = f"{id_prefix}-{secrets.token_hex(12)}", int(time.time())
+        if not reqs[0].stream:
+            return await collect(started, cid, created)
+        return StreamingResponse(stream(started, cid, created), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    # until the stream starts (or the whole answer is ready), a client that goes away cancels
+    # the work; after that, Starlette cancels the stream itself
+    return await unless_disconnected(request, respond())
+
+
 def router(service: Service) -> APIRouter:
     api = APIRouter()
 
@@ -795,20 +817,9 @@ def router(service: Service) -> APIRouter:
         except ValidationError as exc:
             return _invalid(exc)
 
-        async def respond() -> Response:
-            started = await _start(service, reqs)
-            if isinstance(started, JSONResponse):
-                return started
-            cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-            if not body.stream:
-                return await _chat_collect(body, reqs, started, cid, created)
-            return StreamingResponse(_chat_stream(body, reqs, started, cid, created),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        # until the stream starts (or the whole answer is ready), a client that goes away
-        # cancels the work; after that, Starlette cancels the stream itself
-        return await unless_disconnected(request, respond())
+        return await _answer(request, service, reqs, "chatcmpl",
+                             partial(_chat_collect, body, reqs),
+                             partial(_chat_stream, body, reqs))
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, request: Request) -> Response:
@@ -820,18 +831,9 @@ def router(service: Service) -> APIRouter:
         except ValidationError as exc:
             return _invalid(exc)
 
-        async def respond() -> Response:
-            started = await _start(service, reqs)
-            if isinstance(started, JSONResponse):
-                return started
-            cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-            if not body.stream:
-                return await _completion_collect(body, prompts, reqs, started, cid, created)
-            return StreamingResponse(
-                _completion_stream(body, prompts, reqs, started, cid, created),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-        return await unless_disconnected(request, respond())
+        return await _answer(request, service, reqs, "cmpl",
+                             partial(_completion_collect, body, prompts, reqs),
+                             partial(_completion_stream, body, prompts, reqs))
 
     @api.post("/v1/embeddings", response_model=None)
     async def embeddings(body: EmbeddingBody) -> Response:
