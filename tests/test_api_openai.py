@@ -440,6 +440,13 @@ def test_echo_scores_the_prompt_like_plain_llama_cpp(client: openai.OpenAI,
         assert len(top) == 2 and max(top.values()) == pytest.approx(
             float(logits[i].max() - logz[i]), abs=1e-4)
 
+    # a prompt of a single token: only that token, with nothing to be scored against
+    one = client.completions.create(model=MODEL, prompt="The", echo=True, logprobs=1,
+                                    max_tokens=0, temperature=0)
+    assert one.usage.prompt_tokens == 1
+    assert one.choices[0].logprobs.tokens == ["The"]
+    assert one.choices[0].logprobs.token_logprobs == [None]
+
     # streamed: the prompt arrives once, with the same scores, then the answer
     chunks = list(client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1,
                                             max_tokens=3, temperature=0, stream=True))

@@ -443,11 +443,12 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
+    show = shows_thinking(body)
     event: Chunk | Done | None = first
     try:
         while isinstance(event, Chunk):
             texts.append(event.text)
-            if shows_thinking(body):
+            if show:
                 thoughts.append(event.thinking or "")
             calls += event.tool_calls or []
             event = await anext(rest, None)
@@ -495,12 +496,13 @@ async def _stream(body: MessagesBody, input_tokens: int, first: asyncio.Future[C
     text_open = False
     thought: list[str] = []  # of the open thinking block
     any_calls = False
+    show = shows_thinking(body)
     try:
         while not (await asyncio.wait({first}, timeout=PING_EVERY))[0]:
             yield _sse("ping", {})
         event: Chunk | Done | None = first.result()
         while isinstance(event, Chunk):
-            if event.thinking and shows_thinking(body):
+            if event.thinking and show:
                 if not thought:
                     index += 1
                     yield _sse("content_block_start", {"index": index, "content_block": {

@@ -66,7 +66,6 @@ class Sequence:
     cached: int = 0
     generated: int = 0
     output: list[int] = field(default_factory=list)  # only with params.context
-    scored: bool = False  # prompt logprobs sent (from the first token on)
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
@@ -209,7 +208,8 @@ class Engine:
             elif seq.pending:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
-        scored: list[tuple[Sequence, int, int]] = []  # (seq, batch index, next prompt token)
+        # (seq, batch index of the logits, prompt token they score); index -1: the first token
+        scored: list[tuple[Sequence, int, int]] = []
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -223,6 +223,8 @@ class Engine:
             for i, tok in enumerate(chunk):
                 final = i == last and not seq.pending
                 idx = batch.add(tok, base + i, slot.seq_id, final or score)
+                if score and base + i == 0:
+                    scored.append((seq, -1, tok))
                 if score and not final:
                     scored.append((seq, idx, seq.prompt[base + i + 1]))
             slot.tokens.extend(chunk)
@@ -237,9 +239,6 @@ class Engine:
         now = time.perf_counter()
         if scored:
             self._score_prompt(scored, events)
-        for seq, _ in outputs:  # a one-token prompt has only its first token to report
-            if seq.params.prompt_logprobs is not None and not seq.scored:
-                self._score_prompt([], events, first_of=seq)
         for seq, idx in outputs:
             assert seq.sampler is not None
             if seq.params.max_tokens == 0:  # prompt only (scoring, or loading a prefix)
@@ -277,27 +276,16 @@ class Engine:
         else:
             seq.next_token = token
 
-    def _score_prompt(self, scored: list[tuple[Sequence, int, int]], events: list[Event],
-                      first_of: Sequence | None = None) -> None:
-        """Prompt logprobs of this step's prefill chunks, one event per sequence; a sequence's
-        first event also carries its first token, which has nothing to be scored against."""
+    def _score_prompt(self, scored: list[tuple[Sequence, int, int]], events: list[Event]) -> None:
+        """Prompt logprobs of this step's prefill chunks, one event per sequence. Index -1 is
+        a prompt's first token, which has nothing before it to be scored against."""
         per_seq: dict[str, list[dict[str, Any]]] = {}
-
-        def entries_of(seq: Sequence) -> list[dict[str, Any]]:
-            entries = per_seq.setdefault(seq.id, [])
-            if not seq.scored:
-                seq.scored = True
-                first = self.model.piece(seq.prompt[0])
-                entries.append({"token": first.decode("utf-8", "replace"), "logprob": None,
-                                "bytes": list(first), "top": []})
-            return entries
-
-        if first_of is not None:
-            entries_of(first_of)
         for seq, idx, token in scored:
-            entries = entries_of(seq)
-            k = seq.params.prompt_logprobs or 0
-            entries.append(self._logprob(token, self.model.piece(token), idx, k))
+            piece = self.model.piece(token)
+            entry = ({"token": piece.decode("utf-8", "replace"), "logprob": None,
+                      "bytes": list(piece), "top": []} if idx < 0
+                     else self._logprob(token, piece, idx, seq.params.prompt_logprobs or 0))
+            per_seq.setdefault(seq.id, []).append(entry)
         events += [(rid, "prompt_logprobs", entries) for rid, entries in per_seq.items()]
 
     def _logprob(self, token: int, piece: bytes, idx: int, top: int) -> dict[str, Any]:
