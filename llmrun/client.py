@@ -66,7 +66,7 @@ def tail(path: Path, lines: int = 20) -> str:
 class Client:
     def __init__(self, base_url: str | None = None) -> None:
         self.base_url = base_url or config.base_url()
-        keys = [k.strip() for k in config.raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+        keys = config.api_keys()
         headers = {"Authorization": f"Bearer {keys[0]}"} if keys else None
         self.http = httpx.Client(base_url=self.base_url, headers=headers,
                                  timeout=httpx.Timeout(10.0, read=None))

@@ -44,7 +44,20 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_API_KEYS", "", "Comma-separated keys required when set"),
     Setting("LLMRUN_ORIGINS", "", "Extra allowed browser origins, comma-separated"),
     Setting("LLMRUN_SANDBOX", "1",
-            "Confine model runners (seccomp filter, no new privileges); 0 turns it off"),
+            "Confine model runners (Landlock, seccomp, no new privileges): 1 confines what "
+            "the kernel allows and warns once about the rest, strict refuses to run a "
+            "model unconfined, 0 turns it off"),
+    Setting("LLMRUN_MAX_BODY_SIZE", "32MiB",
+            "Largest request body (413 past it); blob uploads have their own limit"),
+    Setting("LLMRUN_MAX_BLOB_SIZE", "512GiB",
+            "Largest blob uploaded to /api/blobs or pulled from a hub"),
+    Setting("LLMRUN_MAX_MESSAGES", "4096", "Most messages in one chat request"),
+    Setting("LLMRUN_MAX_STOP", "16", "Most stop strings in one request"),
+    Setting("LLMRUN_RATE_LIMIT", "0",
+            "Requests per minute per API key (or client address), 429 past it; 0 = off"),
+    Setting("LLMRUN_WATCHDOG", "300s",
+            "A runner with requests in flight that reports nothing for this long is "
+            "restarted and its requests fail"),
 ]
 _DEFAULTS = {s.name: s.default for s in SETTINGS}
 
@@ -172,5 +185,73 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
+def _sandbox_mode(value: str) -> str:
+    if value.strip().lower() == "strict":
+        return "strict"
+    return "on" if _flag(value) else "off"
+
+
+def sandbox_mode() -> str:
+    """"on" (confine what the kernel allows), "strict" (refuse to run unconfined), "off"."""
+    return _parsed("LLMRUN_SANDBOX", _sandbox_mode)
+
+
 def sandbox() -> bool:
-    return _parsed("LLMRUN_SANDBOX", _flag)
+    return sandbox_mode() != "off"
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(value: str) -> int:
+    """Bytes from `1048576`, `64MiB`, `2GB`, `512k` (case-insensitive)."""
+    text = value.strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    if not num or unit not in _UNITS:
+        raise ValueError(value)
+    n = int(float(num) * _UNITS[unit])
+    if n < 0:
+        raise ValueError(value)
+    return n
+
+
+def parse_seconds(value: str) -> float:
+    """Seconds from `30`, `30s`, `5m`, `1h`."""
+    text = value.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+    n = float(text[:-1] if scale else text) * (scale or 1)
+    if n < 0:
+        raise ValueError(value)
+    return n
+
+
+def max_body_size() -> int:
+    return _parsed("LLMRUN_MAX_BODY_SIZE", parse_size)
+
+
+def max_blob_size() -> int:
+    return _parsed("LLMRUN_MAX_BLOB_SIZE", parse_size)
+
+
+def max_messages() -> int:
+    return max(1, _parsed("LLMRUN_MAX_MESSAGES", _positive_int))
+
+
+def max_stop() -> int:
+    return _parsed("LLMRUN_MAX_STOP", _positive_int)
+
+
+def rate_limit() -> int:
+    """Requests per minute per key or client; 0 = no limit."""
+    return _parsed("LLMRUN_RATE_LIMIT", _positive_int)
+
+
+def watchdog_seconds() -> float:
+    return max(1.0, _parsed("LLMRUN_WATCHDOG", parse_seconds))
+
+
+def api_keys() -> list[str]:
+    return [k.strip() for k in raw("LLMRUN_API_KEYS").split(",") if k.strip()]

@@ -14,7 +14,7 @@ from llmrun.cli._common import connect, err, fail
 
 
 def claude_env(base_url: str, model: str) -> dict[str, str]:
-    keys = [k.strip() for k in config.raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+    keys = config.api_keys()
     return {
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_AUTH_TOKEN": keys[0] if keys else "llmrun",

@@ -57,7 +57,7 @@ def _error(path: str, status: int, message: str) -> tuple[int, bytes]:
 class Security:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.keys = [k.strip() for k in config.raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+        self.keys = config.api_keys()
         self.origins = {o.strip().rstrip("/").lower()
                         for o in config.raw("LLMRUN_ORIGINS").split(",") if o.strip()}
         bound, _ = config.host()
