@@ -668,16 +668,16 @@ def test_no_python_attributes() -> None:
 
 def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(gotemplate, "MAX_STEPS", 10_000)
-        with pytest.raises(TemplateError, match="runs too long"):
+        patch.setattr(templates, "MAX_STEPS", 10_000)
+        with pytest.raises(TemplateError, match="exceeds its limit of 10000 steps"):
             execute("{{ range 100000000 }}{{ end }}", {})
-    with pytest.raises(TemplateError, match="output exceeds"):
+    with pytest.raises(TemplateError, match="output exceeds its limit of 10485760 characters"):
         execute("{{ range 2000 }}{{ $.S }}{{ end }}", {"S": "x" * 10_000})
-    with pytest.raises(TemplateError, match="made a string of over"):
+    with pytest.raises(TemplateError, match="print makes a string over its limit"):
         execute('{{ $s := "xxxxxxxxxxxxxxxx" }}{{ range 30 }}{{ $s = print $s $s }}{{ end }}', {})
-    with pytest.raises(TemplateError, match="nest too deeply"):
+    with pytest.raises(TemplateError, match="nest deeper than the limit of 100"):
         execute("{{ if true }}" * 200 + "{{ end }}" * 200, {})
-    with pytest.raises(TemplateError, match="nest too deeply"):
+    with pytest.raises(TemplateError, match="nest deeper than the limit of 100"):
         execute("{{ " + "(" * 200 + "1" + ")" * 200 + " }}", {})
     deep: dict = {}
     for _ in range(5000):
@@ -686,6 +686,66 @@ def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
         render("{{ range .Messages }}{{ range .ToolCalls }}{{ json . }}{{ end }}{{ end }}",
                [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
                                                                     "arguments": deep}}]}])
+
+
+def test_nested_ranges_over_large_inputs_stop_at_the_step_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(templates, "MAX_STEPS", 50_000)  # the real one takes a second to reach
+    monkeypatch.setattr(templates, "MAX_SECONDS", 3600.0)
+    conversation = [{"role": ("user", "assistant")[i % 2], "content": str(i)}
+                    for i in range(2000)]  # alternating: collate merges a role's runs
+    with pytest.raises(TemplateError, match="exceeds its limit of 50000 steps"):
+        render("{{ range .Messages }}{{ range $.Messages }}{{ range $.Messages }}{{ .Content }}"
+               "{{ end }}{{ end }}{{ end }}", conversation)
+
+
+def test_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(templates, "MAX_SECONDS", -1.0)  # already past: the first clock check
+    with pytest.raises(TemplateError, match="exceeds its time limit"):
+        execute("{{ range 100000000 }}{{ end }}", {})
+
+
+def test_many_wide_printf_verbs_stop_before_they_are_joined() -> None:
+    source = '{{ printf "' + "%999999s" * 20 + '" ' + "1 " * 20 + "}}"
+    with pytest.raises(TemplateError, match="printf makes a string over its limit"):
+        execute(source, {})
+    with pytest.raises(TemplateError, match="print makes a string over its limit"):
+        execute("{{ print" + " $.S" * 20 + " }}", {"S": "x" * 1_000_000})
+
+
+def test_source_size_limit() -> None:
+    source = "{{ .Prompt }}" + " " * templates.MAX_TEMPLATE_SIZE
+    for run in (gotemplate.check, templates.check,
+                lambda s: render(s, CONVERSATION), lambda s: templates.render(s, CONVERSATION)):
+        with pytest.raises(TemplateError, match="over the limit of 131072"):
+            run(source)
+
+
+class _CountingSource(str):
+    """A template source that tallies the characters `count` scans: the parser once counted
+    lines from the start for every action, quadratic in the template's size."""
+
+    scanned = 0
+
+    def count(self, sub: str, start: int = 0, end: int | None = None) -> int:  # type: ignore
+        stop = len(self) if end is None else end
+        type(self).scanned += max(0, stop - start)
+        return super().count(sub, start, end)
+
+
+def test_parsing_is_linear_in_the_template_size() -> None:
+    source = "line\n{{ .X }}" * 20_000  # 260 KB, 20,000 actions on 20,000 lines
+    _CountingSource.scanned = 0
+    nodes = gotemplate._Parser(_CountingSource(source)).parse()
+    assert len(nodes) == 40_000 and nodes[-1].line == 20_001  # line numbers still right
+    assert _CountingSource.scanned <= 2 * len(source)
+
+
+def test_parser_variables_are_scoped() -> None:
+    source = "{{ $a := 1 }}{{ if true }}{{ $b := 2 }}{{ $a }}{{ $b }}{{ end }}{{ $a }}"
+    assert execute(source, {}) == "121"
+    with pytest.raises(TemplateError, match="undefined variable '\\$b'"):
+        execute(source + "{{ $b }}", {})
 
 
 def test_bad_tool_call_arguments() -> None:

@@ -10,9 +10,12 @@ failure is a `TemplateError`. `render` reproduces Ollama's `template.Execute`
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
+import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
@@ -20,11 +23,8 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from llmrun.engine import templates as limits  # MAX_*: the limits of both template languages
 from llmrun.engine.templates import TemplateError
-
-MAX_OUTPUT = 10 * 1024 * 1024  # characters one render (or one string value) may reach
-MAX_STEPS = 2_000_000  # nodes visited, so that `{{ range 1000000000 }}{{ end }}` stops
-MAX_NESTING = 100  # control structures and parentheses inside one another
 
 # -- values: what templates see -------------------------------------------------------------
 
@@ -330,7 +330,7 @@ def _format_arg(verb: str, arg: Any, flags: str, prec: int | None) -> str | None
 def _sprintf(fmt: str, args: list[Any]) -> str:
     """fmt.Sprintf for the verbs chat templates use (v s d q t x f e g c ...)."""
     out: list[str] = []
-    pos = n = 0
+    pos = n = size = 0
     for m in _VERB.finditer(fmt):
         out.append(fmt[pos:m.start()])
         pos = m.end()
@@ -356,6 +356,9 @@ def _sprintf(fmt: str, args: list[Any]) -> str:
             text = sign + text[len(sign):].rjust(w - len(sign), "0")
         else:
             text = text.rjust(w)
+        size += len(text)  # many wide verbs: stop before joining them all
+        if size > limits.MAX_OUTPUT:
+            raise _Fail(f"printf makes a string over its limit of {limits.MAX_OUTPUT} characters")
         out.append(text)
     out.append(fmt[pos:])
     if n < len(args):
@@ -508,6 +511,8 @@ _FUNCS: dict[str, tuple[Callable[..., Any] | None, int, int | None]] = {
     "currentDate": (lambda *_: date.today().isoformat(), 0, None),
     "yesterdayDate": (lambda *_: (date.today() - timedelta(days=1)).isoformat(), 0, None),
 }
+
+_PRINTERS = frozenset({"print", "printf", "println", "html", "js", "urlquery"})
 
 # -- lexing -----------------------------------------------------------------------------------
 
@@ -707,13 +712,42 @@ def _is_op(tok: _Tok, ops: str) -> bool:
     return tok.kind == "op" and tok.value in ops.split()
 
 
+class _Scope:
+    """The variables declared at a point of the parse: a stack (scopes end by truncating it)
+    with counts beside it, so that looking a name up does not scan every declaration."""
+
+    def __init__(self) -> None:
+        self.names, self.counts = ["$"], Counter(["$"])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: str) -> bool:
+        return self.counts[name] > 0
+
+    def append(self, name: str) -> None:
+        self.names.append(name)
+        self.counts[name] += 1
+
+    def truncate(self, mark: int) -> None:
+        for name in self.names[mark:]:
+            self.counts[name] -= 1
+        del self.names[mark:]
+
+
 class _Parser:
     """Recursive descent over the scanned items, checking what Go checks at parse time
     (functions exist, variables are declared, break/continue sit inside range)."""
 
     def __init__(self, src: str) -> None:
         self.src, self.items, self.i = src, _scan(src), 0
-        self.vars, self.depth, self.loops = ["$"], 0, 0
+        self.vars, self.depth, self.loops = _Scope(), 0, 0
+        # where each line starts, found once: an action's line is then a binary search, not a
+        # count from the start of the template (which made parsing quadratic in its size)
+        self.newlines = [m.start() for m in re.finditer("\n", src)]
+
+    def line(self, pos: int) -> int:
+        return bisect.bisect_left(self.newlines, pos) + 1
 
     def parse(self) -> tuple[Any, ...]:
         nodes, stop = self.block()
@@ -741,7 +775,7 @@ class _Parser:
         return tuple(nodes), None
 
     def action(self, act: _Act, word: str | None) -> Any:
-        line = self.src.count("\n", 0, act.pos) + 1
+        line = self.line(act.pos)
         if word in ("if", "range", "with"):
             return self.control(word, act.toks[1:], act)
         if word in ("break", "continue"):
@@ -756,8 +790,9 @@ class _Parser:
 
     def control(self, kind: str, toks: tuple[_Tok, ...], act: _Act) -> _Branch:
         self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise self.error(act.pos, "control structures nest too deeply")
+        if self.depth > limits.MAX_NESTING:
+            raise self.error(act.pos, "control structures nest deeper than the limit of "
+                                      f"{limits.MAX_NESTING}")
         mark = len(self.vars)
         pipe = self.pipeline(toks, act.pos, kind)
         self.loops += kind == "range"
@@ -780,10 +815,9 @@ class _Parser:
                 rest = stop.toks[1:]
         if rest:
             raise self.error(stop.pos, f"unexpected {rest[0].value!r} in end")
-        del self.vars[mark:]
+        self.vars.truncate(mark)
         self.depth -= 1
-        line = self.src.count("\n", 0, act.pos) + 1
-        return _Branch(kind, pipe, body, orelse, line)
+        return _Branch(kind, pipe, body, orelse, self.line(act.pos))
 
     def pipeline(self, toks: tuple[_Tok, ...], pos: int, context: str) -> _Pipe:
         decl: list[str] = []
@@ -850,8 +884,9 @@ class _Parser:
             node = _Func(tok.value)
         elif _is_op(tok, "("):
             self.depth += 1
-            if self.depth > MAX_NESTING:
-                raise self.error(tok.pos, "parentheses nest too deeply")
+            if self.depth > limits.MAX_NESTING:
+                raise self.error(tok.pos, "parentheses nest deeper than the limit of "
+                                          f"{limits.MAX_NESTING}")
             cmds, i = self.commands(toks, i, tok.pos, "parenthesized pipeline")
             if i >= len(toks) or not _is_op(toks[i], ")"):
                 raise self.error(tok.pos, "unclosed left paren")
@@ -920,6 +955,7 @@ class _State:
         self.out: list[str] = []
         self.size = self.steps = 0
         self.line = 1
+        self.deadline = time.monotonic() + limits.MAX_SECONDS
 
     def run(self, nodes: tuple[Any, ...], data: dict[str, Any]) -> None:
         self.vars = [["$", data]]
@@ -930,14 +966,16 @@ class _State:
 
     def write(self, text: str) -> None:
         self.size += len(text)
-        if self.size > MAX_OUTPUT:
-            raise _Fail(f"output exceeds {MAX_OUTPUT} characters")
+        if self.size > limits.MAX_OUTPUT:
+            raise _Fail(f"output exceeds its limit of {limits.MAX_OUTPUT} characters")
         self.out.append(text)
 
     def tick(self) -> None:
         self.steps += 1
-        if self.steps > MAX_STEPS:
-            raise _Fail("template runs too long")
+        if self.steps > limits.MAX_STEPS:
+            raise _Fail(f"exceeds its limit of {limits.MAX_STEPS} steps")
+        if not self.steps & 63 and time.monotonic() > self.deadline:  # the clock costs more
+            raise _Fail(f"exceeds its time limit of {limits.MAX_SECONDS:g} seconds")
 
     def walk(self, dot: Any, nodes: tuple[Any, ...]) -> None:
         for node in nodes:
@@ -1058,12 +1096,15 @@ class _State:
                     return value
             return value if final is _MISSING else final
         values = [self.eval(dot, arg) for arg in args]
+        if name in _PRINTERS and sum(len(v) for v in values if isinstance(v, str)) \
+                > limits.MAX_OUTPUT:  # `print $s $s $s ...`: refused before it is built
+            raise _Fail(f"{name} makes a string over its limit of {limits.MAX_OUTPUT} characters")
         try:
             result = fn(*values, *(() if final is _MISSING else (final,)))
         except (ValueError, TypeError, OverflowError) as exc:
             raise _Fail(f"error calling {name}: {exc}") from None
-        if isinstance(result, str) and len(result) > MAX_OUTPUT:
-            raise _Fail(f"{name} made a string of over {MAX_OUTPUT} characters")
+        if isinstance(result, str) and len(result) > limits.MAX_OUTPUT:
+            raise _Fail(f"{name} makes a string over its limit of {limits.MAX_OUTPUT} characters")
         return result
 
 
@@ -1195,6 +1236,7 @@ def render(source: str, messages: list[dict[str, Any]], *,
     Ollama's template.Execute does. `add_generation_prompt=False` only matters to templates
     without .Messages: the last exchange is then rendered whole instead of cut after
     .Response (with .Messages the template alone decides, as in Ollama)."""
+    limits.check_size(source)
     template = _compile(source)
     levels = ("high", "medium", "low", "max")
     extra = {"Think": think is True or think in levels,
@@ -1217,13 +1259,15 @@ def render(source: str, messages: list[dict[str, Any]], *,
 
 
 def check(source: str) -> None:
-    """Raise TemplateError if `source` does not parse."""
+    """Raise TemplateError if `source` is too big or does not parse."""
+    limits.check_size(source)
     _compile(source)
 
 
 def execute(source: str, data: dict[str, Any]) -> str:
     """Run a Go template over plain data (dict keys are its fields), with none of Ollama's
     conventions: for tests, and for text other than chat prompts."""
+    limits.check_size(source)
     state = _State()
     try:
         state.run(_parse(source), data)
