@@ -79,6 +79,11 @@ start of each request:
 - `delay=seconds`: sleep before each chunk (`HubServer(chunk_size=...)`, default 64 KiB).
 - `fail_status=503, fail_times=k`: the next k body GETs (None: all) get that status with a
   Hub-style JSON error. HEAD is not affected.
+- `extra_bytes=N`: a body GET that reaches the end of the file sends N more bytes (zeros)
+  than the size the listing advertises, its `Content-Length` counting them: a server that
+  says one size and sends more.
+- `hide_length=True`: body GETs carry no `Content-Length` (the body ends when the
+  connection closes), so only counting the bytes received can bound them.
 
 Counters, per file (`HubFile`): `gets` (GETs that asked for the bytes: resolve GETs in direct
 mode, CDN GETs in redirect mode), `ranges` (each such GET's `Range` header, None when absent),
@@ -147,7 +152,7 @@ DATE = "2024-01-01T00:00:00.000Z"
 _RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", re.IGNORECASE)
 _HASH_CHUNK = 1 << 20
 FAULTS = ("cut_after", "cut_times", "corrupt", "lie_sha256", "ignore_range", "delay",
-          "fail_status", "fail_times")
+          "fail_status", "fail_times", "extra_bytes", "hide_length")
 
 
 def _unsafe_name(name: str) -> bool:
@@ -181,6 +186,8 @@ class HubFile:
     delay: float = 0.0
     fail_status: int | None = None
     fail_times: int | None = None
+    extra_bytes: int = 0
+    hide_length: bool = False
     # counters
     gets: int = 0
     heads: int = 0
@@ -711,6 +718,7 @@ class _Handler(BaseHTTPRequestHandler):
                 f.fail_times -= 1
             cut_after = f.cut_after if f.cut_times is None or f.cut_times > 0 else None
             corrupt, delay, ignore_range = f.corrupt, f.delay, f.ignore_range
+            extra_bytes, hide_length = f.extra_bytes, f.hide_length
         if fail is not None:
             return self._error(fail, None, f"injected HTTP {fail}")
         start, length, status = 0, f.size, 200
@@ -724,7 +732,11 @@ class _Handler(BaseHTTPRequestHandler):
                 start, end = parsed
                 length, status = end - start + 1, 206
                 headers["Content-Range"] = f"bytes {start}-{end}/{f.size}"
-        headers["Content-Length"] = str(length)
+        extra = extra_bytes if start + length == f.size else 0
+        if hide_length:
+            self.close_connection = True  # the end of the body is the end of the connection
+        else:
+            headers["Content-Length"] = str(length + extra)
         self._send(status, headers, None)
         to_send = length
         if cut_after is not None and cut_after < length:
@@ -741,6 +753,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             pos += len(chunk)
             self.hub._count(f, bytes_sent=len(chunk))
+        if to_send == length:
+            for done in range(0, extra, self.hub.chunk_size):
+                n = min(self.hub.chunk_size, extra - done)
+                self.wfile.write(bytes(n))
+                self.hub._count(f, bytes_sent=n)
         self.wfile.flush()
         if to_send < length:
             with f._lock:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import ollama
 import pytest
 
+from llmrun.store import HOST_PATH_REFUSED, Store
 from tests.conftest import Daemon, make_home
+from tests.test_service import tiny_home
+
+MiB = 1 << 20
+DAY = 24 * 3600
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +133,135 @@ def test_create_errors(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.create(model="bad", files={"model.gguf": "sha256:" + "0" * 64})
     assert "no such blob" in str(err.value)
+
+
+# -- create over HTTP names blobs and models, never the server's files ---------------------
+
+def test_create_from_a_host_path_is_refused_alike_whether_it_exists_or_not(
+        store_daemon: Daemon) -> None:
+    blobs = store_daemon.home / "blobs"
+    own_model = str(next(blobs.glob("sha256-*")))  # a GGUF the daemon can read
+    before = sorted(p.name for p in blobs.iterdir())
+    for path in ["/etc/shadow", "/nope.gguf", own_model, "../x.gguf", "~/x.gguf",
+                 "./x.gguf", "http://127.0.0.1:9/v1"]:
+        for body in ({"from": path}, {"files": {"model.gguf": path}},
+                     {"files": {"model.gguf": path, "mmproj.gguf": path}},
+                     {"from": "smollm2", "adapters": {"lora.gguf": path}},
+                     {"modelfile": f"FROM {path}\n"},
+                     {"modelfile": f"FROM smollm2\nADAPTER {path}\n"}):
+            for stream in (False, True):
+                r = httpx.post(f"{store_daemon.url}/api/create",
+                               json={"model": "stolen", "stream": stream, **body})
+                assert (r.status_code, r.json()) == (400, {"error": HOST_PATH_REFUSED}), body
+    assert sorted(p.name for p in blobs.iterdir()) == before  # nothing was imported
+    names = {m["name"] for m in httpx.get(f"{store_daemon.url}/api/tags").json()["models"]}
+    assert "stolen:latest" not in names
+
+
+def test_create_from_a_name_never_reads_a_file_of_that_name(store_daemon: Daemon) -> None:
+    # the daemon runs in the repository root, where README.md exists: a name, not a file
+    r = httpx.post(f"{store_daemon.url}/api/create",
+                   json={"model": "x", "from": "README.md", "stream": False})
+    assert r.status_code == 400
+    assert r.json()["error"] == ("FROM README.md: not a model in the store and not in the "
+                                 "catalog")
+
+
+# -- blob uploads: capped, and nothing left behind ---------------------------------------------
+
+def _age(path: Path, seconds: float) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def _plant(store: Store) -> dict[str, Path]:
+    """Files a previous daemon left in the store, with their ages."""
+    def blob(data: bytes, age: float) -> Path:
+        with store.blobs.writer() as w:
+            w.write(data)
+        return _age(store.blobs.path(w.digest), age)
+
+    def temp(name: str, age: float) -> Path:
+        (store.blobs.root / name).write_bytes(b"half")
+        return _age(store.blobs.root / name, age)
+
+    return {
+        "referenced": _age(store.model_path(store.get("tiny")[1]), 30 * DAY),
+        "old orphan": blob(b"uploaded long ago, never used", 2 * DAY),
+        "new orphan": blob(b"uploaded a minute ago", 60),
+        "crashed upload": temp(".incoming-crashed", 2 * 3600),
+        "live upload": temp(".incoming-live", 0),
+        "old partial pull": temp(f"sha256-{'a' * 64}.partial", 2 * DAY),
+        "new partial pull": temp(f"sha256-{'b' * 64}.partial", 3600),
+    }
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, dict[str, Path]]]:
+    """A daemon with a 1 MiB blob cap, started on a store holding old leftovers."""
+    home = tiny_home(tmp_path_factory.mktemp("capped-home"), ["tiny"])
+    planted = _plant(Store(home))
+    d = Daemon(home, env={"LLMRUN_MAX_BLOB_SIZE": "1MiB"}).start()
+    yield d, planted
+    d.stop()
+
+
+def _files(d: Daemon) -> set[str]:
+    return {p.name for p in (d.home / "blobs").iterdir() if not p.name.endswith(".lock")}
+
+
+def _wait_for(condition: Callable[[], object]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in 30 s"
+        time.sleep(0.05)
+
+
+def test_daemon_start_prunes_unused_blobs_and_crashed_writes(
+        capped: tuple[Daemon, dict[str, Path]]) -> None:
+    d, planted = capped
+    gone = {k for k, p in planted.items() if not p.exists()}
+    assert gone == {"old orphan", "crashed upload", "old partial pull"}
+    r = httpx.post(f"{d.url}/api/generate", timeout=120,
+                   json={"model": "tiny", "prompt": "hi", "stream": False,
+                         "options": {"num_predict": 1}})
+    assert r.status_code == 200  # the old but referenced model blob is intact
+
+
+def test_blob_over_the_cap_is_413_and_leaves_nothing(
+        capped: tuple[Daemon, dict[str, Path]]) -> None:
+    d, _ = capped
+    before = _files(d)
+    big = bytes(MiB + 1)
+    digest = "sha256:" + hashlib.sha256(big).hexdigest()
+    r = httpx.post(f"{d.url}/api/blobs/{digest}", content=big)  # Content-Length says so
+    assert r.status_code == 413 and "LLMRUN_MAX_BLOB_SIZE" in r.json()["error"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: stopped by counting
+        for _ in range(4):
+            yield bytes(MiB // 2)
+
+    streamed = "sha256:" + hashlib.sha256(bytes(2 * MiB)).hexdigest()
+    r = httpx.post(f"{d.url}/api/blobs/{streamed}", content=chunks())
+    assert r.status_code == 413 and "LLMRUN_MAX_BLOB_SIZE" in r.json()["error"]
+    for x in (digest, streamed):
+        assert httpx.head(f"{d.url}/api/blobs/{x}").status_code == 404
+    assert _files(d) == before
+    small = b"within the cap"
+    ok = "sha256:" + hashlib.sha256(small).hexdigest()
+    assert httpx.post(f"{d.url}/api/blobs/{ok}", content=small).status_code == 201
+    assert httpx.head(f"{d.url}/api/blobs/{ok}").status_code == 200
+
+
+def test_a_client_gone_mid_upload_leaves_nothing(capped: tuple[Daemon, dict[str, Path]]) -> None:
+    d, _ = capped
+    before = _files(d)
+    digest = "sha256:" + hashlib.sha256(bytes(500_000)).hexdigest()
+    head = (f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+            "Content-Length: 500000\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", d.port)) as s:
+        s.sendall(head + bytes(100_000))
+        _wait_for(lambda: _files(d) - before)  # the upload is being written
+    _wait_for(lambda: _files(d) == before)  # and once the client is gone, removed
+    assert httpx.head(f"{d.url}/api/blobs/{digest}").status_code == 404

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from llmrun.store.blobs import Blobs, DigestError, parse_digest
+from llmrun.store import Store
+from llmrun.store.blobs import Blobs, BlobTooLarge, DigestError, parse_digest
 
 HEX = hashlib.sha256(b"hello").hexdigest()
 
@@ -173,3 +176,57 @@ def test_digests_lists_only_valid_blob_names(tmp_path: Path) -> None:
     ]:
         (blobs.root / junk).write_bytes(b"x")
     assert blobs.digests() == {f"sha256:{HEX}", f"sha256:{other}"}
+
+
+def test_writer_past_its_limit_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    blobs = Blobs(tmp_path)
+    with pytest.raises(BlobTooLarge, match="limit of 8 bytes"), blobs.writer(limit=8) as w:
+        w.write(b"hello")
+        w.write(b"world")  # refused before it is written: never more than 8 bytes on disk
+    assert _names(tmp_path) == []
+    with blobs.writer(limit=5) as w:
+        w.write(b"hello")  # exactly the limit is fine
+    assert _names(tmp_path) == [f"sha256-{HEX}"]
+
+
+def test_incoming_commit_or_discard(tmp_path: Path) -> None:
+    blobs = Blobs(tmp_path)
+    gone = blobs.incoming()
+    gone.write(b"half")
+    gone.discard()
+    assert _names(tmp_path) == []
+    wrong = blobs.incoming(expected="sha256:" + "0" * 64)
+    wrong.write(b"hello")
+    with pytest.raises(DigestError):
+        wrong.commit()
+    assert _names(tmp_path) == []
+    good = blobs.incoming(expected=f"sha256:{HEX}")
+    good.write(b"hello")
+    assert good.commit() == f"sha256:{HEX}"
+    good.discard()  # after commit: nothing to do
+    assert _names(tmp_path) == [f"sha256-{HEX}"]
+
+
+def _aged(path: Path, data: bytes, age: float) -> Path:
+    path.write_bytes(data)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+
+def test_prune_spares_every_blob_a_manifest_mentions(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.blobs.root.mkdir()
+    model, adapter, future, orphan = (
+        "sha256:" + _aged(store.blobs.root / f"sha256-{hashlib.sha256(x).hexdigest()}", x,
+                          100 * 24 * 3600).name[7:]
+        for x in (b"model", b"adapter", b"future field", b"orphan"))
+    folder = store.manifests.root / "registry.llmrun.local" / "library"
+    (folder / "good").mkdir(parents=True)
+    (folder / "good" / "latest").write_text(
+        f'{{"name": "good", "model": {{"digest": "{model}", "size": 5}}, '
+        f'"adapters": [{{"digest": "{adapter}", "size": 7}}]}}')
+    (folder / "damaged").mkdir()  # unreadable as a manifest: its digests still count
+    (folder / "damaged" / "latest").write_text(f'{{"truncated": "{future}", "proj')
+    assert store.prune() == [orphan.replace(":", "-")]
+    assert store.blobs.digests() == {model, adapter, future}

@@ -310,3 +310,27 @@ def test_pull_real_model_through_daemon(smollm2_path: Path, tmp_path: Path) -> N
                 client.pull("hf.co/test/missing-repo")
         finally:
             daemon.stop()
+
+
+@pytest.mark.parametrize("fault", [{"extra_bytes": 4096},  # Content-Length says so
+                                   {"extra_bytes": 4096, "hide_length": True}])  # only counting
+def test_body_longer_than_advertised_is_refused(store: Store, hub: HubServer, tiny: Path,
+                                                fault: dict[str, object]) -> None:
+    hub.add_file("org/long-GGUF", "long-Q4_K_M.gguf", tiny, **fault)
+    with pytest.raises(PullError, match=f"sent more than the {tiny.stat().st_size} bytes "
+                                        "expected"):
+        store.pull("hf.co/org/long-GGUF")
+    assert leftovers(store) == []
+    assert store.blobs.digests() == set() and store.list() == []
+
+
+def test_without_an_expected_size_the_blob_cap_bounds_a_pull(
+        store: Store, hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = hub.add_file("org/raw", "big.bin", b"x" * 300_000, hide_length=True)
+    monkeypatch.setenv("LLMRUN_MAX_BLOB_SIZE", "100KiB")
+    with pytest.raises(PullError, match=r"LLMRUN_MAX_BLOB_SIZE \(102400 bytes\)"):
+        hub_pull.download(store.blobs, f.url, sha256=None, size=None)
+    assert leftovers(store) == [] and store.blobs.digests() == set()
+    monkeypatch.setenv("LLMRUN_MAX_BLOB_SIZE", "1MiB")  # within the cap it is stored
+    digest, size = hub_pull.download(store.blobs, f.url, sha256=None, size=None)
+    assert size == 300_000 and store.blobs.digests() == {digest}

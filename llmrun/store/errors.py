@@ -5,6 +5,7 @@
      ├── InvalidName     a name that breaks a rule (also a ValueError)
      ├── DigestError     a malformed digest, or data that does not hash to it (also ValueError)
      ├── CreateError     a Modelfile or file that cannot become a model
+     ├── BlobTooLarge    an upload past LLMRUN_MAX_BLOB_SIZE
      └── PullError       a download that could not complete; says what to do next
 """
 
@@ -38,4 +39,8 @@ class CreateError(StoreError):
 
 
 class PullError(StoreError):
+    pass
+
+
+class BlobTooLarge(StoreError):
     pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,8 @@ from pydantic import BaseModel, Field
 
 from llmrun.request import Message, Options
 from llmrun.store.names import ModelName
+
+_DIGEST_TEXT = re.compile(rb"sha256[:-]([0-9a-f]{64})")
 
 
 class Layer(BaseModel):
@@ -125,4 +128,16 @@ class Manifests:
                     out.append(Manifest.model_validate_json(p.read_bytes()))
                 except ValueError:
                     continue  # a foreign or damaged file is not a model; never crash `list`
+        return out
+
+    def referenced(self) -> set[str]:
+        """Every digest any file under manifests/ mentions, read as text rather than parsed:
+        a damaged manifest, one still being written, or one with fields this version does not
+        know (a projector) still protects its blobs from garbage collection."""
+        out: set[str] = set()
+        if not self.root.is_dir():
+            return out
+        for p in self.root.rglob("*"):
+            if p.is_file():
+                out.update("sha256:" + m.decode() for m in _DIGEST_TEXT.findall(p.read_bytes()))
         return out

@@ -11,7 +11,10 @@ dropped connection means starting over. Here:
 - a finished file whose hash differs from the Hub's (or the catalog's) is deleted and the
   pull fails saying so; a good one is renamed to its digest name;
 - a file lock per blob makes two pulls of the same file wait for each other instead of
-  writing the same partial; the manifest is written last, by the caller.
+  writing the same partial; the manifest is written last, by the caller;
+- nothing is received past the expected size (the Hub's, or the catalog's; with none,
+  LLMRUN_MAX_BLOB_SIZE): a server that sends more is refused and its bytes deleted, so a
+  partial file is never larger than the file it stands for.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 from filelock import FileLock
 
+from llmrun import config
 from llmrun.store.blobs import Blobs, DigestError, parse_digest
 
 Progress = Callable[[str, int, int], None]
@@ -246,10 +250,25 @@ def _seed_hash(partial: Path) -> tuple[int, hashlib._Hash]:
     return n, h
 
 
+def _too_long(url: str, limit: int, size: int | None) -> PullError:
+    what = f"the {limit} bytes expected" if size is not None else \
+        f"LLMRUN_MAX_BLOB_SIZE ({limit} bytes)"
+    return PullError(f"{httpx.URL(url).host} sent more than {what}; refusing the download "
+                     "(nothing was kept)")
+
+
+def _content_length(r: httpx.Response) -> int:
+    try:
+        return max(0, int(r.headers.get("content-length") or 0))
+    except ValueError:
+        return 0  # unusable: the byte count below still bounds the download
+
+
 def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None, label: str,
            client: httpx.Client | None) -> None:
     from huggingface_hub.utils import build_hf_headers
 
+    limit = size if size is not None else config.max_blob_size()
     have, hasher = _seed_hash(partial)
     if size is not None and have > size:  # not ours to resume: start over
         partial.unlink()
@@ -277,9 +296,18 @@ def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None,
             mode = "ab"
             if have and r.status_code != 206:  # the server ignored Range: start over
                 have, hasher, mode = 0, hashlib.sha256(), "wb"
-            total = size or (have + int(r.headers.get("content-length", 0))) or 0
+            announced = have + _content_length(r)
+            if announced > limit:  # refused before a byte is written
+                if mode == "wb":
+                    partial.unlink(missing_ok=True)
+                raise _too_long(url, limit, size)
+            total = size or announced or 0
             with open(partial, mode) as out:
                 for chunk in r.iter_bytes():  # as it arrives: a cut loses nothing written
+                    if have + len(chunk) > limit:  # a server that says less than it sends
+                        out.close()
+                        partial.unlink(missing_ok=True)
+                        raise _too_long(url, limit, size)
                     out.write(chunk)
                     hasher.update(chunk)
                     have += len(chunk)
