@@ -28,6 +28,15 @@ def _until(expires_at: str | None) -> str:
     return f"{seconds / 3600:.1f} hours from now"
 
 
+def _sandbox(model: dict[str, object]) -> str:
+    """How confined a model's runner is: confined, partial (some layers missing), off."""
+    if "confined" not in model:
+        return ""  # a daemon that does not say
+    if model["confined"]:
+        return "confined"
+    return "partial" if model.get("sandbox") else "off"
+
+
 def _client() -> Client:
     client = Client()
     state = client.probe()
@@ -46,13 +55,13 @@ def register(app: typer.Typer) -> None:
         except ClientError as exc:
             fail(str(exc))
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "UNTIL"):
+        for col in ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "SANDBOX", "UNTIL"):
             table.add_column(col)
         for m in models:
             table.add_row(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
                           str(m.get("context_length", "")),
                           f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
-                          _until(m.get("expires_at")))
+                          _sandbox(m), _until(m.get("expires_at")))
         console.print(table)
 
     @app.command()

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from llmrun import childenv, config
 from llmrun.store import gguf
 
 log = logging.getLogger("llmrun.quantize")
@@ -127,8 +128,11 @@ def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progre
                cancel: threading.Event | None) -> None:
     cmd = [sys.executable, "-m", "llmrun.store.quantize", str(src), str(dst), name,
            str(n_threads)]
-    # GGML_NO_BACKTRACE: on abort ggml would otherwise attach gdb to print a backtrace
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    # GGML_NO_BACKTRACE: on abort ggml would otherwise attach gdb to print a backtrace.
+    # The child parses an uploaded file: it gets no credential from our environment, and
+    # confines itself (LLMRUN_SANDBOX, resolved here) before reading it.
+    env = childenv.scrubbed({"GGML_NO_BACKTRACE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                             "LLMRUN_SANDBOX": config.sandbox_mode()})
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -197,6 +201,21 @@ class _ChildLog(logging.Filter):
         return bool(_PROGRESS.match(msg)) or msg.startswith("llama_model_quantize_impl:")
 
 
+def _confine(src: Path, dst: Path) -> str:
+    """In the child, before llama.cpp opens `src`: read `src`, write only `dst` (Landlock),
+    no programs, sockets, other processes (seccomp). Returns why LLMRUN_SANDBOX=strict
+    refuses to go on, else ""."""
+    mode = config.sandbox_mode()
+    if mode == "off":
+        return ""
+    from llmrun.engine import sandbox
+
+    result = sandbox.confine(read=[src], read_write=[dst])
+    for why in (*result.missing, *result.unavailable):
+        log.warning("sandbox: not applied: %s", why)
+    return result.refusal() if mode == "strict" else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (3, 4):
@@ -215,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     from llmrun.engine.llama import LlamaError, quantize_file
 
     src, dst, qtype = args[:3]
+    refusal = _confine(Path(src), Path(dst))
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 1
     try:
         quantize_file(Path(src), Path(dst), qtype, int(args[3]) if len(args) == 4 else 0)
     except (LlamaError, ValueError) as exc:
