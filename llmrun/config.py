@@ -67,6 +67,18 @@ def home() -> Path:
     return Path(raw).expanduser()
 
 
+def make_private(directory: Path) -> Path:
+    """Create `directory` readable by its owner only (0700), and tighten it if an older
+    version left it open: it holds prompts in logs, keys in config.yaml and the models."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        if directory.stat().st_mode & 0o077:
+            directory.chmod(0o700)
+    except OSError as exc:  # not ours (a shared mount): say so, do not stop
+        log.warning("cannot make %s private: %s", directory, exc.strerror or exc)
+    return directory
+
+
 def cache_dir() -> Path:
     """Downloads that can be thrown away (wheels fetched from PyPI, for instance)."""
     raw = os.environ.get("LLMRUN_CACHE") or platformdirs.user_cache_dir("llmrun", appauthor=False)
@@ -221,7 +233,7 @@ def parse_size(value: str) -> int:
 def parse_seconds(value: str) -> float:
     """Seconds from `30`, `30s`, `5m`, `1h`."""
     text = value.strip().lower()
-    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:])
     n = float(text[:-1] if scale else text) * (scale or 1)
     if n < 0:
         raise ValueError(value)

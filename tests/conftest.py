@@ -71,10 +71,11 @@ class Daemon:
         self.log = home / "daemon-test.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Daemon:
+    def start(self, *args: str) -> Daemon:
+        """`llmrun serve [args]`, once it answers."""
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "llmrun", "serve"], env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([sys.executable, "-m", "llmrun", "serve", *args],
+                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import socket
 
@@ -19,15 +20,48 @@ def _settings_help() -> str:
     return "Environment (also read from LLMRUN_HOME/config.yaml):\n\n\b\n" + "\n".join(rows)
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve to any interface
+
+
+def _check_exposure(host: str, port: int, insecure: bool) -> None:
+    """Refuse to serve other machines with no key (anyone who reaches the port could run
+    models, pull, create and delete), unless --insecure says the user means it."""
+    if _loopback(host) or config.api_keys():
+        return
+    if not insecure:
+        fail(f"refusing to listen on {host}:{port}, which other machines can reach, without "
+             "API keys: set LLMRUN_API_KEYS=<key>[,<key>...] (clients then send "
+             "`Authorization: Bearer <key>`), bind LLMRUN_HOST to 127.0.0.1, or pass "
+             "--insecure to serve it open anyway")
+    log = logging.getLogger("llmrun.serve")
+    log.warning("serving %s:%d with no LLMRUN_API_KEYS (--insecure): anyone who can reach "
+                "this port can use and change the model store", host, port)
+    if host in ("0.0.0.0", "::"):
+        log.warning("bound to all interfaces without keys: the Host check is off, so web pages "
+                    "can reach this daemon through DNS rebinding; set LLMRUN_API_KEYS")
+
+
 def register(app: typer.Typer) -> None:
     @app.command(epilog=_settings_help())
-    def serve() -> None:
+    def serve(insecure: bool = typer.Option(
+            False, "--insecure",
+            help="Allow a non-loopback LLMRUN_HOST without LLMRUN_API_KEYS")) -> None:
         """Start the llmrun daemon in the foreground."""
+        host, port = config.host()
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _check_exposure(host, port, insecure)  # before binding, before the heavy imports
+
         import uvicorn
 
         from llmrun.server.app import create_app
 
-        host, port = config.host()
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             try:
                 probe.bind((host, port))
@@ -36,8 +70,6 @@ def register(app: typer.Typer) -> None:
                     fail(f"{host}:{port} is already in use (is another llmrun or ollama "
                          "running?); set LLMRUN_HOST to use another port")
                 fail(f"cannot listen on {host}:{port}: {exc.strerror}")
-        logging.basicConfig(level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         pid_path = config.home() / "daemon.pid"
         try:
             pidfile.claim(pid_path)

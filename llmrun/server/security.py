@@ -4,8 +4,14 @@
   and then read the local API from the victim's browser. The browser still sends
   `Host: evil.example`, so a daemon that answers only for the names it is reached by
   (loopback names, the bound address, LLMRUN_ORIGINS hosts) defeats it.
-- Origins: a browser request that carries an Origin other than a local one (or one listed in
-  LLMRUN_ORIGINS) is refused, and CORS preflights are answered only for allowed origins.
+- Origins: a browser request that carries an Origin other than a loopback http(s) one (or
+  one listed in LLMRUN_ORIGINS) is refused, and CORS preflights are answered only for allowed
+  origins. `null` (what a sandboxed iframe or a `data:` page sends) and other non-http(s)
+  origins (file://, app://, chrome-extension://, ...) are refused unless listed exactly:
+  any web page can make its requests carry `null`, and a body read as JSON whatever its
+  Content-Type makes a "simple" POST (no preflight) enough to drive the API. A request the
+  browser marks `Sec-Fetch-Site: cross-site` is refused unless its origin is allowed, which
+  also covers requests that carry no Origin at all (navigations, `<img>`, `<form>` GETs).
 - API keys: when LLMRUN_API_KEYS is set, every route but `/` and `/health` needs
   `Authorization: Bearer <key>` or `x-api-key: <key>`; refusals come in the caller's dialect.
 """
@@ -15,11 +21,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmrun import config
+from llmrun.api import anthropic, openai
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
 OPEN_PATHS = {"/", "/health"}
@@ -41,17 +50,43 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _error(path: str, status: int, message: str) -> tuple[int, bytes]:
+def dialect_error(path: str, status: int, message: str,
+                  code: str | None = None) -> dict[str, Any]:
+    """An error body in the shape of the dialect the path belongs to (for answers given
+    before any route runs: refusals, limits, unknown routes). `code` is OpenAI's."""
     if path.startswith("/v1/messages"):
-        kind = "authentication_error" if status == 401 else "permission_error"
-        body = {"type": "error", "error": {"type": kind, "message": message}}
-    elif path.startswith("/v1/"):
-        code = "invalid_api_key" if status == 401 else "forbidden"
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                          "code": code}}
-    else:
-        body = {"error": message}
-    return status, json.dumps(body).encode()
+        return anthropic.error_body(status, message)
+    if path.startswith("/v1/"):
+        return openai.error_body(status, message, None, code)
+    return {"error": message}
+
+
+async def send_error(send: Send, path: str, status: int, message: str, code: str | None = None,
+                     headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Answer a whole HTTP response from ASGI middleware, in the caller's dialect."""
+    body = json.dumps(dialect_error(path, status, message, code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def supplied_key(headers: Mapping[str, str]) -> str:
+    """The key a request presents (`x-api-key`, else `Authorization: Bearer`); "" if none."""
+    auth = headers.get("authorization", "")
+    bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    return headers.get("x-api-key", "") or bearer
+
+
+def key_valid(supplied: str, keys: Iterable[str]) -> bool:
+    # compare with every key in constant time: the time taken says nothing about a key
+    return any(hmac.compare_digest(supplied.encode(), k.encode()) for k in keys)
+
+
+def authorized(headers: Mapping[str, str]) -> bool:
+    """True when no keys are configured, or the request carries one of them."""
+    keys = config.api_keys()
+    return not keys or key_valid(supplied_key(headers), keys)
 
 
 class Security:
@@ -70,19 +105,26 @@ class Security:
         return self.any_host or _is_loopback(name) or name in self.hosts or name in LOCAL_NAMES
 
     def origin_allowed(self, origin: str) -> bool:
-        origin = origin.rstrip("/").lower()
-        if origin in self.origins or "*" in self.origins:
+        origin = origin.strip().rstrip("/").lower()
+        if origin in self.origins:  # listed exactly: the only way in for null, file://, app://
             return True
         parts = urlsplit(origin)
-        # local pages and apps (file://, app://, tauri://, vscode-webview://) are the user's own
-        return _is_loopback(parts.hostname or "") or parts.scheme not in ("http", "https")
+        # `null` and non-web schemes cannot be told apart from any page that wants to pose as
+        # them (a sandboxed iframe sends `null`), so neither `*` nor "looks local" admits them
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        return "*" in self.origins or _is_loopback(parts.hostname)
+
+    def cross_site_refused(self, headers: dict[str, str]) -> bool:
+        """A request the browser says comes from another site, from an origin not allowed
+        (or from no Origin at all: navigations and `<img>` loads carry none)."""
+        if headers.get("sec-fetch-site", "").strip().lower() != "cross-site":
+            return False
+        origin = headers.get("origin")
+        return not origin or not self.origin_allowed(origin)
 
     def key_ok(self, headers: dict[str, str]) -> bool:
-        supplied = headers.get("x-api-key", "")
-        auth = headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            supplied = supplied or auth[7:].strip()
-        return any(hmac.compare_digest(supplied.encode(), k.encode()) for k in self.keys)
+        return key_valid(supplied_key(headers), self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,14 +133,18 @@ class Security:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope["headers"]}
         path = scope["path"]
-        origin = headers.get("origin")
+        origin = headers.get("origin") or None  # an empty header is no browser's
         if not self.host_allowed(headers.get("host", "")):
             await self._refuse(send, path, 403, "host not allowed (DNS rebinding protection); "
                                "add it to LLMRUN_ORIGINS or bind LLMRUN_HOST to it")
             return
-        if origin and not self.origin_allowed(origin):
-            await self._refuse(send, path, 403, f"origin {origin} not allowed; add it to "
+        if origin is not None and not self.origin_allowed(origin):
+            await self._refuse(send, path, 403, f"origin {origin[:200]} not allowed; add it to "
                                "LLMRUN_ORIGINS")
+            return
+        if self.cross_site_refused(headers):
+            await self._refuse(send, path, 403, "cross-site request refused (Sec-Fetch-Site); "
+                               "add the page's origin to LLMRUN_ORIGINS")
             return
         if scope["method"] == "OPTIONS" and origin:
             await self._preflight(send, origin, headers)
@@ -129,8 +175,5 @@ class Security:
         await send({"type": "http.response.body", "body": b""})
 
     async def _refuse(self, send: Send, path: str, status: int, message: str) -> None:
-        status, body = _error(path, status, message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, path, status, message,
+                         "invalid_api_key" if status == 401 else "forbidden")
