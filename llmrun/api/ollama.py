@@ -13,8 +13,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
-from llmrun import __version__
+from llmrun import __version__, config
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.engine import thinking
 from llmrun.request import (
@@ -31,6 +32,8 @@ from llmrun.request import (
 )
 from llmrun.server.service import Service
 from llmrun.store import (
+    HOST_PATH_REFUSED,
+    BlobTooLarge,
     CreateError,
     DigestError,
     InvalidName,
@@ -38,6 +41,7 @@ from llmrun.store import (
     ModelNotFound,
     Store,
     StoreError,
+    refuse_host_paths,
 )
 from llmrun.store.modelfile import Modelfile, ModelfileError
 from llmrun.store.modelfile import parse as modelfile_parse
@@ -299,6 +303,9 @@ def router(service: Service) -> APIRouter:
             entry["context_length"] = loaded.runner.info.get("n_ctx_seq", loaded.spec.n_ctx)
             entry["slots"] = loaded.spec.n_slots
             entry["slots_busy"] = loaded.runner.busy
+            # confinement layers the runner applied, and whether that is all of them
+            entry["sandbox"] = loaded.runner.info.get("sandbox", [])
+            entry["confined"] = bool(loaded.runner.info.get("confined", False))
             models.append(entry)
         return {"models": models}
 
@@ -623,14 +630,29 @@ def store_router(store: Store) -> APIRouter:
 
     @api.post("/api/blobs/{digest}", response_model=None)
     async def blob_upload(digest: str, request: Request) -> Response:
+        """Stream the body into a temporary file, hashing as it arrives; it becomes a blob
+        only whole, within LLMRUN_MAX_BLOB_SIZE and matching `digest`. Any other ending (too
+        large, wrong digest, the client gone) leaves nothing behind."""
+        limit = config.max_blob_size()
         try:
             if store.blobs.exists(digest):
                 return Response(status_code=200)
-            with store.blobs.writer(expected=digest) as w:
+            if _declared_length(request) > limit:  # refused before a byte is written
+                raise BlobTooLarge(f"blob is larger than the limit of {limit} bytes "
+                                   "(LLMRUN_MAX_BLOB_SIZE)")
+            incoming = store.blobs.incoming(expected=digest, limit=limit)
+            try:
                 async for chunk in request.stream():
-                    w.write(chunk)
+                    incoming.write(chunk)
+                await asyncio.to_thread(incoming.commit)  # fsync off the event loop
+            finally:
+                incoming.discard()
+        except BlobTooLarge as exc:
+            return error(413, str(exc))
         except DigestError as exc:
             return fail(exc)
+        except ClientDisconnect:
+            return error(400, "the upload was cut short; nothing was kept")
         return Response(status_code=201)
 
     @api.post("/api/create", response_model=None)
@@ -639,7 +661,7 @@ def store_router(store: Store) -> APIRouter:
         if not name:
             return error(400, "missing field 'model'")
         try:
-            mf = _modelfile_from(body)
+            mf = _modelfile_from(body)  # host paths refused here, before any stream starts
         except (StoreError, ValueError) as exc:
             return fail(exc)
 
@@ -647,7 +669,7 @@ def store_router(store: Store) -> APIRouter:
             yield {"status": "parsing modelfile"}
             try:
                 manifest = await asyncio.to_thread(store.create, name, mf, None, None,
-                                                   body.quantize)
+                                                   body.quantize, allow_paths=False)
             except StoreError as exc:
                 yield {"error": str(exc), "_status": _store_status(exc)}
                 return
@@ -670,12 +692,26 @@ def store_router(store: Store) -> APIRouter:
     return api
 
 
+def _declared_length(request: Request) -> int:
+    try:
+        return int(request.headers.get("content-length") or 0)
+    except ValueError:
+        return 0  # chunked or bogus: the byte count while streaming still bounds it
+
+
 def _modelfile_from(body: CreateBody) -> Modelfile:
+    """The Modelfile a create body describes. Over HTTP, FROM/`files`/ADAPTER name uploaded
+    blobs or models only: anything else is refused with one message, whatever is on disk."""
     if body.modelfile and not (body.from_ or body.files):
         try:
-            return modelfile_parse(body.modelfile)
+            mf = modelfile_parse(body.modelfile)
         except ModelfileError as exc:
             raise CreateError(str(exc)) from None
+        refuse_host_paths(mf)
+        return mf
+    if any(not d.startswith(("sha256:", "sha256-")) for d in
+           [*(body.files or {}).values(), *(body.adapters or {}).values()]):
+        raise CreateError(HOST_PATH_REFUSED)  # Ollama's clients send digests here, never paths
     if body.files:
         ggufs = [d for f, d in body.files.items() if f.lower().endswith(".gguf")]
         if len(ggufs) != 1:
@@ -692,9 +728,11 @@ def _modelfile_from(body: CreateBody) -> Modelfile:
     if isinstance(params.get("stop"), str):
         params["stop"] = [params["stop"]]
     licenses = [body.license] if isinstance(body.license, str) else list(body.license or [])
-    return Modelfile(
+    mf = Modelfile(
         from_=source, parameters=params, template=body.template, system=body.system,
         adapters=list((body.adapters or {}).values()),  # uploaded blobs: sha256:<hex>
         messages=[Message(role=m.role, content=m.content) for m in body.messages or []
                   if m.role != "tool"],
         license=licenses)
+    refuse_host_paths(mf)
+    return mf

@@ -14,15 +14,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
+from llmrun.server.limits import BodyLimit, RateLimit
 from llmrun.server.metrics import CONTENT_TYPE, Metrics
 from llmrun.server.scheduler import Scheduler
-from llmrun.server.security import Security
+from llmrun.server.security import Security, authorized, dialect_error
 from llmrun.server.service import Service
 from llmrun.store import Store
 
@@ -80,6 +82,7 @@ def create_app(store: Store | None = None,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        store.prune()  # blobs uploaded but never used, temp files of writes that crashed
         yield
         await scheduler.shutdown()
         if on_shutdown is not None:
@@ -96,6 +99,14 @@ def create_app(store: Store | None = None,
             return openai.validation_error(exc)
         return JSONResponse({"error": describe_validation_error(exc)}, status_code=400)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # unknown routes (404) and wrong methods (405): the dialect's shape, not {"detail"}
+        path = request.url.path
+        message = f"{exc.detail}: {request.method} {path}"
+        return JSONResponse(dialect_error(path, exc.status_code, message),
+                            status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(EngineError)
     async def on_engine_error(_: Request, exc: EngineError) -> Response:
         return JSONResponse({"error": exc.message}, status_code=exc.status)
@@ -105,7 +116,10 @@ def create_app(store: Store | None = None,
         return PlainTextResponse("llmrun is running")
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        # open to probes even when keys are set, so without a key it says only "up"
+        if not authorized(request.headers):
+            return {"status": "ok"}
         return {"status": "ok", "version": __version__,
                 "loaded": [v.name for v in scheduler.loaded.values()]}
 
@@ -118,8 +132,12 @@ def create_app(store: Store | None = None,
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    # outermost last: identity header, Security, RateLimit (after the key check, so it can
+    # count per key), BodyLimit, JSONBodies, metrics
     app.add_middleware(OnResponseStart, hook=metrics.count_response)
     app.add_middleware(JSONBodies)
+    app.add_middleware(BodyLimit)
+    app.add_middleware(RateLimit)
     app.add_middleware(Security)
     app.add_middleware(OnResponseStart, hook=identity_header)
     return app
