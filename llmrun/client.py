@@ -86,8 +86,7 @@ class Client:
         if state == "other":
             raise NotLlmrun(f"{self.base_url} is answered by a server that is not llmrun; "
                             "stop it or point LLMRUN_HOST at another port")
-        home = config.home()
-        home.mkdir(parents=True, exist_ok=True)
+        home = config.make_private(config.home())
         # The lock makes concurrent CLIs agree on one daemon: the first starts it, the
         # others wait here and then find it running.
         with FileLock(home / "daemon.lock", timeout=START_TIMEOUT + 10):

@@ -182,13 +182,17 @@ def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
                     f"for a in \"$@\"; do echo \"$a\"; done > {tmp_path}/args\n")
     fake.chmod(0o755)
     path = f"{fake.parent}:{os.environ['PATH']}"
-    r = llmrun("launch", "claude", "-m", "smollm2", "--", "-p", "hello there", env={"PATH": path})
+    key = "sk-local-7f3a9e"
+    r = llmrun("launch", "claude", "-m", "smollm2", "--", "-p", "hello there",
+               env={"PATH": path, "LLMRUN_API_KEYS": key})
     assert r.returncode == 0, r.stderr
+    assert key not in r.stderr + r.stdout  # a key is printed only when asked (--print-env)
     env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()
                if "=" in line)
     assert env["ANTHROPIC_BASE_URL"] == f"http://{os.environ['LLMRUN_HOST']}"
     assert env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "smollm2"
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert env["ANTHROPIC_AUTH_TOKEN"] == key
     args = (tmp_path / "args").read_text().splitlines()
     assert args[0] == "--settings"
     assert json.loads(args[1])["env"]["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
@@ -221,3 +225,15 @@ def test_bench_prints_ratios_against_raw_llama_cpp(home_with_model: Path) -> Non
     assert "raw-1 (llama-cpp-python high-level Llama" in r.stdout
     bad = llmrun("bench", "smollm2", "--levels", "x")
     assert bad.returncode == 1 and "--levels" in bad.stderr
+
+
+def test_home_and_files_are_private(home_with_model: Path) -> None:
+    """LLMRUN_HOME holds prompts (logs), keys (config.yaml) and models: owner only."""
+    home_with_model.chmod(0o755)  # as an older version left it
+    r = llmrun("run", "smollm2", "Hi", "--seed", "1", env={"LLMRUN_CONTEXT_LENGTH": "512"})
+    assert r.returncode == 0, r.stderr
+    assert home_with_model.stat().st_mode & 0o777 == 0o700
+    written = [p for p in (home_with_model / "logs").rglob("*") if p.is_file()]
+    assert written, "the daemon wrote no logs"
+    for path in written:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from llmrun import __version__
@@ -39,4 +41,7 @@ bench.register(app)
 
 
 def main() -> None:
+    # Everything llmrun writes (store, logs, pid and lock files, the daemon's and the runners'
+    # files, which inherit this) is the user's alone: files 0600, directories 0700.
+    os.umask(0o077)
     app()

@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
             fail("claude is not installed: npm install -g @anthropic-ai/claude-code")
         args = claude_args(ctx.args)
         for k, v in env.items():
-            err.print(f"[dim]{k}={v}[/]", markup=True)
+            # the key is the user's secret: shown only when asked for (--print-env)
+            shown = "<first of LLMRUN_API_KEYS>" if k == "ANTHROPIC_AUTH_TOKEN" and \
+                config.api_keys() else v
+            err.print(f"[dim]{k}={shown}[/]", markup=True, highlight=False)
         err.print(f"[dim]claude {shlex.join(args)}[/]", markup=True)
         os.execvpe(exe, [exe, *args], {**os.environ, **env})

@@ -95,7 +95,7 @@ class Model:
             arr = (ctypes.c_char_p * len(paths))(*(str(p).encode() for p in paths))
             ptr = C.llama_model_load_from_splits(arr, len(paths), params)
         if not ptr:
-            raise LlamaError(f"llama.cpp could not load {paths[0]}")
+            raise LlamaError(f"llama.cpp could not load {Path(paths[0]).name}")
         self.ptr = ptr
         self.vocab = C.llama_model_get_vocab(ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
@@ -452,9 +452,9 @@ class LoraAdapter:
     def __init__(self, model: Model, path: Path) -> None:
         init_backend()
         if not model.ptr:
-            raise LlamaError(f"cannot load LoRA adapter {path}: the model is closed")
+            raise LlamaError(f"cannot load LoRA adapter {Path(path).name}: the model is closed")
         if not Path(path).is_file():
-            raise LlamaError(f"LoRA adapter {path}: no such file")
+            raise LlamaError(f"LoRA adapter {Path(path).name}: no such file")
         errors = _ErrorLog()
         log.addHandler(errors)
         try:
@@ -463,7 +463,8 @@ class LoraAdapter:
             log.removeHandler(errors)
         if not ptr:
             why = "; ".join(errors.lines) or "see the log"
-            raise LlamaError(f"llama.cpp could not load the LoRA adapter {path}: {why}")
+            raise LlamaError(f"llama.cpp could not load the LoRA adapter {Path(path).name}: "
+                             f"{why}")
         self.ptr = ptr
         self.model = model
         self.path = path
