@@ -223,3 +223,47 @@ def test_fill_in_the_middle_and_context(tmp_path: Path) -> None:
         assert "context" not in gen(d.url, "plain", raw=True).json()
     finally:
         d.stop()
+
+
+def test_load_options_are_capped(tmp_path: Path) -> None:
+    """Per-request load options past what can help are capped, not honoured one reload each
+    (issue 11, finding 5)."""
+    from llmrun.request import Options
+    from llmrun.server.scheduler import Scheduler
+
+    store = Store(tiny_home(tmp_path, ["a"]))
+    _, manifest = store.get("a")
+    spec = Scheduler(store, tmp_path).spec_for(
+        manifest, Options(num_ctx=10**7, num_batch=10**6, num_thread=10**4))
+    assert spec.n_ctx == manifest.details.context_length  # the trained context
+    assert spec.n_batch == 4096
+    assert spec.n_threads == os.cpu_count()
+
+
+def test_other_load_options_wait_for_the_busy_runner(daemon: Daemon) -> None:
+    """A request with another num_ctx, sent while a stream runs, waits until the runner is
+    idle and then reloads it: the stream completes, and no second runner starts beside it."""
+    assert gen(daemon.url, "smollm2").status_code == 200  # loaded, default context
+    count = {"model": "smollm2", "messages": [{"role": "user", "content": "Count to 500."}],
+             "options": {"num_predict": 100, "temperature": 0}}
+    finished: list[str] = []
+
+    def other() -> httpx.Response:
+        r = gen(daemon.url, "smollm2", options={"num_predict": 2, "num_ctx": 1024})
+        finished.append("other")
+        return r
+
+    with httpx.stream("POST", f"{daemon.url}/api/chat", json=count, timeout=120) as stream, \
+            ThreadPoolExecutor(1) as pool:
+        lines = stream.iter_lines()
+        first = json.loads(next(lines))  # the runner is busy with this stream
+        waiting = pool.submit(other)
+        rest = [json.loads(line) for line in lines]
+        finished.append("stream")
+        r = waiting.result()
+    assert all("error" not in x for x in [first, *rest]) and rest[-1]["done"] is True
+    assert r.status_code == 200, r.text
+    assert finished == ["stream", "other"]
+    (model,) = httpx.get(f"{daemon.url}/api/ps").json()["models"]
+    assert model["context_length"] == 1024
+    assert gen(daemon.url, "smollm2").status_code == 200  # back to the default context

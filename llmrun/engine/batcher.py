@@ -8,6 +8,12 @@ to `emit` in one call. New requests join at the next step; finished ones leave a
 KV bookkeeping: a slot is one llama sequence id; `slot.tokens` is exactly the list of tokens
 whose keys/values sit in that sequence's cells, positions 0..len-1. A new request goes to the
 free slot sharing the longest prefix with its prompt, and only the rest is evaluated.
+
+Failures: whatever one sequence brings (a grammar that does not build, a sampler or text
+stream that raises) ends that sequence with an error event; the others go on. Only a failure
+of the step itself (building the batch, decoding) reaches `_run`, which fails every request
+in flight and hands the exception to `on_fatal` (the runner process then exits, so the
+daemon starts a fresh one rather than queueing requests to a thread that is gone).
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from llmrun.engine.llama import Batch, Context, Model, Sampler
+from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
 from llmrun.engine.textstream import TextStream
 
 log = logging.getLogger(__name__)
 
 Event = tuple[str, str, Any]  # (request id, "chunk" | "done" | "error", payload)
+
+# After a step that produced no events (a long prompt being read), the engine still emits an
+# empty list at most this often, so the daemon's watchdog tells slow progress from a hang.
+HEARTBEAT_SECONDS = 1.0
 
 
 @dataclass
@@ -81,13 +91,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class Engine:
     def __init__(self, model: Model, ctx: Context, *, n_ctx_seq: int, n_slots: int,
-                 emit: Callable[[list[Event]], None]) -> None:
+                 emit: Callable[[list[Event]], None],
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ctx.n_batch)
         self.emit = emit
+        self.on_fatal = on_fatal  # None: the exception ends the thread (and is logged)
+        self._last_emit = time.monotonic()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
         self._thread = threading.Thread(target=self._run, name="llmrun-engine", daemon=True)
@@ -149,11 +162,16 @@ class Engine:
                     self._step()
         except Exception as exc:  # never die silently: fail everything in flight
             log.exception("engine thread failed")
-            err = {"message": f"engine failed: {exc}", "status": 500}
+            err = {"message": f"the model runner's engine failed ({type(exc).__name__}) and "
+                              "will be restarted", "status": 500}
             events: list[Event] = [(s.id, "error", err) for s in self._active()]
             events += [(s.id, "error", err) for s in self._waiting]
-            self.emit(events)
-            raise
+            try:
+                self.emit(events)
+            finally:
+                if self.on_fatal is None:
+                    raise
+                self.on_fatal(exc)
 
     def _admit(self) -> None:
         while self._waiting:
@@ -165,9 +183,14 @@ class Engine:
             try:
                 self._place(seq, slot)
             except Exception as exc:
-                self.emit([(seq.id, "error", {"message": str(exc), "status": 500})])
+                # a grammar llama.cpp refuses is the request's fault; anything else is ours
+                status = 400 if isinstance(exc, LlamaError | ValueError) else 500
+                if status == 500:
+                    log.exception("request %s could not start", seq.id)
+                self.emit([(seq.id, "error", {"message": _describe(exc), "status": status})])
 
     def _place(self, seq: Sequence, slot: Slot) -> None:
+        seq.sampler = self._sampler(seq)  # first: if it fails, the slot is left as it was
         n = common_prefix(slot.tokens, seq.prompt)
         if seq.params.prompt_logprobs is not None:
             n = 0
@@ -178,19 +201,26 @@ class Engine:
         if n == 0:
             self.ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n:]
-        p = seq.params
-        seq.sampler = Sampler(self.model, grammar=p.grammar, **p.sampling)
-        # Penalties look at recent tokens: show the sampler the prompt it continues.
-        last_n = p.sampling.get("repeat_last_n", 64)
-        history = seq.prompt if last_n == -1 else seq.prompt[-last_n:] if last_n > 0 else []
-        for tok in history:
-            seq.sampler.accept(tok)
-        seq.text = TextStream(p.stops)
+        seq.text = TextStream(seq.params.stops)
         seq.cached = n
         seq.pending = seq.prompt[n:]
         seq.slot = slot
         seq.t_start = time.perf_counter()
         slot.seq = seq
+
+    def _sampler(self, seq: Sequence) -> Sampler:
+        p = seq.params
+        sampler = Sampler(self.model, grammar=p.grammar, **p.sampling)
+        try:
+            # Penalties look at recent tokens: show the sampler the prompt it continues.
+            last_n = p.sampling.get("repeat_last_n", 64)
+            history = seq.prompt if last_n == -1 else seq.prompt[-last_n:] if last_n > 0 else []
+            for tok in history:
+                sampler.accept(tok)
+        except BaseException:
+            sampler.close()
+            raise
+        return sampler
 
     def _step(self) -> None:
         batch = self.batch
@@ -240,17 +270,40 @@ class Engine:
         if scored:
             self._score_prompt(scored, events)
         for seq, idx in outputs:
-            assert seq.sampler is not None
-            if seq.params.max_tokens == 0:  # prompt only (scoring, or loading a prefix)
-                seq.t_first = now
-                self._finish(seq, "length", events)
-                continue
-            token = self.ctx.sample(seq.sampler, idx)
-            if seq.generated == 0:
-                seq.t_first = now
-            self._on_token(seq, token, idx, events)
-        if events:
-            self.emit(events)
+            if seq.slot is None or seq.slot.seq is not seq:
+                continue  # failed while its prompt was scored
+            try:
+                self._output(seq, idx, now, events)
+            except Exception as exc:
+                self._fail(seq, exc, events)
+        if events or time.monotonic() - self._last_emit >= HEARTBEAT_SECONDS:
+            self._last_emit = time.monotonic()
+            self.emit(events)  # (empty: a heartbeat)
+
+    def _output(self, seq: Sequence, idx: int, now: float, events: list[Event]) -> None:
+        """Sample `seq`'s next token from batch row `idx` and hand its text on."""
+        assert seq.sampler is not None
+        if seq.params.max_tokens == 0:  # prompt only (scoring, or loading a prefix)
+            seq.t_first = now
+            self._finish(seq, "length", events)
+            return
+        token = self.ctx.sample(seq.sampler, idx)
+        if seq.generated == 0:
+            seq.t_first = now
+        self._on_token(seq, token, idx, events)
+
+    def _fail(self, seq: Sequence, exc: BaseException, events: list[Event]) -> None:
+        """End `seq` alone with an error. Its slot keeps the cells decoded so far: they match
+        `slot.tokens` (a token joins both only when it is decoded), so later requests may
+        reuse them."""
+        log.error("request %s failed", seq.id, exc_info=exc)
+        if seq.slot is not None and seq.slot.seq is seq:
+            seq.slot.seq = None
+        seq.next_token = None
+        seq.pending = []
+        if seq.sampler is not None:
+            seq.sampler.close()
+        events.append((seq.id, "error", {"message": _describe(exc), "status": 500}))
 
     def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None
@@ -280,11 +333,20 @@ class Engine:
         """Prompt logprobs of this step's prefill chunks, one event per sequence. Index -1 is
         a prompt's first token, which has nothing before it to be scored against."""
         per_seq: dict[str, list[dict[str, Any]]] = {}
+        failed: set[str] = set()
         for seq, idx, token in scored:
-            piece = self.model.piece(token)
-            entry = ({"token": piece.decode("utf-8", "replace"), "logprob": None,
-                      "bytes": list(piece), "top": []} if idx < 0
-                     else self._logprob(token, piece, idx, seq.params.prompt_logprobs or 0))
+            if seq.id in failed:
+                continue
+            try:
+                piece = self.model.piece(token)
+                entry = ({"token": piece.decode("utf-8", "replace"), "logprob": None,
+                          "bytes": list(piece), "top": []} if idx < 0
+                         else self._logprob(token, piece, idx, seq.params.prompt_logprobs or 0))
+            except Exception as exc:
+                failed.add(seq.id)
+                per_seq.pop(seq.id, None)
+                self._fail(seq, exc, events)
+                continue
             per_seq.setdefault(seq.id, []).append(entry)
         events += [(rid, "prompt_logprobs", entries) for rid, entries in per_seq.items()]
 
@@ -300,6 +362,7 @@ class Engine:
             "bytes": list(piece),
             "top": [],
         }
+        top = min(top, len(logits) - 1)  # argpartition needs kth < n
         if top > 0:
             best = np.argpartition(-logits, top)[:top]
             best = best[np.argsort(-logits[best])]
@@ -353,3 +416,11 @@ class Engine:
                 seq.sampler.close()
             events.append((seq.id, "error", {"message": msg, "status": 500}))
         self.emit(events)
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as a request's error message (its type where the text alone is vague)."""
+    if isinstance(exc, LlamaError | ValueError) and str(exc):
+        return str(exc)
+    return f"generation failed: {type(exc).__name__}: {exc}" if str(exc) else \
+        f"generation failed: {type(exc).__name__}"

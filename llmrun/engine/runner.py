@@ -11,9 +11,15 @@ It speaks framed JSON (llmrun.engine.ipc) over the inherited socket `--fd`:
     runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
                        {"type": "events", "events": [[id, kind, payload]]}
                        kind: "chunk" | "done" | "error" | "embedding" | "count"
+                             | "embedding_part" (some vectors of a reply too large for one
+                             frame; the closing "embedding" carries the rest)
+                       an empty events list is a heartbeat (the engine is busy, not hung)
 
 A crash here (llama.cpp is C++) takes down only this process; the daemon reports it to the
 requests in flight. When the daemon goes away the channel closes and the runner exits.
+Whatever one request brings ends only that request with an error event; if the engine thread
+or the message loop fails anyway, the process exits (ipc.EXIT_*), so the daemon starts a
+fresh runner rather than sending requests to a process that can no longer answer them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import sys
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrun import config
-from llmrun.engine import sandbox, templates, thinking, tools
+from llmrun.engine import ipc, sandbox, templates, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
@@ -47,6 +54,32 @@ log = logging.getLogger("llmrun.runner")
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
                  "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
+# Event kinds that end a request (nothing more is sent for its id).
+FINAL = frozenset({"done", "error", "embedding", "count"})
+
+
+def request_error(exc: BaseException) -> dict[str, Any]:
+    """The error event payload for a request that could not be prepared: 400 when the
+    request itself is at fault (a template, schema, option or nesting it brought), 500 for
+    anything else, which is logged."""
+    if isinstance(exc, RecursionError):
+        return {"message": "the request is nested too deeply to process", "status": 400}
+    if isinstance(exc, ValueError | LlamaError):
+        return {"message": str(exc) or type(exc).__name__, "status": 400}
+    log.error("request failed", exc_info=exc)
+    if isinstance(exc, MemoryError):
+        return {"message": "the model runner ran out of memory preparing this request",
+                "status": 500}
+    return {"message": f"the model runner could not prepare this request: "
+                       f"{type(exc).__name__}: {exc}", "status": 500}
+
+
+def by_request(events: list[Event]) -> dict[str, list[Event]]:
+    """Events grouped by request id, each request's in their order."""
+    groups: dict[str, list[Event]] = {}
+    for event in events:
+        groups.setdefault(event[0], []).append(event)
+    return groups
 
 
 def _die_with_parent() -> None:
@@ -67,27 +100,130 @@ class Runner:
         self._embedder: Embedder | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
-        self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit)
+        self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
+                             on_fatal=self._engine_failed)
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
         self._tool_streams: dict[str, tools.ToolStream] = {}  # requests that offer tools
         self._think_streams: dict[str, thinking.ThinkStream] = {}  # ... that may think
         self._control_pieces: dict[int, bytes] | None = None
+        # Requests sent to the engine or embedder and not finished: failed if the process
+        # has to exit. Sets of ids touched from several threads: add/discard are atomic.
+        self._inflight: set[str] = set()
+        self._dropped: set[str] = set()  # failed here: their further events are not sent
+        self._exit = os._exit  # replaceable in tests
+        self.sandbox_info: dict[str, Any] = {}  # confinement layers, for info()
+
+    # -- events out -----------------------------------------------------------------------
 
     def emit(self, events: list[Event]) -> None:
-        if self._think_streams:  # thoughts first: the tool parser sees only the answer
-            events = thinking.filter_events(self._think_streams, events)
-        if self._tool_streams:
-            events = tools.filter_events(self._tool_streams, events)
-        # OSError: the daemon is gone; the main loop notices and exits
-        with contextlib.suppress(OSError):
-            self.chan.send({"type": "events", "events": events})
+        """Send engine (or embedder) events to the daemon; an empty list is a heartbeat."""
+        if self._dropped:
+            events = self._without_dropped(events)
+        if self._think_streams or self._tool_streams:
+            events = self._filter(events)
+        for rid, kind, _ in events:
+            if kind in FINAL:
+                self._inflight.discard(rid)
+        self._send_events(events)
+
+    def _without_dropped(self, events: list[Event]) -> list[Event]:
+        out = []
+        for event in events:
+            rid, kind, _ = event
+            if rid not in self._dropped:
+                out.append(event)
+            elif kind in FINAL:
+                self._dropped.discard(rid)
+        return out
+
+    def _filter(self, events: list[Event]) -> list[Event]:
+        """Events through the thinking and tool-call filters, one request at a time, so a
+        filter that raises on one request's output fails that request alone."""
+        out: list[Event] = []
+        for rid, group in by_request(events).items():
+            if rid in self._think_streams or rid in self._tool_streams:
+                try:
+                    if rid in self._think_streams:  # thoughts first: tools see the answer
+                        group = thinking.filter_events(self._think_streams, group)
+                    if rid in self._tool_streams:
+                        group = tools.filter_events(self._tool_streams, group)
+                except Exception as exc:
+                    log.error("request %s: its output filter failed", rid, exc_info=exc)
+                    group = self._abandon(rid, group, {
+                        "message": f"the model's output could not be processed "
+                                   f"({type(exc).__name__}); generation was stopped",
+                        "status": 500})
+            out += group
+        return out
+
+    def _abandon(self, rid: str, group: list[Event], error: dict[str, Any]) -> list[Event]:
+        """End request `rid` with `error` in place of `group` (its events of this step): its
+        stream state goes, and unless the group already finished it, the engine cancels it
+        and whatever it still emits for it is dropped."""
+        self._think_streams.pop(rid, None)
+        self._tool_streams.pop(rid, None)
+        if not any(kind in FINAL for _, kind, _ in group):
+            self._dropped.add(rid)
+            self.engine.cancel(rid)
+        return [(rid, "error", error)]
+
+    def _send_events(self, events: list[Event]) -> None:
+        """One events frame, or several when it would exceed ipc.MAX_FRAME (the daemon would
+        take a larger one for a broken channel and drop every request on this runner)."""
+        try:
+            frame: bytes | None = ipc.encode({"type": "events", "events": events})
+        except (ValueError, RecursionError):  # a payload JSON cannot carry
+            frame = None
+        if frame is not None and ipc.body_size(frame) <= ipc.MAX_FRAME:
+            # OSError: the daemon is gone; the main loop notices and exits
+            with contextlib.suppress(OSError):
+                self.chan.send_frame(frame)
+        elif len(events) > 1:
+            half = len(events) // 2
+            self._send_events(events[:half])
+            self._send_events(events[half:])
+        elif events:
+            self._send_events(self._split(events[0]))
+
+    def _split(self, event: Event) -> list[Event]:
+        """One event too large for a frame: an embedding reply in two parts, else an error."""
+        rid, kind, payload = event
+        if kind in ("embedding", "embedding_part") and len(payload["embeddings"]) > 1:
+            vectors = payload["embeddings"]
+            half = len(vectors) // 2
+            return [(rid, "embedding_part", {"embeddings": vectors[:half]}),
+                    (rid, kind, {**payload, "embeddings": vectors[half:]})]
+        log.error("request %s: a %s event does not fit an IPC frame", rid, kind)
+        return self._abandon(rid, [event] if kind in FINAL else [], {
+            "message": f"the reply is larger than the IPC frame limit ({ipc.MAX_FRAME} bytes)",
+            "status": 413})
+
+    # -- when this process can no longer serve --------------------------------------------
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        self._die(ipc.EXIT_ENGINE_FAILED, f"the engine thread failed ({type(exc).__name__})")
+
+    def _die(self, status: int, why: str) -> None:
+        """Fail every request in flight, then exit: the daemon sees the runner gone and starts
+        a fresh one for the next request (a live process whose engine is gone would leave
+        every later request waiting forever)."""
+        log.critical("%s; exiting with status %d", why, status)
+        error = {"message": f"the model runner failed ({why}) and will be restarted",
+                 "status": 500}
+        with contextlib.suppress(Exception):
+            self._send_events([(rid, "error", error) for rid in list(self._inflight)])
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        self._exit(status)
 
     def embedder(self) -> Embedder:
         if self._embedder is None:
             self._embedder = Embedder(self.model, self.n_ctx_seq, self.n_threads,
-                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]))
+                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
+                                      heartbeat=lambda: self.emit([]))
         return self._embedder
 
     def info(self) -> dict[str, Any]:
@@ -97,11 +233,15 @@ class Runner:
             "n_ctx_train": self.model.n_ctx_train,
             "has_template": self.template is not None,
             "size": self.model.size,
+            **self.sandbox_info,  # which confinement layers hold (main() sets it)
         }
 
     def source(self, job: GenerateJob) -> str:
-        """The chat template this job renders with."""
-        return job.template or self.template or templates.FALLBACK_TEMPLATE
+        """The chat template this job renders with, refused before anything (tool and
+        thinking markers included) reads it if it is over the size limit."""
+        source = job.template or self.template or templates.FALLBACK_TEMPLATE
+        templates.check_size(source)
+        return source
 
     def render(self, job: GenerateJob) -> tuple[list[int], str]:
         """The prompt's tokens and the text they came from."""
@@ -149,6 +289,14 @@ class Runner:
 
     def generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
         try:
+            self._generate(req_id, raw_job)
+        except Exception as exc:  # templates, schemas, parsers: this request only
+            self._think_streams.pop(req_id, None)
+            self._tool_streams.pop(req_id, None)
+            self.emit([(req_id, "error", request_error(exc))])
+
+    def _generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
+        try:
             job = GenerateJob.model_validate(raw_job)
             prompt, text = self.render(job)
             source = self.source(job)
@@ -164,8 +312,8 @@ class Runner:
                 grammar = json_grammar()
             elif isinstance(job.format, dict):
                 grammar = schema_grammar(job.format)
-        except (ValueError, LlamaError) as exc:
-            self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
             return
         if len(prompt) >= self.n_ctx_seq:
             self.emit([(req_id, "error", {
@@ -190,6 +338,7 @@ class Runner:
         if pair is not None and grammar is None:
             self._think_streams[req_id] = thinking.ThinkStream(
                 pair, inside=thinking.opens(text, pair), keep=job.think is not False)
+        self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
 
     def control_pieces(self) -> dict[int, bytes]:
@@ -207,19 +356,28 @@ class Runner:
         """The prompt length a job renders to, exactly as `generate` would see it."""
         try:
             n = len(self.render(GenerateJob.model_validate(raw_job))[0])
-        except (ValueError, LlamaError) as exc:
-            self.emit([(req_id, "error", {"message": str(exc), "status": 400})])
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
             return
         self.emit([(req_id, "count", {"prompt_tokens": n, "n_ctx": self.n_ctx_seq})])
 
     def serve(self) -> None:
         self.engine.start()
         self.chan.send({"type": "ready", "info": self.info()})
+        try:
+            self._serve()
+        except Exception as exc:
+            log.exception("the message loop failed")
+            self._die(ipc.EXIT_SERVE_FAILED, f"its message loop failed ({type(exc).__name__})")
+        self.engine.stop()
+
+    def _serve(self) -> None:
+        """Read the daemon's messages until it closes the channel or says shutdown."""
         while True:
             try:
                 msg = self.chan.recv()
             except (ChannelClosed, OSError):
-                break
+                return
             kind = msg.get("type")
             if kind == "generate":
                 self.generate(msg["id"], msg["job"])
@@ -228,10 +386,11 @@ class Runner:
             elif kind == "cancel":
                 self.engine.cancel(msg["id"])
             elif kind == "embed":
-                self.embedder().submit(msg["id"], list(msg["inputs"]), bool(msg.get("truncate")))
+                self._inflight.add(msg["id"])
+                self.embedder().submit(msg["id"], list(msg["inputs"]), bool(msg.get("truncate")),
+                                       int(msg.get("offset", 0)))
             elif kind == "shutdown":
-                break
-        self.engine.stop()
+                return
 
 
 def lora_arg(text: str) -> tuple[Path, float]:
@@ -245,6 +404,23 @@ def lora_arg(text: str) -> tuple[Path, float]:
     return Path(text), 1.0
 
 
+def _confine(files: list[Path]) -> tuple[dict[str, Any], str]:
+    """Confine this process before llama.cpp reads a byte of the model files (`files`, the
+    only ones it may still open besides the Python installation and system libraries).
+
+    Returns the sandbox fields of the ready info and, in LLMRUN_SANDBOX=strict mode when a
+    layer could not be applied, why the runner must not go on (else "")."""
+    mode = config.sandbox_mode()
+    if mode == "off":
+        log.warning("sandbox: off (LLMRUN_SANDBOX=0): this runner is not confined")
+        return {"sandbox": [], "confined": False, "sandbox_missing": ["off (LLMRUN_SANDBOX=0)"]}, ""
+    result = sandbox.confine(read=files)
+    log.info("sandbox: %s", ", ".join(result.applied))
+    for why in (*result.missing, *result.unavailable):
+        log.warning("sandbox: not applied: %s", why)
+    return result.info(), result.refusal() if mode == "strict" else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
     ap.add_argument("--fd", type=int, required=True)
@@ -256,11 +432,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lora", type=lora_arg, action="append", default=[],
                     metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
+    ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
+                    help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
+    ipc.MAX_FRAME = args.max_frame
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
     _die_with_parent()
     chan = SyncChannel(socket.socket(fileno=args.fd))
+    confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)])
+    if refusal:
+        chan.send({"type": "fatal", "error": refusal})
+        return 1
     try:
         model = Model(args.model)
         n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
@@ -276,9 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
              args.slots, args.threads)
-    if config.sandbox():  # from here on the runner only computes and talks to the daemon
-        log.info("sandbox: %s", ", ".join(sandbox.confine()))
-    Runner(chan, model, ctx, n_ctx_seq, args.slots, args.threads).serve()
+    runner = Runner(chan, model, ctx, n_ctx_seq, args.slots, args.threads)
+    runner.sandbox_info = confinement
+    runner.serve()
     return 0
 
 

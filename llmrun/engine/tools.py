@@ -336,6 +336,27 @@ def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool) -> str
 
 # -- parsing --------------------------------------------------------------------------------
 
+# Deepest bracket nesting a call's JSON may have. Real arguments are a few levels deep; text
+# nested deeper is not taken for a call, and never reaches a recursive decoder (Python's json
+# raises RecursionError near 1000 levels, which must not escape into the engine thread).
+MAX_DEPTH = 100
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def nesting(text: str) -> int:
+    """The deepest bracket nesting in `text`, brackets inside strings aside (those of a string
+    left unclosed count: erring on the deep side is safe). Linear time, no recursion."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
+
+
 
 def _strip_fence(text: str) -> str:
     m = re.fullmatch(r"\s*```(?:json)?\s*(.*?)\s*```\s*", text, re.S)
@@ -372,9 +393,11 @@ def _arguments(value: Any) -> dict[str, Any] | None:
     if value is None or value == "":
         return {}
     if isinstance(value, str):
+        if nesting(value) > MAX_DEPTH:
+            return None
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     return value if isinstance(value, dict) else None
 
@@ -492,7 +515,18 @@ def parse_calls(text: str, family: Family, names: set[str] | None = None,
 
     `names`: the offered tools. JSON-only families accept only calls of these (otherwise a
     JSON answer that happens to have a "name" key would become a call). `truncated`: the
-    output was cut off (length): a broken last call after whole ones is dropped."""
+    output was cut off (length): a broken last call after whole ones is dropped. Text nested
+    deeper than MAX_DEPTH holds no call."""
+    if nesting(text) > MAX_DEPTH:
+        return None
+    try:
+        return _parse_calls(text, family, names, truncated)
+    except RecursionError:  # bounded above; this is the last line of defence
+        return None
+
+
+def _parse_calls(text: str, family: Family, names: set[str] | None,
+                 truncated: bool) -> tuple[list[ToolCall], str] | None:
     if family == "hermes":
         return _parse_hermes(text, truncated)
     if family == "mistral":

@@ -3,6 +3,12 @@
 Each request gets an id and an asyncio queue; a reader task routes the runner's event frames
 to those queues. When the process dies (crash, SIGKILL, OOM) every request in flight gets a
 clear error and the handle is marked dead, so the scheduler starts a fresh runner next time.
+A watchdog does the same to a runner that has requests in flight and sends nothing for
+LLMRUN_WATCHDOG (the engine sends a heartbeat at least once a second while it works).
+
+Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
+the channel (and every request on it), so it fails only its own request, with 413. Large
+embedding batches go to the runner in pieces.
 """
 
 from __future__ import annotations
@@ -12,16 +18,16 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmrun import childenv, config
 from llmrun.engine import ipc
 from llmrun.request import (
     Chunk,
@@ -35,7 +41,31 @@ from llmrun.request import (
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
+EMBED_PIECE = 256  # inputs per embed message: replies stay small, other requests interleave
 _ids = itertools.count(1)
+
+
+def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]]]:
+    """(offset, inputs) pieces of at most EMBED_PIECE inputs whose JSON fits `limit` bytes
+    (an input too large on its own is a piece alone, refused when sent)."""
+    start, piece, size = 0, [], 0
+    for i, text in enumerate(inputs):
+        n = len(json.dumps(text, ensure_ascii=False).encode()) + 1
+        if piece and (len(piece) >= EMBED_PIECE or size + n > limit):
+            yield start, piece
+            start, piece, size = i, [], 0
+        piece.append(text)
+        size += n
+    if piece:
+        yield start, piece
+
+
+def runner_env() -> dict[str, str]:
+    """A runner's environment: the daemon's, scrubbed of credentials (childenv), plus the
+    settings it reads, resolved here so that it needs no config.yaml of its own."""
+    return childenv.scrubbed({"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                              "GGML_NO_BACKTRACE": "1",  # no gdb on abort (it cannot exec)
+                              "LLMRUN_SANDBOX": config.sandbox_mode()})
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,9 @@ class Runner:
         self._read_task: asyncio.Task[None] | None = None
         self.dead_reason: str | None = None
         self.load_seconds = 0.0
+        self._last_frame = time.monotonic()  # when the runner last showed progress
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stopping = False  # stop() was asked: the process ending is no news
 
     @property
     def alive(self) -> bool:
@@ -79,7 +112,8 @@ class Runner:
         s = self.spec
         cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno()),
                "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),
-               "--threads", str(s.n_threads), "--batch", str(s.n_batch)]
+               "--threads", str(s.n_threads), "--batch", str(s.n_batch),
+               "--max-frame", str(ipc.MAX_FRAME)]  # both sides must agree on the limit
         for path in s.model_paths:
             cmd += ["--model", str(path)]
         for path in s.lora_paths:
@@ -87,7 +121,7 @@ class Runner:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
-                pass_fds=(child.fileno(),), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                pass_fds=(child.fileno(),), env=runner_env(),
             )
         finally:
             child.close()
@@ -104,14 +138,48 @@ class Runner:
         self.info = msg["info"]
         self.load_seconds = time.perf_counter() - t0
         self._read_task = asyncio.create_task(self._read_loop())
+        self._watch_task = asyncio.create_task(self._watchdog(config.watchdog_seconds()))
 
     def _why(self, exc: BaseException) -> str:
+        """Why the runner stopped, for the client: no server paths (the daemon's log names the
+        runner's log, see _died)."""
         code = self.proc.returncode if self.proc else None
         if code is not None and code < 0:
-            return f"it was killed by signal {signal.Signals(-code).name} (log: {self.log_path})"
+            return f"it was killed by signal {signal.Signals(-code).name}"
         if code is not None:
-            return f"it exited with status {code} (log: {self.log_path})"
-        return f"{type(exc).__name__} (log: {self.log_path})"
+            reason = ipc.EXIT_REASONS.get(code)
+            return f"it exited with status {code}" + (f" ({reason})" if reason else "")
+        return type(exc).__name__
+
+    def _died(self, reason: str) -> None:
+        """Mark the runner dead and fail every request in flight with `reason`."""
+        if self.dead_reason is not None and self.dead_reason != "stopped":
+            return  # already reported (the watchdog, then the channel closing)
+        self.dead_reason = reason
+        pid = self.proc.pid if self.proc else None
+        log.log(logging.INFO if self._stopping else logging.ERROR, "%s (runner pid %s, log: %s)",
+                reason, pid, self.log_path)
+        for q in self._queues.values():
+            q.put_nowait(("error", {"message": reason, "status": 500}))
+
+    async def _watchdog(self, limit: float) -> None:
+        """Kill a runner that has requests in flight and sends nothing for `limit` seconds
+        (its engine heartbeats every second while busy, so this is a hang, not slowness)."""
+        while self.alive:
+            await asyncio.sleep(min(1.0, limit / 4))
+            if self._queues and time.monotonic() - self._last_frame > limit:
+                self._died(f"the model runner made no progress for {limit:g} s and was "
+                           "restarted")
+                await self.kill()
+                return
+
+    def _track(self, req_id: str) -> asyncio.Queue[tuple[str, Any]]:
+        """A queue for the events of request `req_id`."""
+        if not self._queues:
+            self._last_frame = time.monotonic()  # idle until now: the watchdog starts here
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._queues[req_id] = q
+        return q
 
     async def _recv(self) -> dict[str, Any]:
         assert self._reader is not None
@@ -122,13 +190,24 @@ class Runner:
     async def _send(self, msg: dict[str, Any]) -> None:
         if self._writer is None or not self.alive:
             raise EngineError(f"the model runner is not running ({self.dead_reason})")
-        self._writer.write(ipc.encode(msg))
+        try:
+            frame = ipc.checked(ipc.encode(msg))
+        except ipc.FrameTooLarge as exc:
+            raise EngineError(
+                f"the request is too large for the model runner: {exc.size} bytes encoded, "
+                f"over the limit of {ipc.MAX_FRAME} bytes per message", status=413,
+                kind="request_too_large") from None
+        except (ValueError, RecursionError):
+            raise EngineError("the request is nested too deeply to pass to the model runner",
+                              status=400, kind="invalid_request") from None
+        self._writer.write(frame)
         await self._writer.drain()
 
     async def _read_loop(self) -> None:
         try:
             while True:
                 msg = await self._recv()
+                self._last_frame = time.monotonic()
                 if msg.get("type") != "events":
                     continue
                 for req_id, kind, payload in msg["events"]:
@@ -139,16 +218,12 @@ class Runner:
             if self.proc is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.proc.wait(), 5)
-            self.dead_reason = f"the model runner stopped: {self._why(exc)}"
-            log.error("%s", self.dead_reason)
-            for q in self._queues.values():
-                q.put_nowait(("error", {"message": self.dead_reason, "status": 500}))
+            self._died(f"the model runner stopped: {self._why(exc)}")
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[Chunk | Done]:
         """Stream one request; closing the iterator early cancels it in the runner."""
         req_id = f"r{next(_ids)}"
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._queues[req_id] = q
+        q = self._track(req_id)
         finished = False
         try:
             await self._send({"type": "generate", "id": req_id, "job": job.model_dump()})
@@ -187,25 +262,39 @@ class Runner:
                     await self._send({"type": "cancel", "id": req_id})
 
     async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
-        """L2-normalised embeddings of `inputs` and the number of tokens they took."""
+        """L2-normalised embeddings of `inputs` and the number of tokens they took. A large
+        batch goes in pieces, one after another, so no frame either way nears the limit."""
+        vectors: list[list[float]] = []
+        n_tokens = 0
+        for offset, piece in embed_pieces(inputs, ipc.MAX_FRAME // 2):
+            got, n = await self._embed_piece(offset, piece, truncate)
+            vectors += got
+            n_tokens += n
+        return vectors, n_tokens
+
+    async def _embed_piece(self, offset: int, inputs: list[str],
+                           truncate: bool) -> tuple[list[list[float]], int]:
         req_id = f"e{next(_ids)}"
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._queues[req_id] = q
+        q = self._track(req_id)
+        vectors: list[list[float]] = []
         try:
             await self._send({"type": "embed", "id": req_id, "inputs": inputs,
-                              "truncate": truncate})
-            kind, payload = await q.get()
+                              "truncate": truncate, "offset": offset})
+            while True:
+                kind, payload = await q.get()
+                if kind == "embedding_part":  # a reply too large for one frame
+                    vectors += payload["embeddings"]
+                elif kind == "embedding":
+                    return vectors + payload["embeddings"], payload["prompt_tokens"]
+                else:
+                    raise EngineError(payload["message"], status=payload.get("status", 500))
         finally:
             self._queues.pop(req_id, None)
-        if kind != "embedding":
-            raise EngineError(payload["message"], status=payload.get("status", 500))
-        return payload["embeddings"], payload["prompt_tokens"]
 
     async def count(self, job: GenerateJob) -> int:
         """How many tokens `job`'s prompt renders to (nothing is generated)."""
         req_id = f"c{next(_ids)}"
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._queues[req_id] = q
+        q = self._track(req_id)
         try:
             await self._send({"type": "count", "id": req_id, "job": job.model_dump()})
             kind, payload = await q.get()
@@ -216,6 +305,7 @@ class Runner:
         return int(payload["prompt_tokens"])
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.alive:
             with contextlib.suppress(Exception):
                 await self._send({"type": "shutdown"})
@@ -236,3 +326,5 @@ class Runner:
             self._writer.close()
         if self._read_task is not None:
             self._read_task.cancel()
+        if self._watch_task is not None and self._watch_task is not asyncio.current_task():
+            self._watch_task.cancel()

@@ -4,6 +4,11 @@ States of a loaded model, in one line each:
   busy     refs > 0: requests are using its runner; it is never unloaded
   idle     refs == 0: unloaded when its keep-alive expires, or first when room is needed
   dead     its runner died: dropped at the next lookup, and a fresh one is started
+
+A request whose load options (num_ctx, num_batch, num_thread) differ from a busy runner's
+waits until that runner is idle, then reloads it (Ollama's behaviour): a busy runner is
+never replaced, and clients that alternate options cannot start runners side by side.
+While such a request waits, new requests wait too (else it could starve).
 """
 
 from __future__ import annotations
@@ -12,22 +17,39 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from llmrun import config
+from llmrun import bounds, config
 from llmrun.request import EngineError, Options
 from llmrun.server.runners import Runner, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
+from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+_warned_unconfined: list[bool] = []  # the sandbox warning is given once per daemon
+
+
+def _warn_unconfined(info: dict[str, Any]) -> None:
+    """Once per daemon: say in its log that runners run without some confinement layer
+    (LLMRUN_SANDBOX=strict would refuse them; =0 turned it off on purpose)."""
+    missing = info.get("sandbox_missing") or []
+    if not missing or _warned_unconfined or config.sandbox_mode() == "off":
+        return
+    _warned_unconfined.append(True)
+    log.warning("sandbox: model runners run without: %s (LLMRUN_SANDBOX=strict refuses to "
+                "run a model unconfined)", "; ".join(missing))
 
 
 def model_key(manifest: Manifest) -> str:
@@ -94,6 +116,9 @@ class Loaded:
     expires_at: float = math.inf
     last_used: float = field(default_factory=time.monotonic)
     unload_when_idle: bool = False  # `llmrun stop` or keep_alive 0 while requests ran
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while refs == 0
+    waiting: int = 0  # requests waiting for it to be idle (they count in the queue bound)
+    reloads_waiting: int = 0  # of them, with other load options: no new request joins it
 
 
 @dataclass
@@ -116,16 +141,21 @@ class Scheduler:
         self._verified: set[tuple[str, int, int]] = set()
 
     def spec_for(self, manifest: Manifest, options: Options) -> RunnerSpec:
+        """The runner `options` ask for, with their load-time values capped (as Ollama
+        does, quietly): num_ctx to the model's trained context, num_batch to
+        bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
+        nothing, and each distinct spec would be another reload."""
         n_ctx = options.num_ctx or manifest.options().num_ctx or config.context_length()
         trained = manifest.details.context_length
         if trained:
             n_ctx = min(n_ctx, trained)
+        n_threads = min(options.num_thread or config.num_threads(), os.cpu_count() or 1)
         return RunnerSpec(
             model_paths=tuple(self.store.model_paths(manifest)),
             n_ctx=n_ctx,
             n_slots=config.num_parallel(),
-            n_threads=options.num_thread or config.num_threads(),
-            n_batch=options.num_batch or 512,
+            n_threads=n_threads,
+            n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
         )
 
@@ -146,6 +176,7 @@ class Scheduler:
             loaded.last_used = time.monotonic()
             loaded.keep_alive = ttl
             if loaded.refs == 0:
+                loaded.idle.set()
                 loaded.expires_at = loaded.last_used + ttl
                 replaced = self.loaded.get(model_key(loaded.manifest)) is not loaded
                 if ttl == 0 or replaced or loaded.unload_when_idle:
@@ -161,34 +192,61 @@ class Scheduler:
                               kind="invalid_request") from None
         spec = self.spec_for(manifest, options)
         key = model_key(manifest)
-        async with self._lock:
-            current = self.loaded.get(key)
-            if current is not None and current.runner.alive and current.spec == spec:
-                waiting = current.refs - current.spec.n_slots
-                if waiting >= config.max_queue():
-                    # answer at once rather than let clients pile up behind a full queue
-                    raise EngineError(
-                        f"server busy: {current.refs} requests for '{parsed.short}' already "
-                        f"running or queued (LLMRUN_NUM_PARALLEL={current.spec.n_slots}, "
-                        f"LLMRUN_MAX_QUEUE={config.max_queue()}); retry shortly",
-                        status=503, kind="overloaded", retry_after=1)
-                current.refs += 1
-                current.expires_at = math.inf
-                return Lease(current, 0.0, manifest)
-            if current is not None and current.refs == 0:
-                await self.unload(current)
-            elif current is not None:
-                # busy with other options: it finishes its requests, then expires
-                self.loaded.pop(key, None)
-                current.expires_at = time.monotonic()
-            need = await asyncio.to_thread(self._check_files, parsed.short, manifest, spec)
-            await self._make_room(need)
-            runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
-            await runner.start()
-            loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
-            self.loaded[key] = loaded
-            self._ensure_reaper()
-            return Lease(loaded, runner.load_seconds, manifest)
+        while True:
+            async with self._lock:
+                current = self.loaded.get(key)
+                if current is not None and current.runner.alive and current.refs > 0 and (
+                        current.spec != spec or current.reloads_waiting):
+                    # Busy, and either these load options differ or a request that needs
+                    # other ones waits: wait until it is idle (as Ollama does) rather than
+                    # start a second runner beside it; then the first waiter takes it, or
+                    # reloads it with its own options.
+                    self._check_queue(current, parsed.short)
+                    reload = int(current.spec != spec)
+                    current.waiting += 1
+                    current.reloads_waiting += reload
+                else:
+                    return await self._lease_or_load(current, parsed, manifest, spec, key)
+            try:
+                await current.idle.wait()
+            finally:
+                current.waiting -= 1
+                current.reloads_waiting -= reload
+
+    def _check_queue(self, current: Loaded, short: str) -> None:
+        """Answer at once rather than let clients pile up behind a full queue."""
+        queued = current.refs + current.waiting - current.spec.n_slots
+        if queued >= config.max_queue():
+            raise EngineError(
+                f"server busy: {current.refs + current.waiting} requests for '{short}' "
+                f"already running or queued (LLMRUN_NUM_PARALLEL={current.spec.n_slots}, "
+                f"LLMRUN_MAX_QUEUE={config.max_queue()}); retry shortly",
+                status=503, kind="overloaded", retry_after=1)
+
+    async def _lease_or_load(self, current: Loaded | None, parsed: ModelName,
+                             manifest: Manifest, spec: RunnerSpec, key: str) -> Lease:
+        """Under the lock: a lease on `current` if it fits `spec`, else a fresh runner (in
+        place of `current` when that is idle or dead)."""
+        if current is not None and current.runner.alive and current.spec == spec:
+            self._check_queue(current, parsed.short)
+            current.refs += 1
+            current.idle.clear()
+            current.expires_at = math.inf
+            return Lease(current, 0.0, manifest)
+        if current is not None and current.refs == 0:
+            await self.unload(current)
+        elif current is not None:
+            # dead with requests still on it: they fail; it is dropped once they have
+            self.loaded.pop(key, None)
+        need = await asyncio.to_thread(self._check_files, parsed.short, manifest, spec)
+        await self._make_room(need)
+        runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
+        await runner.start()
+        _warn_unconfined(runner.info)
+        loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
+        self.loaded[key] = loaded
+        self._ensure_reaper()
+        return Lease(loaded, runner.load_seconds, manifest)
 
     def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> int:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per

@@ -11,12 +11,25 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Chunk, Done, GenerateJob, Stats
+from llmrun import bounds, config
+from llmrun.request import (
+    DEFAULT_OPTIONS,
+    ChatRequest,
+    Chunk,
+    Done,
+    EngineError,
+    GenerateJob,
+    Stats,
+)
 from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import Scheduler
-from llmrun.store import Manifest, Store
+from llmrun.store import Manifest, Store, StoreError
 
 log = logging.getLogger(__name__)
+
+# Inputs one embedding request may carry (OpenAI's limit too). The runner gets them in pieces
+# (server/runners.py), so this bounds the work and the answer's size, not a frame.
+MAX_EMBED_INPUTS = 2048
 
 
 def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
@@ -56,11 +69,30 @@ class Service:
         self.store = store
         self.scheduler = scheduler
         self.metrics = metrics
+        self.max_embed_inputs = MAX_EMBED_INPUTS
+
+    def check(self, req: ChatRequest) -> None:
+        """The request's bounds (llmrun/bounds.py), before a runner is leased: what the
+        engine cannot afford is answered 400 here and never reaches the shared runner."""
+        bounds.check_request(req, self._model_stops(req))
+
+    def _model_stops(self, req: ChatRequest) -> frozenset[str]:
+        """The model's own stop strings, which a dialect may add to the client's (they do
+        not count against LLMRUN_MAX_STOP); looked up only when the count matters."""
+        if len(req.options.stop or []) <= config.max_stop():
+            return frozenset()
+        try:
+            _, manifest = self.store.get(req.model)
+        except StoreError:
+            return frozenset()  # the lease reports the unknown model
+        return frozenset(manifest.options().stop or [])
 
     async def chat(self, req: ChatRequest) -> AsyncIterator[Chunk | Done]:
         t0 = time.perf_counter()
+        self.check(req)
         async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
             job = build_job(req, lease.manifest)
+            bounds.check_job(job)
             async for event in lease.loaded.runner.generate(job):
                 if isinstance(event, Done):
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
@@ -73,12 +105,17 @@ class Service:
     async def count_tokens(self, req: ChatRequest) -> int:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
         the same job `chat` would send, so the count matches its `prompt_tokens`."""
+        self.check(req)
         async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
             return await lease.loaded.runner.count(build_job(req, lease.manifest))
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:
         """(vectors, prompt tokens, load ns, total ns) for `inputs` on `req.model`."""
+        if len(inputs) > self.max_embed_inputs:
+            raise EngineError(f"too many inputs: {len(inputs)}; at most "
+                              f"{self.max_embed_inputs} can be embedded in one request",
+                              status=413, kind="request_too_large")
         t0 = time.perf_counter()
         async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
             vectors, n_tokens = await lease.loaded.runner.embed(inputs, truncate)
