@@ -78,6 +78,7 @@ MAX_TOOLS = 512  # tools declared in one request (each is rendered into the prom
 MAX_NUM_BATCH = 4096
 
 # `{m}`, `{m,}`, `{m,n}` in a pattern
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")
 
 
@@ -248,6 +249,22 @@ class _Schema:
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             self.check_pattern(pattern, at)
+        self.check_literals(node, at)
+
+    def check_literals(self, node: dict[str, Any], at: str) -> None:
+        """Property names and `enum`/`const` strings become literals of the grammar, which
+        writes a control character raw instead of escaped (invalid JSON) and, for some,
+        aborts llama.cpp's grammar matcher (measured: a property named "\x04" kills the
+        runner with SIGABRT)."""
+        props = node.get("properties")
+        literals = list(props) if isinstance(props, dict) else []
+        enum = node.get("enum")
+        literals += enum if isinstance(enum, list) else []
+        literals.append(node.get("const"))
+        for text in literals:
+            if isinstance(text, str) and _CONTROL.search(text):
+                raise self.refuse(f"the name or value {text[:40]!r} holds a control "
+                                  "character, which structured output cannot write", at)
 
     def repeat(self, required: float | None, optional: float | None, what: str,
                at: str) -> None:

@@ -278,6 +278,11 @@ class Sampler:
             cand["logit"] = logits
             cand["p"] = 0.0
             self._apply(self.grammar, cand)
+            if not np.isfinite(cand["logit"]).any():
+                # accepting any token now would throw inside llama.cpp, which aborts the
+                # whole runner: end this sequence instead
+                raise LlamaError("the grammar allows no token here (the schema cannot be "
+                                 "completed with this model's vocabulary)")
             token = int(cand["id"][self._apply(self.ptr, cand)])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
