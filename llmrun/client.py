@@ -10,6 +10,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -153,6 +154,30 @@ class Client:
         r = self.http.post("/api/show", json={"model": model})
         self._raise_for(r)
         return dict(r.json())
+
+    def upload_blob(self, path: Path) -> str:
+        """Put a local file in the daemon's store as a blob (unless it is there already);
+        returns its `sha256:<hex>`. The daemon hashes it again as it arrives."""
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        digest = f"sha256:{h.hexdigest()}"
+        if self.http.head(f"/api/blobs/{digest}").status_code == 200:
+            return digest
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as fh:
+                yield from iter(lambda: fh.read(1 << 20), b"")
+
+        r = self.http.post(f"/api/blobs/{digest}", content=chunks(),
+                           headers={"Content-Length": str(path.stat().st_size)}, timeout=None)
+        self._raise_for(r)
+        return digest
+
+    def create(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Stream /api/create progress objects; raises APIError on an error line."""
+        yield from self._ndjson("/api/create", {**body, "stream": True})
 
     def pull(self, model: str) -> Iterator[dict[str, Any]]:
         """Stream /api/pull progress objects; raises APIError on an error line."""

@@ -237,3 +237,26 @@ def test_home_and_files_are_private(home_with_model: Path) -> None:
     assert written, "the daemon wrote no logs"
     for path in written:
         assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+
+
+def test_create_through_a_running_daemon_uploads_files_as_blobs(home_with_model: Path,
+                                                                 smollm2_path: Path,
+                                                                 tmp_path: Path) -> None:
+    """With a daemon up, `create` sends local files as blobs (the daemon reads no client
+    path: it may be on another machine) and the daemon makes the model."""
+    assert llmrun("run", "smollm2", "Hi", "--seed", "1").returncode == 0  # starts the daemon
+    local = tmp_path / "mine.gguf"
+    local.write_bytes(smollm2_path.read_bytes())
+    mf = tmp_path / "Modelfile"
+    mf.write_text('FROM ./mine.gguf\nPARAMETER temperature 0.2\nSYSTEM """Be brief."""\n')
+    r = llmrun("create", "viadaemon", "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+    assert "uploading mine.gguf" in r.stdout + r.stderr
+    log = (home_with_model / "logs" / "server.log").read_text()
+    # the same bytes as the model already in the store: the HEAD finds the blob, no upload
+    assert "HEAD /api/blobs/sha256" in log and "POST /api/create" in log, log[-600:]
+    shown = llmrun("show", "viadaemon", "--json")
+    assert "Be brief." in shown.stdout
+    mf.write_text("FROM ./missing.gguf\n")
+    missing = llmrun("create", "nope", "-f", str(mf))
+    assert missing.returncode == 1 and "missing.gguf: no such file" in missing.stderr

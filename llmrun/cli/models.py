@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from llmrun.cli._common import console, fail, human_size
 from llmrun.client import Client, ClientError
-from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError
+from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError, modelfile
 from llmrun.store.gguf import GGUFError
 
 
@@ -31,6 +32,47 @@ def _ago(when: datetime) -> str:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if n != 1 else ''} ago"
     return "just now"
+
+
+def _local_file(ref: str, base_dir: Path) -> Path | None:
+    """The local file a FROM/ADAPTER line names, None for a model name or a digest."""
+    if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+        return None
+    path = Path(ref).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if path.is_file():
+        return path
+    if "/" in ref or ref.lower().endswith(".gguf") or ref.startswith(("~", ".")):
+        raise CreateError(f"{ref}: no such file")
+    return None
+
+
+def _split(text: str) -> bool:
+    """A split GGUF (`-00001-of-0000N`): its parts are imported by the local store."""
+    try:
+        return bool(re.search(r"-\d{5}-of-\d{5}\.gguf$", modelfile.parse(text).from_))
+    except modelfile.ModelfileError:
+        return False
+
+
+def _upload_files(client: Client, text: str, base_dir: Path) -> dict[str, str]:
+    """The /api/create body for Modelfile `text`: its FROM and ADAPTER files uploaded as
+    blobs and named by digest."""
+    try:
+        mf = modelfile.parse(text)
+    except modelfile.ModelfileError as exc:
+        raise CreateError(str(exc)) from None
+    for i, ref in enumerate([mf.from_, *mf.adapters]):
+        path = _local_file(ref, base_dir)
+        if path is None:
+            continue
+        console.print(f"[dim]uploading {path.name}[/]", highlight=False)
+        digest = client.upload_blob(path)
+        if i == 0:
+            mf.from_ = digest
+        else:
+            mf.adapters[i - 1] = digest
+    return {"modelfile": mf.render()}
 
 
 class _Bar:
@@ -126,6 +168,20 @@ def register(app: typer.Typer) -> None:
             text = file.read_text()
         except OSError as exc:
             fail(f"cannot read {file}: {exc.strerror}")
+        client = Client()
+        if client.probe() == "llmrun" and not _split(text):
+            # as Ollama's client does: local files go up as blobs, the daemon creates the
+            # model (over HTTP it reads no path of its own; it may be on another machine)
+            try:
+                body = _upload_files(client, text, file.resolve().parent)
+                if quantize:
+                    body["quantize"] = quantize
+                for event in client.create({"model": name, **body}):
+                    console.print(f"[dim]{event.get('status', '')}[/]", highlight=False)
+            except (CreateError, ClientError, OSError) as exc:
+                fail(str(exc))
+            console.print(f"created {name}")
+            return
         try:
             with _progress() as progress:
                 manifest = Store().create(name, text, file.resolve().parent, _Bar(progress),
