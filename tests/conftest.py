@@ -71,11 +71,14 @@ class Daemon:
         self.log = home / "daemon-test.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "llmrun", "serve", *args]
+
     def start(self, *args: str) -> Daemon:
-        """`llmrun serve [args]`, once it answers."""
+        """`llmrun serve [args]` (or `command`), once it answers."""
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "llmrun", "serve", *args],
-                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(*args), env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
