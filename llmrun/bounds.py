@@ -8,37 +8,33 @@ shape. This module sits at the floor: it imports only `config`, `request` and th
 library, so the daemon checks requests without loading llama.cpp.
 
 JSON schemas (Ollama `format`, OpenAI `response_format`, Anthropic `output_config.format`,
-and the parameters of a tool the model is forced to call) become a GBNF grammar through
-llama-cpp-python's `json_schema_to_gbnf`, then llama.cpp's grammar sampler. The ceilings
-below are what that pair can afford; a bound under them is served and the output obeys it.
-When the GBNF converter is replaced (llguidance enforces repetition bounds natively), only
-the constants of this module need relaxing.
+and the parameters of a tool the model is forced to call) are enforced by llguidance
+(engine/constraint.py), which implements repetition and numeric bounds natively: `maxLength`,
+`maxItems` and `{m,n}` cost the same whatever their value, so they are not bounded here.
+Two things are:
 
-Measured here (llama-cpp-python 0.3.36, SmolLM2's 49k vocabulary, each case in its own
-process; "apply" is one grammar pass over the whole vocabulary, which the engine runs
-whenever the grammar rejects the token sampled without it):
-- maxLength / maxItems N (minus the min): the converter nests N optional groups, `(c (c
-  ...)?)?`. llama.cpp refuses over 1000 cleanly ("number of rules that are going to be
-  repeated ... exceeds sane defaults": 1000 builds, 1001 does not, nor does 18,000); by
-  20,000 its recursive parser overflows the stack and the runner dies (SIGSEGV; 200,000 too).
-  One group of 1000 costs 8 KB of grammar and 2 ms; 100 of them 800 KB and 0.55 s.
-- minLength / minItems N: written flat; 100,000 costs 1.8 MB and 65 ms (cheap).
-- nesting: 300 object levels convert (378 KB of grammar: rule names grow with the path,
-  so size is quadratic in depth); 500 levels raise RecursionError in the converter.
-  A chain of 2000 `$ref`s also raises RecursionError; 300 convert. Self- or mutually
-  recursive refs with nothing in between are refused by llama.cpp ("left recursion").
-- alternatives (`enum`, `anyOf`): 1000 values: apply 0.35-0.8 s; 10,000: init 0.4 s,
-  apply 3 s; 100,000: init 42 s, apply 47 s (a stalled engine).
-- optional properties of one object: 100: 0.02-0.03 s; 300: 0.36 s (quadratic); 1000:
-  RecursionError. 2500 required properties: 0.1 s.
-- pattern: 1000 nested groups raise RecursionError; `{m,n}` expands like maxLength.
-- a 1 MB `const`: 0.11 s (cheap, but bounded with the rest of the schema's size).
+1. Keywords. Each schema keyword is one llguidance enforces (SUPPORTED), an annotation that
+   constrains nothing (ANNOTATIONS), or neither: then a 400 naming it, or, when the client
+   asked for non-strict output (`format_strict` False), a logged warning and the keyword is
+   ignored. Never silently ignored. `format` is checked the same way against FORMATS.
+2. Size and shape, where llguidance's cost grows. Measured here (llguidance 1.9.1, SmolLM2's
+   49k vocabulary; "mask" is the first mask computation, on the engine's step):
+   - maxLength 200,000, minLength 100,000, maxItems 200,000, `a{0,200000}`: ~1 ms.
+   - nesting: llguidance reads the schema with serde_json's recursion limit of 128 levels of
+     JSON (an object level of a schema is two: `properties`, then the name), so 64 object
+     levels fail to compile (cleanly); a chain of 2000 `$ref`s: 22 ms.
+   - `enum` of 10,000 values: 0.06 s to compile, 0.06 s to build a matcher; 50,000: 0.26 s;
+     100,000 hits llguidance's lexer limit (a clean error). 1000 `anyOf` objects: 0.13 s.
+   - 1000 optional properties: 0.1 s compile, 0.2 s matcher, 20 ms per mask step.
+   - a `const` string of N characters: the first mask takes ~4.5 us per character (256 KB:
+     1.3 s of a stalled engine), hence MAX_LITERAL_CHARS.
 For comparison, OpenAI's structured outputs allow 10 levels of nesting, 5000 properties
 and 1000 enum values in all.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -48,28 +44,46 @@ from llmrun.request import ChatRequest, EngineError, GenerateJob, Message, Named
 
 # -- the ceilings (see the measurements above) ------------------------------------------------
 
-# maxLength - minLength, maxItems - minItems, `{m,n}` in a pattern: llama.cpp's own limit.
-MAX_OPTIONAL_REPEAT = 1000
-# minLength, minItems, `{m}`: flat and cheap, but a larger value cannot fit any context.
-MAX_REQUIRED_REPEAT = 100_000
-# Sums over one request's schemas: each repetition is grammar text to build.
-MAX_TOTAL_OPTIONAL_REPEAT = 20_000  # ~0.1 s of grammar building
-MAX_TOTAL_REQUIRED_REPEAT = 200_000
-# JSON nesting (objects and arrays; a `$ref` counts as the depth of what it points to).
+# JSON nesting (objects and arrays; a `$ref` counts as the depth of what it points to):
+# well under the 128 JSON levels llguidance can read.
 MAX_SCHEMA_DEPTH = 64
 # Values in one request's schemas (objects, arrays, strings, numbers...).
-MAX_SCHEMA_NODES = 10_000
+MAX_SCHEMA_NODES = 20_000
 # Characters of keys and strings in one request's schemas (consts, enum values, names).
 MAX_SCHEMA_CHARS = 256 * 1024
-# `enum`, `anyOf`/`oneOf` and type-list entries in all: each is a grammar stack that the
-# sampler walks for every candidate token.
-MAX_ALTERNATIVES = 1000
-MAX_OPTIONAL_PROPERTIES = 100  # per object (the converter is quadratic in them)
+# One `const` or `enum` string: its first mask costs ~4.5 us per character (16k: ~70 ms).
+MAX_LITERAL_CHARS = 16 * 1024
+# `enum`, `anyOf`/`oneOf` and type-list entries in all (10,000: ~0.12 s to build).
+MAX_ALTERNATIVES = 10_000
 MAX_PATTERN_LENGTH = 1000
 MAX_PATTERN_NESTING = 32  # groups in groups
-# A raw GBNF grammar (GenerateJob.grammar; no HTTP route carries one today).
+# A raw grammar (GenerateJob.grammar; Lark or GBNF; no HTTP route carries one today).
 MAX_GRAMMAR_BYTES = 1 << 20
-MAX_GRAMMAR_NESTING = 1000  # llama.cpp's parser recurses into each group
+MAX_GRAMMAR_NESTING = 1000  # the GBNF-to-Lark converter recurses into each group
+
+# Schema keywords llguidance enforces (tests/test_bounds.py checks each against it).
+SUPPORTED = frozenset({
+    "type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
+    "prefixItems", "items", "required", "additionalProperties", "properties",
+    "patternProperties", "minProperties", "maxProperties", "anyOf", "oneOf", "allOf",
+    "$ref", "$defs", "definitions",
+    "nullable",  # OpenAPI's; engine/constraint.py rewrites it as a type union
+})
+# Keywords that describe and constrain nothing.
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly",
+})
+# `format` values llguidance enforces (it refuses the others).
+FORMATS = frozenset({"date-time", "date", "time", "duration", "email", "hostname", "ipv4",
+                     "ipv6", "uuid", "uri"})
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+              "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
 
 MAX_STOP_LENGTH = 1000  # characters in one stop string (matched against every new token)
 MAX_TOOLS = 512  # tools declared in one request (each is rendered into the prompt)
@@ -77,9 +91,9 @@ MAX_TOOLS = 512  # tools declared in one request (each is rendered into the prom
 # grows the compute buffers (llama-server's largest default ubatch is 512, batch 2048).
 MAX_NUM_BATCH = 4096
 
-# `{m}`, `{m,}`, `{m,n}` in a pattern
+log = logging.getLogger(__name__)
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")
 
 
 def _refuse(message: str) -> EngineError:
@@ -118,13 +132,14 @@ def forced_tools(tools: list[Tool], choice: Any) -> list[Tool]:
     return list(tools) if choice == "required" else []
 
 
-def check_tools(tools: list[Tool], choice: Any, budget: Budget | None = None) -> None:
+def check_tools(tools: list[Tool], choice: Any, budget: Budget | None = None,
+                strict: bool = True) -> None:
     if len(tools) > MAX_TOOLS:
         raise _refuse(f"too many tools: {len(tools)}, the limit is {MAX_TOOLS}")
     budget = budget or Budget()
     for tool in forced_tools(tools, choice):
         budget.alternatives += 1  # the grammar chooses among the forced tools
-        check_schema(tool.parameters, f"tool '{tool.name}' parameters", budget)
+        check_schema(tool.parameters, f"tool '{tool.name}' parameters", budget, strict)
 
 
 # -- JSON schemas ----------------------------------------------------------------------------
@@ -137,16 +152,16 @@ class Budget:
     nodes: int = 0
     chars: int = 0
     alternatives: int = 0
-    optional: int = 0
-    required: int = 0
 
 
 class _Schema:
     """One schema's checks. Walks are iterative, so a deeply nested schema meets the depth
     check, not Python's recursion limit."""
 
-    def __init__(self, root: dict[str, Any], where: str, budget: Budget) -> None:
+    def __init__(self, root: dict[str, Any], where: str, budget: Budget,
+                 strict: bool = True) -> None:
         self.root = root
+        self.strict = strict
         self.where = where
         self.budget = budget
         self.ref_depths: dict[str, int] = {}  # $ref -> depth of its target, refs followed
@@ -168,6 +183,39 @@ class _Schema:
             elif isinstance(value, list):
                 stack.extend((f"{at}/{i}", child) for i, child in enumerate(value))
         self.depth(self.root, "", 1)  # after the size checks: the size bounds this walk
+        self.keywords()
+
+    def keywords(self) -> None:
+        """Every keyword at a schema position (not inside `enum`, `const`, `default` or a
+        property's name) is enforced or an annotation; else a 400 naming it, or a warning
+        when the client asked for non-strict output."""
+        stack: list[tuple[str, Any]] = [("", self.root)]
+        while stack:
+            at, node = stack.pop()
+            if not isinstance(node, dict):
+                continue  # true/false schemas, or a malformed value llguidance reports
+            for key in node:
+                if key not in SUPPORTED and key not in ANNOTATIONS:
+                    self.unsupported(f"the keyword {key!r} is not supported", f"{at}/{key}")
+            fmt = node.get("format")
+            if fmt is not None and fmt not in FORMATS:
+                self.unsupported(f"'format' {str(fmt)[:40]!r} is not supported (supported: "
+                                 f"{', '.join(sorted(FORMATS))})", f"{at}/format")
+            for key in _SUBSCHEMA:
+                if isinstance(node.get(key), dict):
+                    stack.append((f"{at}/{key}", node[key]))
+            for key in _SUBSCHEMA_LISTS:
+                if isinstance(node.get(key), list):
+                    stack.extend((f"{at}/{key}/{i}", s) for i, s in enumerate(node[key]))
+            for key in _SUBSCHEMA_MAPS:
+                if isinstance(node.get(key), dict):
+                    stack.extend((f"{at}/{key}/{name}", s) for name, s in node[key].items())
+
+    def unsupported(self, what: str, at: str) -> None:
+        if self.strict:
+            raise self.refuse(what, at)
+        log.warning("%s: %s (at %s); not enforced (the client asked for non-strict output)",
+                    self.where, what, at[:200])
 
     def depth(self, value: Any, at: str, base: int) -> int:
         """How deep `value` nests (1: a scalar) when every `$ref` in it is followed into its
@@ -226,26 +274,12 @@ class _Schema:
         return target
 
     def check_node(self, node: dict[str, Any], at: str) -> None:
-        for low_key, high_key in (("minLength", "maxLength"), ("minItems", "maxItems")):
-            low = _number(node.get(low_key))
-            high = _number(node.get(high_key))
-            self.repeat(low, None if high is None else high - (low or 0),
-                        f"'{low_key}' {low}" if high is None else f"'{high_key}' {high}", at)
         alts = sum(len(v) for k in ("enum", "anyOf", "oneOf", "type")
                    if isinstance(v := node.get(k), list))
         self.budget.alternatives += alts
         if self.budget.alternatives > MAX_ALTERNATIVES:
             raise self.refuse(f"over {MAX_ALTERNATIVES} alternatives ('enum', 'anyOf', "
                               "'oneOf' entries) in all", at)
-        props = node.get("properties")
-        if isinstance(props, dict):
-            required = node.get("required")
-            names = set(required) if isinstance(required, list) else set()
-            optional = sum(1 for k in props if k not in names)
-            if optional > MAX_OPTIONAL_PROPERTIES:
-                raise self.refuse(f"{optional} optional properties in one object, over the "
-                                  f"limit of {MAX_OPTIONAL_PROPERTIES} (list more of them in "
-                                  "'required')", at)
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             self.check_pattern(pattern, at)
@@ -262,36 +296,18 @@ class _Schema:
         literals += enum if isinstance(enum, list) else []
         literals.append(node.get("const"))
         for text in literals:
+            if isinstance(text, str) and len(text) > MAX_LITERAL_CHARS:
+                raise self.refuse(f"a 'const' or 'enum' string of {len(text)} characters, "
+                                  f"over the limit of {MAX_LITERAL_CHARS}", at)
             if isinstance(text, str) and _CONTROL.search(text):
                 raise self.refuse(f"the name or value {text[:40]!r} holds a control "
                                   "character, which structured output cannot write", at)
-
-    def repeat(self, required: float | None, optional: float | None, what: str,
-               at: str) -> None:
-        """Charge `required` flat and `optional` nested repetitions, within the ceilings."""
-        if required is not None and required > MAX_REQUIRED_REPEAT:
-            raise self.refuse(f"{what} is over the limit of {MAX_REQUIRED_REPEAT}", at)
-        if optional is not None and optional > MAX_OPTIONAL_REPEAT:
-            raise self.refuse(f"{what} allows {optional:g} optional repetitions, over the "
-                              f"limit of {MAX_OPTIONAL_REPEAT} (keep max - min within it)", at)
-        b = self.budget
-        b.required += max(0, int(required or 0))
-        b.optional += max(0, int(optional or 0))
-        if b.required > MAX_TOTAL_REQUIRED_REPEAT or b.optional > MAX_TOTAL_OPTIONAL_REPEAT:
-            raise self.refuse(
-                f"{what}: the schema's repetition bounds add up to over "
-                f"{MAX_TOTAL_REQUIRED_REPEAT} required or {MAX_TOTAL_OPTIONAL_REPEAT} "
-                "optional repetitions", at)
 
     def check_pattern(self, pattern: str, at: str) -> None:
         at = f"{at}/pattern"
         if len(pattern) > MAX_PATTERN_LENGTH:
             raise self.refuse(f"'pattern' of {len(pattern)} characters, over the limit of "
                               f"{MAX_PATTERN_LENGTH}", at)
-        for m in _QUANTIFIER.finditer(pattern):
-            low = int(m[1] or 0)
-            high = low if m[2] is None else int(m[3]) if m[3] else None
-            self.repeat(low, None if high is None else high - low, f"{m[0]!r}", at)
         depth = 0
         for c in re.sub(r"\\.", "", pattern):
             depth += (c == "(") - (c == ")")
@@ -306,11 +322,13 @@ def _number(value: Any) -> float | None:
     return value
 
 
-def check_schema(schema: Any, where: str = "format", budget: Budget | None = None) -> None:
-    """A JSON schema that will become a grammar: within every ceiling of this module.
-    `"json"` and None (a fixed grammar, or none) pass."""
+def check_schema(schema: Any, where: str = "format", budget: Budget | None = None,
+                 strict: bool = True) -> None:
+    """A JSON schema that will become a grammar: within every ceiling of this module, and
+    every keyword enforced (or, not `strict`, the others logged). `"json"` and None (a fixed
+    grammar, or none) pass."""
     if isinstance(schema, dict):
-        _Schema(schema, where, budget or Budget()).check()
+        _Schema(schema, where, budget or Budget(), strict).check()
 
 
 def check_grammar(gbnf: str | None) -> None:
@@ -337,8 +355,8 @@ def check_request(req: ChatRequest, model_stops: frozenset[str] = frozenset()) -
     check_messages(req.messages)
     check_stop(req.options.stop, model_stops)
     budget = Budget()
-    check_schema(req.format, "format", budget)
-    check_tools(req.tools, req.tool_choice, budget)
+    check_schema(req.format, "format", budget, req.format_strict)
+    check_tools(req.tools, req.tool_choice, budget, req.format_strict)
 
 
 def check_job(job: GenerateJob) -> None:

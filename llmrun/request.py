@@ -112,6 +112,11 @@ class ChatRequest(BaseModel):
     stream: bool = True
     keep_alive: str | float | None = None
     format: Format = None
+    # False when the client asked for non-strict output (OpenAI json_schema or tools without
+    # "strict": true): a schema keyword structured output cannot enforce is then a logged
+    # warning, not a 400
+    format_strict: bool = True
+    grammar: str | None = None  # a client's own grammar (llama-server's `grammar`): Lark or GBNF
     logprobs: int | None = None
     prompt: str | None = None  # raw prompt instead of messages (no template)
     tools: list[Tool] = Field(default_factory=list)
@@ -138,7 +143,10 @@ class GenerateJob(BaseModel):
     system: str | None = None  # the model's default system prompt
     options: Options
     format: Format = None
-    grammar: str | None = None  # GBNF, for callers that build their own
+    format_strict: bool = True  # see ChatRequest.format_strict
+    # a raw grammar: llguidance's Lark dialect (may embed `%json {...}` schemas), or GBNF
+    # (recognised by `::=`, converted to Lark); forced tool calls build their own
+    grammar: str | None = None
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: and the top k
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"

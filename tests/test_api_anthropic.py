@@ -14,6 +14,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import pytest
 
 from llmrun.api.anthropic import (
@@ -454,6 +455,46 @@ def test_forced_tool_use(client: anthropic.Anthropic, choice: dict[str, Any]) ->
                     use.input)
     if choice["type"] == "tool":
         assert {u.name for u in uses} == {"get_weather"}
+
+
+# ---- constraints ------------------------------------------------------------------------------
+
+BOOK = {"name": "book_table", "description": "Book a table for a guest of a given age",
+        "input_schema": {"type": "object", "additionalProperties": False,
+                         "properties": {"age": {"type": "integer", "minimum": 0,
+                                                "maximum": 150},
+                                        "guest": {"type": "string", "maxLength": 8}},
+                         "required": ["age", "guest"]}}
+BOOK_ASK = [{"role": "user", "content": "Book a table for Bartholomew Maximilian Fitzgerald, "
+                                        "who is 987654321987 years old."}]
+
+
+@pytest.mark.parametrize("choice", [{"type": "any", "disable_parallel_tool_use": True},
+                                    {"type": "tool", "name": "book_table",
+                                     "disable_parallel_tool_use": True}])
+def test_forced_tool_input_holds_bounds_and_max_length(client: anthropic.Anthropic,
+                                                       choice: dict[str, Any]) -> None:
+    msg = create(client, messages=BOOK_ASK, tools=[WEATHER, BOOK], tool_choice=choice,
+                 max_tokens=60)
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and len(uses) == 1
+    schemas = {"book_table": BOOK["input_schema"], "get_weather": WEATHER["input_schema"]}
+    jsonschema.validate(uses[0].input, schemas[uses[0].name])
+    if choice["type"] == "tool":
+        assert uses[0].name == "book_table"
+
+
+def test_structured_output_holds_bounds_and_refuses_what_it_cannot(
+        client: anthropic.Anthropic) -> None:
+    schema = BOOK["input_schema"]
+    msg = create(client, max_tokens=40, messages=BOOK_ASK,
+                 output_config={"format": {"type": "json_schema", "schema": schema}})
+    jsonschema.validate(json.loads(msg.content[0].text), schema)
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(anthropic.BadRequestError) as info:  # always strict
+        create(client, max_tokens=10, messages=BOOK_ASK,
+               output_config={"format": {"type": "json_schema", "schema": unique}})
+    assert "uniqueItems" in info.value.body["error"]["message"]
 
 
 def test_tool_round_trip(client: anthropic.Anthropic) -> None:

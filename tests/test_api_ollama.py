@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import ollama
 import pytest
@@ -107,3 +109,39 @@ def test_chat_with_tools_round_trip(client: ollama.Client) -> None:
     assert final.done
     # the tool result reached the prompt (it is longer than the question alone)
     assert final.prompt_eval_count > out.prompt_eval_count
+
+
+# -- format: enforced (Ollama has no tool_choice; forced calls are the other dialects') ------
+
+GUEST = {"type": "object", "additionalProperties": False,
+         "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150},
+                        "guest": {"type": "string", "maxLength": 8}},
+         "required": ["age", "guest"]}
+GUEST_ASK = "Bartholomew Maximilian Fitzgerald is 987654321987 years old. As JSON:"
+
+
+def test_format_schema_holds_bounds_and_max_length(client: ollama.Client) -> None:
+    import jsonschema
+
+    chat = client.chat(model="smollm2", messages=[{"role": "user", "content": GUEST_ASK}],
+                       format=GUEST, options={"num_predict": 40, **GREEDY})
+    assert chat.done_reason == "stop"
+    jsonschema.validate(json.loads(chat.message.content or ""), GUEST)
+    gen = client.generate(model="smollm2", prompt=GUEST_ASK, format=GUEST,
+                          options={"num_predict": 40, **GREEDY})
+    assert gen.done_reason == "stop"
+    jsonschema.validate(json.loads(gen.response), GUEST)
+
+
+def test_format_json_is_an_object_and_unsupported_keywords_are_refused(
+        client: ollama.Client) -> None:
+    out = client.generate(model="smollm2", prompt="Three colours as a JSON list:", format="json",
+                          options={"num_predict": 30, **GREEDY})
+    assert out.response.startswith("{"), out.response
+    if out.done_reason == "stop":  # an open object may run past the limit
+        assert isinstance(json.loads(out.response), dict)
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(ollama.ResponseError) as info:  # Ollama's format is always strict
+        client.generate(model="smollm2", prompt="x", format=unique,
+                        options={"num_predict": 5})
+    assert info.value.status_code == 400 and "uniqueItems" in info.value.error

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -253,6 +254,111 @@ def test_tool_choice_auto_and_none(client: openai.OpenAI) -> None:
     assert hidden.usage and plain.usage
     assert hidden.usage.prompt_tokens == plain.usage.prompt_tokens
     assert not hidden.choices[0].message.tool_calls
+
+
+# -- constraints: bounds in forced calls, raw grammars, JSON mode, strictness ----------------
+
+# A tool whose arguments an unconstrained model breaks: a bounded integer, a short string.
+BOOK = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table for a guest of a given age",
+    "strict": True,
+    "parameters": {"type": "object", "additionalProperties": False,
+                   "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                  "guest": {"type": "string", "maxLength": 8}},
+                   "required": ["age", "guest"]}}}
+BOOK_ASK = [{"role": "user", "content": "Book a table for Bartholomew Maximilian Fitzgerald, "
+                                        "who is 987654321987 years old."}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "book_table"}}])
+def test_forced_call_holds_bounds_and_max_length(client: openai.OpenAI, choice: Any) -> None:
+    # one call: a greedy small model repeats calls until the limit when it may make several
+    r = client.chat.completions.create(model=MODEL, messages=BOOK_ASK, tools=[*TOOLS, BOOK],
+                                       tool_choice=choice, parallel_tool_calls=False,
+                                       max_tokens=60, **GREEDY)
+    calls = calls_of(r)
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    schemas = {**SCHEMAS, "book_table": BOOK["function"]["parameters"]}
+    for name, args in calls:
+        jsonschema.validate(args, schemas[name])
+    if not isinstance(choice, str):
+        assert {name for name, _ in calls} == {"book_table"}
+
+
+def test_raw_grammar_gbnf_and_lark(client: openai.OpenAI) -> None:
+    """llama-server's `grammar` field (an extra body field in the SDK): GBNF or Lark."""
+    gbnf = 'root ::= ("yes" | "no") " " [0-9] [0-9]'
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=10,
+                                       extra_body={"grammar": gbnf}, **GREEDY)
+    text = r.choices[0].message.content or ""
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"(yes|no) [0-9]{2}", text), text
+    lark = 'start: "ID-" /[A-Z]{3}/'
+    done = client.completions.create(model=MODEL, prompt="The code is", max_tokens=10,
+                                     extra_body={"grammar": lark}, **GREEDY)
+    code = done.choices[0].text
+    assert done.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"ID-[A-Z]{3}", code), code
+
+
+def test_llama_server_json_schema_field(client: openai.OpenAI) -> None:
+    schema = BOOK["function"]["parameters"]
+    r = client.chat.completions.create(model=MODEL, messages=BOOK_ASK, max_tokens=40,
+                                       extra_body={"json_schema": schema}, **GREEDY)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+    done = client.completions.create(model=MODEL, prompt="A guest, as JSON:", max_tokens=40,
+                                     extra_body={"json_schema": schema}, **GREEDY)
+    assert done.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(done.choices[0].text), schema)
+
+
+def test_json_object_is_an_object(client: openai.OpenAI) -> None:
+    """JSON mode answers an object (OpenAI's promise), even when asked for a list."""
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "List three colours as JSON."}],
+        max_tokens=30, response_format={"type": "json_object"}, **GREEDY)
+    text = r.choices[0].message.content or ""
+    assert text.startswith("{"), text
+    if r.choices[0].finish_reason == "stop":  # an open object may run past the limit
+        assert isinstance(json.loads(text), dict)
+
+
+def test_strict_refuses_what_it_cannot_enforce(client: openai.OpenAI) -> None:
+    """A keyword the engine cannot enforce: 400 naming it when the client asked for strict
+    output (json_schema `strict`, function `strict`); skipped, with a warning, when not."""
+    schema = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
+                 "maxItems": 2, "uniqueItems": True}}, "required": ["tags"],
+        "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30,
+                                       response_format=fmt, **GREEDY)  # type: ignore[arg-type]
+    assert "uniqueItems" in bad.value.message
+    tool = {"type": "function", "function": {"name": "tag", "parameters": schema,
+                                             "strict": True}}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30,
+                                       tools=[tool], tool_choice="required", **GREEDY)
+    assert "uniqueItems" in bad.value.message
+    lenient = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40,
+                                       response_format=lenient, **GREEDY)  # type: ignore
+    out = json.loads(r.choices[0].message.content or "")
+    assert len(out["tags"]) <= 2 and all(len(t) <= 5 for t in out["tags"])  # the rest holds
+    loose = {"type": "function", "function": {"name": "tag", "parameters": schema}}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40,
+                                       tools=[loose], tool_choice="required",
+                                       parallel_tool_calls=False, **GREEDY)
+    (call,) = calls_of(r)
+    assert len(call[1]["tags"]) <= 2
+    with pytest.raises(openai.BadRequestError) as bad:  # two constraints: which one?
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5,
+                                       response_format={"type": "json_object"},
+                                       extra_body={"grammar": 'root ::= "x"'})
+    assert bad.value.param == "grammar"
 
 
 # -- completions ----------------------------------------------------------------------------

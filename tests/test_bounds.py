@@ -1,8 +1,9 @@
 """Request bounds (llmrun/bounds.py): what the engine cannot afford is a 400 naming the limit,
 in every dialect, before anything reaches the shared runner; what it can afford is served.
 
-Unit tests of the checks, a test that the schema ceilings are llama.cpp's own (so they are
-revisited when the grammar engine changes), and tests against the real daemon and SmolLM2.
+Unit tests of the checks, a test that the keyword lists and ceilings are llguidance's own (so
+they are revisited when the constraint engine changes), and tests against the real daemon and
+SmolLM2.
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from llmrun import bounds
 from llmrun.request import ChatRequest, EngineError, Message, NamedTool, Options, Tool
 from tests.conftest import Daemon
-from tests.tinymodel import write_tiny_llama
 
 MODEL = "smollm2"
 HUGE = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 200000}},
-        "required": ["a"]}  # issue 11: this schema made the runner die with SIGSEGV
+        "required": ["a"]}  # issue 11: this schema made the GBNF runner die with SIGSEGV
+# a keyword structured output cannot enforce: a 400 naming it
+UNSUPPORTED = {"type": "object", "properties": {"a": {"type": "array", "items": {},
+                                                      "uniqueItems": True}},
+               "required": ["a"]}
 MODEST = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 50}},
           "required": ["a"]}
 USER = [{"role": "user", "content": "Say something."}]
@@ -46,28 +51,43 @@ def refused(schema: Any) -> str:
 # -- the checks ------------------------------------------------------------------------------
 
 
-def test_repetition_bounds() -> None:
-    assert "'maxLength' 200000" in refused(HUGE) and "1000" in refused(HUGE)
-    bounds.check_schema({"type": "string", "minLength": 10, "maxLength": 1010})  # 1000 optional
-    assert "'maxLength' 1011" in refused({"type": "string", "minLength": 10, "maxLength": 1011})
-    assert "'maxItems' 5000" in refused({"type": "array", "items": {}, "maxItems": 5000})
-    assert "'minItems' 100001" in refused({"type": "array", "items": {}, "minItems": 100001})
-    bounds.check_schema({"type": "string", "minLength": 100000})  # flat, cheap: served
-    assert "'{0,200000}'" in refused({"type": "string", "pattern": "^a{0,200000}$"})
-    bounds.check_schema({"type": "string", "pattern": "^a{3,}b{2}$"})
-    # many affordable bounds add up to an unaffordable grammar
-    wide = {"type": "object", "required": [f"p{i}" for i in range(21)],
-            "properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(21)}}
-    assert "add up" in refused(wide)
+def test_repetition_bounds_are_served() -> None:
+    """llguidance enforces repetition bounds natively: none is refused for its size."""
+    for schema in (HUGE, {"type": "array", "items": {}, "maxItems": 200000},
+                   {"type": "string", "minLength": 100000},
+                   {"type": "string", "pattern": "^a{0,200000}$"}):
+        bounds.check_schema(schema)
+
+
+def test_keywords_are_enforced_or_refused() -> None:
+    for key, value in [("not", {}), ("if", {}), ("then", {}), ("else", {}),
+                       ("uniqueItems", True), ("contains", {}), ("minContains", 1),
+                       ("dependentRequired", {}), ("dependentSchemas", {}),
+                       ("propertyNames", {}), ("unevaluatedProperties", False),
+                       ("additionalItems", False), ("x-guidance", {}), ("foo", 1)]:
+        assert f"the keyword '{key}' is not supported" in refused({"type": "object",
+                                                                   key: value})
+    # found where it sits: in properties, items, $defs, anyOf...
+    assert "(at /properties/a/uniqueItems)" in refused(UNSUPPORTED)
+    assert "'not'" in refused({"$defs": {"x": {"anyOf": [{"not": {}}]}}})
+    assert "'format' 'regex'" in refused({"type": "string", "format": "regex"})
+    # names and values are not keywords
+    bounds.check_schema({"type": "object", "properties": {"not": {"const": {"if": 1}}},
+                         "enum": [{"uniqueItems": 2}], "default": {"contains": 0},
+                         "title": "t", "description": "d", "examples": [], "$comment": "c",
+                         "$schema": "https://json-schema.org/draft/2020-12/schema"})
+    bounds.check_schema({"type": "string", "nullable": True, "format": "date-time"})
+    bounds.check_schema(UNSUPPORTED, strict=False)  # non-strict: a logged warning
 
 
 def test_shape_bounds() -> None:
     bounds.check_schema(nested(31))
     assert "nested over 64 levels" in refused(nested(200))
-    assert "1000 alternatives" in refused({"enum": list(range(1001))})
-    assert "optional properties" in refused(
-        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(101)}})
-    assert "values in all" in refused({"type": "array", "items": [{}] * 20000})
+    assert "10000 alternatives" in refused({"enum": list(range(10001))})
+    bounds.check_schema(  # 1000 optional properties: llguidance's cost is modest
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}})
+    assert "16384" in refused({"const": "x" * 20000})  # one long literal: a slow first mask
+    assert "values in all" in refused({"type": "array", "items": [{}] * 30000})
     assert "groups nested" in refused({"type": "string", "pattern": "(" * 40 + ")" * 40})
     assert "local references" in refused({"$ref": "https://example.com/s.json"})
     assert "points to nothing" in refused({"properties": {"a": {"$ref": "#/$defs/b"}}})
@@ -111,14 +131,15 @@ def test_stop_messages_tools() -> None:
     tools = [Tool(name=f"t{i}") for i in range(513)]
     with pytest.raises(EngineError, match="too many tools: 513"):
         bounds.check_tools(tools, "auto")
-    huge = [Tool(name="big", parameters=HUGE), Tool(name="small")]
-    bounds.check_tools(huge, "auto")  # not forced: the schema only reaches the prompt
-    bounds.check_tools(huge, NamedTool(name="small"))
-    with pytest.raises(EngineError, match="tool 'big' parameters: 'maxLength' 200000"):
-        bounds.check_tools(huge, "required")
+    odd = [Tool(name="odd", parameters=UNSUPPORTED), Tool(name="small")]
+    bounds.check_tools(odd, "auto")  # not forced: the schema only reaches the prompt
+    bounds.check_tools(odd, NamedTool(name="small"))
+    with pytest.raises(EngineError, match="tool 'odd' parameters: the keyword 'uniqueItems'"):
+        bounds.check_tools(odd, "required")
+    bounds.check_tools(odd, "required", strict=False)
     # the format and the forced tools become one grammar: one budget
-    req = ChatRequest(model="m", messages=[], format={"enum": list(range(600))},
-                      tools=[Tool(name="t", parameters={"enum": list(range(600))})],
+    req = ChatRequest(model="m", messages=[], format={"enum": list(range(6000))},
+                      tools=[Tool(name="t", parameters={"enum": list(range(6000))})],
                       tool_choice="required", options=Options())
     with pytest.raises(EngineError, match="alternatives"):
         bounds.check_request(req)
@@ -132,37 +153,42 @@ def test_raw_grammar_bounds() -> None:
         bounds.check_grammar('root ::= "' + "a" * (1 << 20) + '"')
 
 
-def test_ceilings_are_what_llama_cpp_builds(tmp_path: Any) -> None:
-    """At each ceiling llama.cpp builds the grammar; one past the repetition ceiling it
-    refuses it (past ~18,000 it crashes instead, which is why the bound exists). When this
-    fails, the grammar engine changed: revisit the constants in llmrun/bounds.py."""
-    from llmrun.engine.llama import LlamaError, Model, Sampler, schema_grammar
+def test_lists_and_ceilings_are_what_llguidance_builds(smollm2_path: Any) -> None:
+    """Each supported keyword and format compiles, each refused one is refused by llguidance
+    too (or silently ignored by it, which is why it is refused), and schemas at the ceilings
+    build. When this fails, the constraint engine changed: revisit llmrun/bounds.py."""
+    from llmrun.engine import constraint
+    from llmrun.engine.llama import Model
+    from llmrun.request import GenerateJob
 
-    model = Model(write_tiny_llama(tmp_path / "tiny.gguf"))
+    model = Model(smollm2_path)
+    tok = constraint.tokenizer(model)
 
     def builds(schema: dict[str, Any]) -> bool:
         try:
-            sampler = Sampler(model, grammar=schema_grammar(schema), temperature=0.0,
-                              top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_last_n=0,
-                              repeat_penalty=1.0, presence_penalty=0.0,
-                              frequency_penalty=0.0, seed=0)
-        except LlamaError:
+            grammar = constraint.compile(GenerateJob(options=Options(), format=schema), tok)
+            constraint.matcher(tok, grammar or "")
+        except ValueError:
             return False
-        sampler.close()
         return True
 
     try:
-        n = bounds.MAX_OPTIONAL_REPEAT
-        at_ceiling = [{"type": "string", "maxLength": n},
-                      {"type": "array", "items": {"type": "integer"}, "maxItems": n},
-                      {"type": "string", "pattern": f"^a{{0,{n}}}$"},
-                      {"type": "string", "minLength": bounds.MAX_REQUIRED_REPEAT},
-                      nested(bounds.MAX_SCHEMA_DEPTH // 2 - 1),
-                      {"enum": list(range(bounds.MAX_ALTERNATIVES))}]
+        for fmt in bounds.FORMATS:
+            assert builds({"type": "string", "format": fmt}), fmt
+        for fmt in ("regex", "uri-reference", "iri", "json-pointer", "idn-email"):
+            assert not builds({"type": "string", "format": fmt}), fmt
+        for key in ("not", "if", "uniqueItems", "contains", "dependentRequired",
+                    "propertyNames", "unevaluatedProperties"):
+            assert not builds({"type": "object", key: {}}), key
+        at_ceiling = [HUGE, nested(bounds.MAX_SCHEMA_DEPTH // 2 - 1),
+                      {"enum": list(range(bounds.MAX_ALTERNATIVES))},
+                      {"const": "x" * bounds.MAX_LITERAL_CHARS},
+                      {"type": "object", "properties": {"a": {"type": "number",
+                       "multipleOf": 0.5, "exclusiveMinimum": 0}, "b": {"type": "object",
+                       "patternProperties": {"^x": {}}, "minProperties": 1}}}]
         for schema in at_ceiling:
             bounds.check_schema(schema)
-            assert builds(schema), schema
-        assert not builds({"type": "string", "maxLength": n + 1})
+            assert builds(schema), str(schema)[:80]
     finally:
         model.close()
 
@@ -198,28 +224,30 @@ def test_unaffordable_schema_is_400_in_every_dialect_while_a_stream_runs(
         lines = stream.iter_lines()
         assert "message" in json.loads(next(lines))  # generating on the shared runner
 
-        r = chat(api, format=HUGE)
+        r = chat(api, format=UNSUPPORTED)
         assert r.status_code == 400
-        assert "'maxLength' 200000" in r.json()["error"] and "1000" in r.json()["error"]
+        assert "the keyword 'uniqueItems' is not supported" in r.json()["error"]
 
         with pytest.raises(openai.BadRequestError) as oe:
             oa.chat.completions.create(model=MODEL, messages=USER, max_tokens=4,
                                        response_format={"type": "json_schema", "json_schema": {
-                                           "name": "a", "schema": HUGE}})
-        assert "'maxLength' 200000" in oe.value.body["message"]  # type: ignore[index]
+                                           "name": "a", "schema": UNSUPPORTED,
+                                           "strict": True}})
+        assert "'uniqueItems'" in oe.value.body["message"]  # type: ignore[index]
 
         with pytest.raises(openai.BadRequestError) as oe:  # a forced tool's parameters
             oa.chat.completions.create(
                 model=MODEL, messages=USER, max_tokens=4, tool_choice="required",
-                tools=[{"type": "function", "function": {"name": "f", "parameters": HUGE}}])
-        assert "tool 'f' parameters: 'maxLength' 200000" in oe.value.message
+                tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                         "parameters": UNSUPPORTED}}])
+        assert "tool 'f' parameters: the keyword 'uniqueItems'" in oe.value.message
 
         with pytest.raises(anthropic.BadRequestError) as ae:
             an.messages.create(model=MODEL, messages=USER, max_tokens=4,  # type: ignore[arg-type]
                                output_config={"format": {"type": "json_schema",
-                                                         "schema": HUGE}})
+                                                         "schema": UNSUPPORTED}})
         assert ae.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-        assert "'maxLength' 200000" in ae.value.body["error"]["message"]  # type: ignore[index]
+        assert "'uniqueItems'" in ae.value.body["error"]["message"]  # type: ignore[index]
 
         rest = [json.loads(line) for line in lines]
     assert rest and rest[-1]["done"] is True and "error" not in rest[-1]
@@ -232,15 +260,12 @@ def test_deep_schema_is_refused(api: httpx.Client) -> None:
     assert r.status_code == 400 and "nested over 64 levels" in r.json()["error"]
 
 
-def test_affordable_bounds_are_served_and_obeyed(api: httpx.Client) -> None:
+def test_bounds_are_served_and_obeyed(api: httpx.Client) -> None:
     r = chat(api, format=MODEST, options={"num_predict": 80},
              messages=[{"role": "user", "content": "Describe the sea as JSON."}])
     assert r.status_code == 200, r.text
-    out = json.loads(r.json()["message"]["content"])
-    assert isinstance(out["a"], str) and len(out["a"]) <= 50
-    at_ceiling = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}},
-                  "required": ["a"]}
-    assert chat(api, format=at_ceiling).status_code == 200
+    jsonschema.validate(json.loads(r.json()["message"]["content"]), MODEST)
+    assert chat(api, format=HUGE).status_code == 200  # issue 11's crash: an ordinary request
 
 
 def test_stop_strings_are_bounded(api: httpx.Client, oa: openai.OpenAI) -> None:

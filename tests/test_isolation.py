@@ -295,25 +295,27 @@ def _children(pid: int) -> set[int]:
 def test_watchdog_restarts_a_runner_that_stops_responding(tmp_path: Path,
                                                           smollm2_path: Path) -> None:
     d = Daemon(make_home(tmp_path, smollm2_path),
-               env={"LLMRUN_WATCHDOG": "3s", "LLMRUN_NUM_PARALLEL": "1"}).start()
+               env={"LLMRUN_WATCHDOG": "8s", "LLMRUN_NUM_PARALLEL": "1"}).start()
     try:
         assert d.proc is not None
         body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a story"}],
                 "options": {"num_predict": 2000}}
         with httpx.stream("POST", f"{d.url}/api/chat", json=body, timeout=60) as r:
             lines = r.iter_lines()
-            assert json.loads(next(lines))["done"] is False
+            first = json.loads(next(lines))
+            assert first.get("done") is False, first
             stopped = _children(d.proc.pid)
             assert stopped, "expected a runner under the daemon"
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
             rest = [json.loads(line) for line in lines if line]
         error = rest[-1]["error"]
-        assert "made no progress for 3 s and was restarted" in error
+        assert "made no progress for 8 s and was restarted" in error
         assert "/" not in error  # no server paths in an error body
         again = httpx.post(f"{d.url}/api/chat", timeout=60, json={
             **body, "stream": False, "options": {"num_predict": 4, **GREEDY}})
-        assert again.status_code == 200 and again.json()["eval_count"] == 4
+        assert again.status_code == 200, again.text
+        assert again.json()["eval_count"] == 4
         assert not stopped & _children(d.proc.pid)  # a fresh runner; the stopped one is gone
     finally:
         d.stop()

@@ -1,5 +1,6 @@
 """llmrun.engine.tools: family detection, prompt rendering, grammars, parsing and the stream
-filter, without the real model (grammars run on the tiny synthetic model)."""
+filter, without the real model (grammars run on the tiny synthetic model, and are checked
+against SmolLM2's vocabulary)."""
 
 from __future__ import annotations
 
@@ -383,16 +384,32 @@ def test_format_calls_per_family() -> None:
         assert parsed and parsed[0][0].arguments == {"a": 1}
 
 
-# -- grammars, generated on the tiny model ---------------------------------------------------
+# -- grammars: llguidance, generated on the tiny model and checked on SmolLM2's vocabulary ----
 
 BOUNDED = Tool(name="set_mode", parameters={  # every value has a bounded length
     "type": "object",
-    "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}},
-    "required": ["mode", "on"], "additionalProperties": False})
+    "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"},
+                   "level": {"type": "integer", "minimum": 0, "maximum": 150},
+                   "tag": {"type": "string", "maxLength": 6}},
+    "required": ["mode", "on", "level", "tag"], "additionalProperties": False})
 EMPTY = Tool(name="ping")
 DEFS = Tool(name="move", parameters={
     "type": "object", "properties": {"to": {"$ref": "#/$defs/Dir"}}, "required": ["to"],
-    "$defs": {"Dir": {"enum": ["up", "down"]}}})
+    "$defs": {"Dir": {"enum": ["up", "down"]}}, "additionalProperties": False})
+FAMILIES = {"hermes": info("hermes"), "llama3": info("llama3"), "mistral": info("mistral"),
+            "mistral-args": info("mistral", mistral_args=True), "json": info("json")}
+
+
+def lltokenizer(model: Any) -> Any:
+    """llguidance's view of a vocabulary (its reader calls a llama.cpp function that
+    llama-cpp-python marks deprecated once per token: silenced)."""
+    import warnings
+
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return lltokenizer_from_vocab(model.vocab)
 
 
 @pytest.fixture(scope="module")
@@ -401,21 +418,41 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     model = Model(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
     ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=256, n_threads=1)
-    yield model, ctx
+    yield model, ctx, lltokenizer(model)
     ctx.close()
     model.close()
 
 
-def generate(tiny: Any, grammar: str, seed: int) -> tuple[str, bool]:
-    """Sample from random weights under `grammar`: (text, ended by end-of-generation)."""
-    from llmrun.engine.llama import Batch, Sampler
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_path: Any) -> Iterator[Any]:
+    """SmolLM2's vocabulary as llguidance sees it (what the runner constrains with)."""
+    from llmrun.engine.llama import Model
 
-    model, ctx = tiny
+    model = Model(smollm2_path)
+    yield lltokenizer(model)
+    model.close()
+
+
+def generate(tiny: Any, grammar: str, seed: int) -> tuple[str, bool]:
+    """Sample from random weights under `grammar` (llguidance's token mask over the logits):
+    (text, ended by end-of-generation)."""
+    import llguidance
+    import numpy as np
+    from llguidance.numpy import (
+        allocate_token_bitmask,
+        apply_token_bitmask_inplace,
+        fill_next_token_bitmask,
+    )
+
+    from llmrun.engine.llama import Batch
+
+    model, ctx, tokenizer = tiny
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    assert not matcher.is_error(), matcher.get_error()
+    rng = np.random.default_rng(seed)
+    mask = allocate_token_bitmask(1, tokenizer.vocab_size)
     ctx.seq_rm(0, -1, -1)
     batch = Batch(8)
-    sampler = Sampler(model, grammar=grammar, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                      typical_p=1.0, repeat_last_n=0, repeat_penalty=1.0, presence_penalty=0.0,
-                      frequency_penalty=0.0, seed=seed)
     out = b""
     token = model.bos
     try:
@@ -423,21 +460,25 @@ def generate(tiny: Any, grammar: str, seed: int) -> tuple[str, bool]:
             batch.clear()
             batch.add(token, pos, 0, True)
             assert ctx.decode(batch) == 0
-            token = ctx.sample(sampler, 0)
+            logits = ctx.logits(0).astype(np.float64)[None, :]
+            fill_next_token_bitmask(matcher, mask)
+            apply_token_bitmask_inplace(logits, mask)
+            probs = np.exp(logits[0] - logits[0].max())
+            token = int(rng.choice(len(probs), p=probs / probs.sum()))
+            assert matcher.consume_token(token), matcher.get_error()
             if model.is_eog(token):
                 return out.decode("utf-8", "replace"), True
             out += model.piece(token)
     finally:
-        sampler.close()
         batch.close()
     return out.decode("utf-8", "replace"), False
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "mistral-args", "json"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_grammar_output_parses_and_matches_schemas(tiny: Any, family: str) -> None:
     import jsonschema
 
-    i = info("mistral", mistral_args=True) if family == "mistral-args" else info(family)
+    i = FAMILIES[family]
     offered = [BOUNDED, EMPTY, DEFS]
     schemas = {t.name: t.parameters for t in offered}
     for parallel in (False, True):
@@ -464,6 +505,100 @@ def test_grammar_for_a_named_tool(tiny: Any) -> None:
         assert ended and parsed is not None
         assert [c.name for c in parsed[0]] == ["set_mode"]
     assert tools.ToolPlan(HERMES, [BOUNDED], "auto").grammar() is None
+
+
+def consumed(tokenizer: Any, grammar: str, text: str) -> bool:
+    """Whether the grammar lets a model write `text` whole (and end there)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    ids = tokenizer.tokenize_str(text)
+    # validate_tokens only looks ahead; consuming them moves the matcher to the end
+    return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
+        and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_grammars_compile_for_a_real_vocabulary(smollm2_tokenizer: Any, family: str) -> None:
+    """Every family's grammar compiles without warnings; the calls the model is shown in its
+    prompt are accepted, and values outside the schema are not (bounds, maxLength, names)."""
+    import llguidance
+
+    i = FAMILIES[family]
+    ok = [ToolCall(id="a", name="set_mode",
+                   arguments={"mode": "fast", "on": True, "level": 150, "tag": "abcdef"}),
+          ToolCall(id="b", name="ping", arguments={})]
+    for parallel in (False, True):
+        grammar = tools.build_grammar([BOUNDED, EMPTY, DEFS], i, parallel)
+        assert llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, smollm2_tokenizer) == (False, [])
+        assert consumed(smollm2_tokenizer, grammar, tools.format_calls(ok[:1], i))
+        assert consumed(smollm2_tokenizer, grammar, tools.format_calls(ok, i)) == parallel
+        for bad in ({"level": 151}, {"level": -1}, {"tag": "abcdefg"}, {"mode": "medium"}):
+            call = ok[0].model_copy(update={"arguments": {**ok[0].arguments, **bad}})
+            assert not consumed(smollm2_tokenizer, grammar, tools.format_calls([call], i))
+        other = ok[1].model_copy(update={"name": "pong"})
+        assert not consumed(smollm2_tokenizer, grammar, tools.format_calls([other], i))
+
+
+def test_grammar_keeps_refs_and_odd_names(smollm2_tokenizer: Any) -> None:
+    """Arguments sit at the root of their own `%json`, so `$ref`s resolve as written (`#`
+    included); `nullable` is read; names are escaped; a client's `x-guidance` is dropped."""
+    tree = Tool(name='t"r\\ee\u00e9', parameters={
+        "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}},
+                                         "d": {"$ref": "#/definitions/D"},
+                                         "n": {"type": "string", "nullable": True}},
+        "definitions": {"D": {"enum": ["up", "down"]}}, "additionalProperties": False,
+        "x-guidance": {"whitespace_pattern": "x*"}})
+    for i in FAMILIES.values():
+        grammar = tools.build_grammar([tree], i, False)
+        call = ToolCall(id="a", name=tree.name,
+                        arguments={"kids": [{"kids": [], "d": "up"}, {}], "d": "down",
+                                   "n": None})
+        assert consumed(smollm2_tokenizer, grammar, tools.format_calls([call], i)), grammar
+        bad = call.model_copy(update={"arguments": {"kids": [{"d": "left"}]}})
+        assert not consumed(smollm2_tokenizer, grammar, tools.format_calls([bad], i))
+    with pytest.raises(ValueError, match="NaN"):
+        tools.build_grammar([Tool(name="f", parameters={"maximum": float("nan")})], HERMES,
+                            False)
+
+
+def test_grammar_strictness(smollm2_tokenizer: Any) -> None:
+    """Strict (the default): a keyword llguidance cannot enforce makes the grammar fail to
+    compile (the daemon answers 400 before this); not strict: it is skipped."""
+    import llguidance
+
+    uniq = Tool(name="f", parameters={"type": "object", "properties": {
+        "xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}})
+    strict = tools.build_grammar([uniq], HERMES, False)
+    error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        strict, smollm2_tokenizer)
+    assert error and "uniqueItems" in messages[0]
+    lenient = tools.ToolPlan(HERMES, [uniq], "required", False, strict=False).grammar()
+    assert lenient is not None
+    assert not llguidance.LLMatcher.validate_grammar_with_warnings(
+        lenient, smollm2_tokenizer)[0]
+    j = job([Message(role="user", content="hi")], tools=[uniq], tool_choice="required",
+            format_strict=False)
+    assert tools.plan(j, CHATML).strict is False  # type: ignore[union-attr]
+
+
+def test_markers_that_are_special_tokens_are_named_by_id(smollm2_tokenizer: Any) -> None:
+    """A marker the vocabulary holds as one special token is written as that token: the
+    matcher never reads a special token as the characters it renders as."""
+    assert tools.special_markers(smollm2_tokenizer) == {}  # SmolLM2 has none of them
+    im_start = smollm2_tokenizer.tokenize_str("<|im_start|>", parse_special=True)
+    assert len(im_start) == 1 and smollm2_tokenizer.is_special_token(im_start[0])
+    grammar = tools.build_grammar([EMPTY], HERMES, False,
+                                  special={"<tool_call>": im_start[0]})
+    assert f"<[{im_start[0]}]>" in grammar
+    text = '<|im_start|>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+    import llguidance
+
+    matcher = llguidance.LLMatcher(smollm2_tokenizer, grammar)
+    ids = smollm2_tokenizer.tokenize_str(text, parse_special=True)
+    assert ids[0] == im_start[0]
+    assert matcher.consume_tokens(ids) and matcher.is_accepting()
 
 
 def test_control_markers_cover_every_family() -> None:

@@ -380,8 +380,11 @@ def to_request(body: CountBody, service: Service) -> ChatRequest:
             top_p=body.top_p,
             stop=[*_model_stops(service, body.model), *client_stops] if client_stops else None,
         )
+    # strict: Anthropic's structured outputs promise the schema (forced tool inputs are held
+    # to theirs the same way), so a keyword that cannot be enforced is a 400, never skipped
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
-                       stream=stream, format=fmt, tools=tools, tool_choice=choice,
+                       stream=stream, format=fmt, format_strict=True, tools=tools,
+                       tool_choice=choice,
                        parallel_tool_calls=parallel, think=to_think(body))
 
 

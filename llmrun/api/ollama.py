@@ -215,6 +215,7 @@ def router(service: Service) -> APIRouter:
                 stream=body.stream,
                 keep_alive=body.keep_alive,
                 format=body.format or None,
+                format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
                 logprobs=body.top_logprobs if body.logprobs else None,
                 think=_think(body.think),
                 think_required=bool(body.think),
@@ -252,6 +253,7 @@ def router(service: Service) -> APIRouter:
                 stream=body.stream,
                 keep_alive=body.keep_alive,
                 format=body.format or None,
+                format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
                 logprobs=body.top_logprobs if body.logprobs else None,
             )
         except EngineError as exc:

@@ -151,6 +151,10 @@ class LlamaExtras(Body):
     typical_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_last_n: int | None = Field(None, ge=-1)
     keep_alive: str | float | None = None
+    # llama-server's structured output: a grammar (GBNF, or llguidance's Lark) or a JSON
+    # schema the output must match; one of them, or response_format, per request
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class ContentPart(Body):
@@ -366,16 +370,44 @@ def _tools(body: ChatCompletionBody) -> tuple[list[Tool], ToolChoice]:
     return tools, choice
 
 
-def _format(body: ChatCompletionBody) -> Format:
-    rf = body.response_format
+def _constraint(body: ChatCompletionBody | CompletionBody) -> tuple[Format, str | None]:
+    """(format, raw grammar) from `response_format` (chat only) or llama-server's `grammar`
+    / `json_schema`; asking for two of them is ambiguous, as llama-server also says."""
+    rf = getattr(body, "response_format", None)
+    given = [name for name, value in (("response_format", rf and rf.type != "text"),
+                                      ("json_schema", body.json_schema is not None),
+                                      ("grammar", body.grammar is not None)) if value]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of {' and '.join(repr(g) for g in given)}: each "
+                            "constrains the whole output", given[1])
+    if body.grammar is not None:
+        return None, body.grammar
+    if body.json_schema is not None:
+        return body.json_schema, None
     if rf is None or rf.type == "text":
-        return None
+        return None, None
     if rf.type == "json_object":
-        return "json"
+        return "json", None  # compiled as any JSON object, as OpenAI's JSON mode answers
     if rf.json_schema is None:
         raise ApiError(400, "response_format of type 'json_schema' needs 'json_schema'",
                        "response_format.json_schema")
-    return rf.json_schema.schema_ or "json"
+    return rf.json_schema.schema_ or "json", None
+
+
+def _strict(body: ChatCompletionBody, choice: ToolChoice) -> bool:
+    """Whether every schema this request enforces was marked `strict: true`. OpenAI's
+    default is not strict: a keyword structured output cannot enforce is then skipped with
+    a logged warning, where a strict schema gets a 400 naming it. Forced tools (required:
+    all, named: that one) and a `json_schema` response format count; llama-server's
+    `json_schema` field has no such flag and is strict, as `format` is in Ollama's API."""
+    flags: list[bool] = []
+    if isinstance(choice, NamedTool) or choice == "required":
+        flags += [t.function.strict is True for t in body.tools or []
+                  if not isinstance(choice, NamedTool) or t.function.name == choice.name]
+    rf = body.response_format
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        flags.append(rf.json_schema.strict is True)
+    return all(flags)
 
 
 def _think(body: ChatCompletionBody) -> Think:
@@ -393,13 +425,16 @@ def chat_requests(body: ChatCompletionBody) -> list[ChatRequest]:
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
     tools, choice = _tools(body)
+    fmt, grammar = _constraint(body)
     base = ChatRequest(
         model=body.model,
         messages=_messages(body),
         options=_options(body, body.max_completion_tokens or body.max_tokens),
         stream=bool(body.stream),
         keep_alive=body.keep_alive,
-        format=_format(body),
+        format=fmt,
+        format_strict=_strict(body, choice),
+        grammar=grammar,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         tools=tools,
         tool_choice=choice,
@@ -639,10 +674,12 @@ def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatReque
     if not prompts:
         raise ApiError(400, "'prompt' is empty", "prompt")
     options = _options(body, body.max_tokens)
+    fmt, grammar = _constraint(body)
     texts: list[str] = []
     reqs: list[ChatRequest] = []
     for prompt in prompts:
         base = ChatRequest(model=body.model, messages=[], prompt=str(prompt), options=options,
+                           format=fmt, grammar=grammar,
                            stream=bool(body.stream), keep_alive=body.keep_alive,
                            logprobs=body.logprobs, suffix=body.suffix or None,
                            prompt_logprobs=body.logprobs if body.echo else None)

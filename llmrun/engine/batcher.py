@@ -9,8 +9,16 @@ KV bookkeeping: a slot is one llama sequence id; `slot.tokens` is exactly the li
 whose keys/values sit in that sequence's cells, positions 0..len-1. A new request goes to the
 free slot sharing the longest prefix with its prompt, and only the rest is evaluated.
 
-Failures: whatever one sequence brings (a grammar that does not build, a sampler or text
-stream that raises) ends that sequence with an error event; the others go on. Only a failure
+Structured output: a sequence may carry an llguidance matcher (engine/constraint.py, built
+off this thread). Each step the token masks of all constrained sequences are computed in one
+parallel call into one bitmask array (a row per sequence), each sequence samples with its own
+chain among the tokens its row allows, and its matcher consumes the token. A sequence without
+a matcher does no mask work at all. A thinking model's thought stays free: the matcher starts
+once the end-of-thought marker has been generated (`SeqParams.constrain_after`).
+
+Failures: whatever one sequence brings (a grammar that does not build or reaches a dead end,
+a sampler or text stream that raises) ends that sequence with an error event; the others go
+on. Only a failure
 of the step itself (building the batch, decoding) reaches `_run`, which fails every request
 in flight and hands the exception to `on_fatal` (the runner process then exits, so the
 daemon starts a fresh one rather than queueing requests to a thread that is gone).
@@ -28,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from llguidance.numpy import fill_next_token_bitmask_par
 
+from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
 from llmrun.engine.textstream import TextStream
 
@@ -46,7 +56,14 @@ class SeqParams:
     sampling: dict[str, Any]
     max_tokens: int = -1  # -1: until the context is full
     stops: list[str] = field(default_factory=list)
-    grammar: str | None = None
+    # structured output: an llguidance LLMatcher for this sequence alone (None: free)
+    matcher: Any = None
+    # a thinking model: the matcher starts after this end-of-thought marker is generated
+    # (the prompt left the output inside a thought, or the model may open one itself)
+    constrain_after: bytes | None = None
+    # the model may open a thought with this marker: when its first token starts one, the
+    # matcher waits for `constrain_after`; otherwise it applies from that first token
+    think_open: bytes | None = None
     logprobs: int | None = None  # None: off; 0: the sampled token's; k: also the top k
     pieces: dict[int, bytes] = field(default_factory=dict)  # text for tokens shown as nothing
     context: bool = False  # report prompt + output token ids when done (Ollama's `context`)
@@ -79,6 +96,14 @@ class Sequence:
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
+    # with a matcher: None once it applies; "after": inside a thought, waiting for
+    # params.constrain_after; "maybe": the first token may open a thought (params.think_open)
+    gate: str | None = None
+    tail: bytes = b""  # the last bytes generated while gate is "after" (marker search)
+
+
+class ConstraintError(ValueError):
+    """The sequence's grammar failed (a dead end, a limit): that request's fault (400)."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -105,6 +130,8 @@ class Engine:
         self._waiting: deque[Sequence] = deque()
         self._thread = threading.Thread(target=self._run, name="llmrun-engine", daemon=True)
         self._stopping = False
+        # one row of llguidance's bitmask per slot: bit t%32 of int32 word t//32 is token t
+        self._masks = np.zeros((n_slots, (model.n_vocab + 31) // 32), dtype=np.int32)
 
     # -- called from other threads --------------------------------------------------------
 
@@ -191,6 +218,9 @@ class Engine:
 
     def _place(self, seq: Sequence, slot: Slot) -> None:
         seq.sampler = self._sampler(seq)  # first: if it fails, the slot is left as it was
+        p = seq.params
+        if p.matcher is not None and p.constrain_after:
+            seq.gate = "maybe" if p.think_open else "after"
         n = common_prefix(slot.tokens, seq.prompt)
         if seq.params.prompt_logprobs is not None:
             n = 0
@@ -210,7 +240,7 @@ class Engine:
 
     def _sampler(self, seq: Sequence) -> Sampler:
         p = seq.params
-        sampler = Sampler(self.model, grammar=p.grammar, **p.sampling)
+        sampler = Sampler(self.model, **p.sampling)
         try:
             # Penalties look at recent tokens: show the sampler the prompt it continues.
             last_n = p.sampling.get("repeat_last_n", 64)
@@ -269,28 +299,88 @@ class Engine:
         now = time.perf_counter()
         if scored:
             self._score_prompt(scored, events)
+        masks = self._compute_masks(outputs, events)
         for seq, idx in outputs:
             if seq.slot is None or seq.slot.seq is not seq:
-                continue  # failed while its prompt was scored
+                continue  # failed while its prompt was scored, or its mask
             try:
-                self._output(seq, idx, now, events)
+                self._output(seq, idx, now, events, masks.get(seq.id))
             except Exception as exc:
                 self._fail(seq, exc, events)
         if events or time.monotonic() - self._last_emit >= HEARTBEAT_SECONDS:
             self._last_emit = time.monotonic()
             self.emit(events)  # (empty: a heartbeat)
 
-    def _output(self, seq: Sequence, idx: int, now: float, events: list[Event]) -> None:
-        """Sample `seq`'s next token from batch row `idx` and hand its text on."""
+    def _compute_masks(self, outputs: list[tuple[Sequence, int]],
+                       events: list[Event]) -> dict[str, np.ndarray]:
+        """The token masks of this step's constrained sequences (by request id), computed in
+        one call across llguidance's threads, outside the GIL; none for free sequences."""
+        todo = [seq for seq, _ in outputs
+                if seq.params.matcher is not None and seq.gate != "after"
+                and seq.params.max_tokens != 0 and seq.slot is not None
+                and seq.slot.seq is seq]
+        if not todo:
+            return {}
+        rows = self._masks[: len(todo)]  # leading rows of a C-contiguous array: contiguous
+        try:
+            fill_next_token_bitmask_par(constraint.executor(),
+                                        [(seq.params.matcher, i) for i, seq in enumerate(todo)],
+                                        rows)
+        except Exception as exc:  # API misuse only (matchers report errors in-band)
+            for seq in todo:
+                self._fail(seq, exc, events)
+            return {}
+        return {seq.id: rows[i] for i, seq in enumerate(todo)}
+
+    def _output(self, seq: Sequence, idx: int, now: float, events: list[Event],
+                mask: np.ndarray | None = None) -> None:
+        """Sample `seq`'s next token from batch row `idx` (among the tokens `mask` allows,
+        for a constrained sequence) and hand its text on."""
         assert seq.sampler is not None
         if seq.params.max_tokens == 0:  # prompt only (scoring, or loading a prefix)
             seq.t_first = now
             self._finish(seq, "length", events)
             return
-        token = self.ctx.sample(seq.sampler, idx)
+        matcher = seq.params.matcher
+        if mask is None:
+            token = self.ctx.sample(seq.sampler, idx)
+        else:
+            if matcher.is_error():
+                raise ConstraintError(f"structured output failed: {matcher.get_error()}")
+            if matcher.is_stopped():  # the grammar is complete: only EOS could follow
+                if seq.generated == 0:
+                    seq.t_first = now
+                self._finish(seq, "stop", events)
+                return
+            token = self._sample_gated(seq, idx, mask) if seq.gate == "maybe" else \
+                self.ctx.sample(seq.sampler, idx, mask)
+            if seq.gate is None and not matcher.consume_token(token):
+                raise ConstraintError(f"structured output failed: {matcher.get_error()}")
         if seq.generated == 0:
             seq.t_first = now
         self._on_token(seq, token, idx, events)
+
+    def _sample_gated(self, seq: Sequence, idx: int, mask: np.ndarray) -> int:
+        """The first token of a model that may think: sampled free; if it opens a thought
+        (or is blank) the constraint waits, else the constraint applies from this token on
+        (resampled under the mask when refused; the chain has then seen one extra token,
+        which only its penalties notice)."""
+        assert seq.sampler is not None
+        token = self.ctx.sample(seq.sampler, idx)
+        opener = seq.params.think_open or b""
+        piece = (seq.params.pieces.get(token) if seq.params.pieces else None) \
+            or self.model.piece(token)
+        head = piece.lstrip()
+        if not self.model.is_eog(token):
+            if not head:
+                return token  # blank: still undecided
+            if head.startswith(opener) or opener.startswith(head):
+                seq.gate = "after"
+                return token
+        seq.gate = None
+        if not (int(mask[token >> 5]) >> (token & 31)) & 1:
+            token = seq.sampler.sample_masked(self.ctx.logits(idx), mask)
+        return token
 
     def _fail(self, seq: Sequence, exc: BaseException, events: list[Event]) -> None:
         """End `seq` alone with an error. Its slot keeps the cells decoded so far: they match
@@ -303,7 +393,8 @@ class Engine:
         seq.pending = []
         if seq.sampler is not None:
             seq.sampler.close()
-        events.append((seq.id, "error", {"message": _describe(exc), "status": 500}))
+        status = 400 if isinstance(exc, ConstraintError) else 500
+        events.append((seq.id, "error", {"message": _describe(exc), "status": status}))
 
     def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None
@@ -316,6 +407,8 @@ class Engine:
         piece = seq.params.pieces.get(token) if seq.params.pieces else None
         if piece is None:
             piece = self.model.piece(token)
+        if seq.gate == "after":
+            self._await_marker(seq, piece)
         text = seq.text.push(piece)
         if seq.params.logprobs is not None:
             events.append((seq.id, "chunk", [text, [self._logprob(token, piece, idx,
@@ -324,10 +417,26 @@ class Engine:
             events.append((seq.id, "chunk", text))
         if seq.text.stopped:
             self._finish(seq, "stop", events)
+        elif seq.gate is None and seq.params.matcher is not None and \
+                seq.params.matcher.is_stopped():
+            # the grammar is complete and allows nothing more: end here rather than decode a
+            # step only to sample the EOS the mask would force
+            self._finish(seq, "stop", events)
         elif seq.generated == seq.params.max_tokens or len(seq.slot.tokens) + 1 >= self.n_ctx_seq:
             self._finish(seq, "length", events)
         else:
             seq.next_token = token
+
+    @staticmethod
+    def _await_marker(seq: Sequence, piece: bytes) -> None:
+        """Inside a thought: the constraint starts with the token after the end marker."""
+        marker = seq.params.constrain_after or b""
+        tail = seq.tail + piece
+        if marker in tail:
+            seq.gate = None
+            seq.tail = b""
+        else:
+            seq.tail = tail[-(len(marker) - 1):] if len(marker) > 1 else b""
 
     def _score_prompt(self, scored: list[tuple[Sequence, int, int]], events: list[Event]) -> None:
         """Prompt logprobs of this step's prefill chunks, one event per sequence. Index -1 is

@@ -8,7 +8,6 @@ here is a thin, typed wrapper: ownership (free on close), buffers and return-cod
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import threading
 from pathlib import Path
@@ -57,27 +56,6 @@ def _meta_str(getter: Any, ptr: Any, key: str, size: int) -> str | None:
         buf = ctypes.create_string_buffer(n + 1)
         getter(ptr, key.encode(), buf, len(buf))
     return buf.value.decode("utf-8", "replace")
-
-
-def json_grammar() -> str:
-    """GBNF for any JSON value (`format: "json"`)."""
-    from llama_cpp import llama_grammar
-
-    return llama_grammar.JSON_GBNF
-
-
-def schema_grammar(schema: dict[str, Any]) -> str:
-    """GBNF accepting exactly the JSON documents that match `schema` (llama-cpp-python's
-    converter, the one llama.cpp's server uses)."""
-    from llama_cpp import llama_grammar
-
-    try:
-        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter raises bare Exceptions for unsupported schemas
-        raise LlamaError(f"unsupported JSON schema: {exc}") from None
-    # This converter lets raw control characters (newlines...) into strings, which JSON
-    # forbids; llama.cpp's own excludes them.
-    return gbnf.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |', 1)
 
 
 class Model:
@@ -205,35 +183,23 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 
 
 class Sampler:
-    """A llama.cpp sampler chain (runs in C; sampling adds no per-token Python work), and an
-    optional grammar kept apart from the chain.
+    """A llama.cpp sampler chain (runs in C; sampling adds no per-token Python work).
 
-    A grammar sampler rejects tokens by walking the grammar for every candidate, which on a
-    50k vocabulary costs about a second per token here. Like llama.cpp's own server, we
-    sample without the grammar first and ask the grammar about that one token; only when it
-    is rejected (rarely, once the model follows the format) is the grammar applied to the
-    whole vocabulary and the token sampled again.
+    Structured output does not live here: the batcher computes a token mask per constrained
+    sequence (engine/constraint.py, llguidance) and samples with `sample_masked`, which runs
+    this same chain over the allowed tokens only.
     """
 
     def __init__(self, model: Model, *, temperature: float, top_k: int, top_p: float,
                  min_p: float, typical_p: float, repeat_last_n: int, repeat_penalty: float,
-                 presence_penalty: float, frequency_penalty: float, seed: int,
-                 grammar: str | None = None) -> None:
+                 presence_penalty: float, frequency_penalty: float, seed: int) -> None:
         params = C.llama_sampler_chain_default_params()
         params.no_perf = True
         chain = C.llama_sampler_chain_init(params)
         self.ptr = chain
-        self.grammar = None
+        self.n_vocab = model.n_vocab
+        self._cand: np.ndarray | None = None  # candidates buffer, made on first masked use
         add = C.llama_sampler_chain_add
-        if grammar:
-            g = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
-            if not g:
-                self.close()
-                raise LlamaError("invalid grammar")
-            self.grammar = g
-            self._cand = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
-            self._ids = np.arange(model.n_vocab, dtype=np.int32)
-            self._one = np.zeros(1, dtype=_TOKEN_DATA)
         if repeat_penalty != 1.0 or presence_penalty or frequency_penalty:
             last_n = model.n_ctx_train if repeat_last_n == -1 else repeat_last_n
             add(chain, C.llama_sampler_init_penalties(
@@ -253,45 +219,39 @@ class Sampler:
         add(chain, C.llama_sampler_init_dist(DEFAULT_SEED if seed < 0 else seed & 0xFFFFFFFF))
 
     def accept(self, token: int) -> None:
-        """Show the chain a token (the prompt, for penalties); the grammar never sees it."""
+        """Show the chain a token (the prompt, for penalties)."""
         C.llama_sampler_accept(self.ptr, token)
 
-    @staticmethod
-    def _apply(smpl: ctypes.c_void_p, cand: np.ndarray) -> int:
+    def sample_masked(self, logits: np.ndarray, mask: np.ndarray) -> int:
+        """Sample from `logits` restricted to the tokens `mask` allows (llguidance's bitmask:
+        bit t%32 of int32 word t//32), with this chain; the chain accepts the token.
+
+        The chain runs over the allowed tokens only, as candidates copied out of `logits`
+        (llama.cpp's own buffer, which is never written): with few tokens allowed, as inside
+        JSON, that is a small array rather than the whole vocabulary, and truncation and
+        temperature apply to the constrained distribution. Greedy picks the best allowed
+        token, so a constrained greedy run is exactly the unconstrained one while the model
+        follows the format."""
+        allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[: self.n_vocab]
+        ids = np.flatnonzero(allowed)
+        if len(ids) == 0:
+            raise LlamaError("the grammar allows no token here (the schema cannot be "
+                             "completed with this model's vocabulary)")
+        if self._cand is None:
+            self._cand = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+        cand = self._cand[: len(ids)]
+        cand["id"] = ids
+        cand["logit"] = logits[ids]
+        cand["p"] = 0.0
         arr = C.llama_token_data_array(
             data=cand.ctypes.data_as(C.llama_token_data_p), size=len(cand), selected=-1,
             sorted=False)
-        C.llama_sampler_apply(smpl, ctypes.byref(arr))
-        return int(arr.selected)
-
-    def sample_constrained(self, logits: np.ndarray) -> int:
-        cand = self._cand
-        cand["id"] = self._ids
-        cand["logit"] = logits
-        cand["p"] = 0.0
-        token = int(cand["id"][self._apply(self.ptr, cand)])
-        one = self._one
-        one["id"], one["logit"], one["p"] = token, 1.0, 0.0
-        self._apply(self.grammar, one)
-        if not np.isfinite(one["logit"][0]):  # the grammar refuses it: constrain, resample
-            cand["id"] = self._ids
-            cand["logit"] = logits
-            cand["p"] = 0.0
-            self._apply(self.grammar, cand)
-            if not np.isfinite(cand["logit"]).any():
-                # accepting any token now would throw inside llama.cpp, which aborts the
-                # whole runner: end this sequence instead
-                raise LlamaError("the grammar allows no token here (the schema cannot be "
-                                 "completed with this model's vocabulary)")
-            token = int(cand["id"][self._apply(self.ptr, cand)])
-        C.llama_sampler_accept(self.grammar, token)
+        C.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        token = int(cand["id"][arr.selected])
         C.llama_sampler_accept(self.ptr, token)
         return token
 
     def close(self) -> None:
-        if self.grammar:
-            C.llama_sampler_free(self.grammar)
-            self.grammar = None
         if self.ptr:
             C.llama_sampler_free(self.ptr)
             self.ptr = None
@@ -345,10 +305,11 @@ class Context:
         batch.raw.n_tokens = batch.n
         return C.llama_decode(self.ptr, batch.raw)
 
-    def sample(self, sampler: Sampler, index: int) -> int:
-        """Sample from the logits of batch row `index`; the sampler accepts the token."""
-        if sampler.grammar is not None:
-            return sampler.sample_constrained(self.logits(index))
+    def sample(self, sampler: Sampler, index: int, mask: np.ndarray | None = None) -> int:
+        """Sample from the logits of batch row `index`, among the tokens `mask` allows when
+        one is given (structured output); the sampler accepts the token."""
+        if mask is not None:
+            return sampler.sample_masked(self.logits(index), mask)
         return C.llama_sampler_sample(sampler.ptr, self.ptr, index)
 
     def logits(self, index: int) -> np.ndarray:

@@ -36,18 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from llmrun import config
-from llmrun.engine import ipc, sandbox, templates, thinking, tools
+from llmrun.engine import constraint, ipc, sandbox, templates, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.ipc import ChannelClosed, SyncChannel
-from llmrun.engine.llama import (
-    Context,
-    LlamaError,
-    LoraAdapter,
-    Model,
-    json_grammar,
-    schema_grammar,
-)
+from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
 from llmrun.request import GenerateJob
 
 log = logging.getLogger("llmrun.runner")
@@ -305,13 +298,7 @@ class Runner:
             if job.think and job.think_required and pair is None and job.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
-            grammar = job.grammar
-            if plan is not None and plan.choice != "auto":
-                grammar = plan.grammar()
-            elif job.format == "json":
-                grammar = json_grammar()
-            elif isinstance(job.format, dict):
-                grammar = schema_grammar(job.format)
+            matcher = self._matcher(job, plan)
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
@@ -327,19 +314,41 @@ class Runner:
             sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
             max_tokens=o.num_predict if o.num_predict is not None else -1,
             stops=list(o.stop or []),
-            grammar=grammar,
             logprobs=job.logprobs,
             pieces=self.control_pieces() if plan is not None or pair is not None else {},
             context=job.return_context,
             prompt_logprobs=job.prompt_logprobs,
         )
+        params.matcher = matcher
+        if matcher is not None and pair is not None:
+            # The thought stays free; the constraint starts with the answer: after the end
+            # marker when the prompt opened a thought, else from the first token unless that
+            # token opens one (thinking not switched off).
+            inside = thinking.opens(text, pair)
+            if inside or job.think is not False:
+                params.constrain_after = pair[1].encode()
+                params.think_open = None if inside else pair[0].encode()
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
-        if pair is not None and grammar is None:
+        if pair is not None:
             self._think_streams[req_id] = thinking.ThinkStream(
                 pair, inside=thinking.opens(text, pair), keep=job.think is not False)
         self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
+
+    def _matcher(self, job: GenerateJob, plan: tools.ToolPlan | None) -> Any:
+        """The llguidance matcher `job` decodes under (None: unconstrained), built here on the
+        message thread, never the engine's: a forced tool call's grammar, else the job's raw
+        grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
+        forced_call = plan is not None and plan.choice != "auto"
+        if not forced_call and job.grammar is None and job.format is None:
+            return None
+        tok = constraint.tokenizer(self.model)  # built at start-up (serve); cached
+        # markers that are one special token are forced as that token, as the model was
+        # trained to write them, not spelled out character by character
+        forced = plan.grammar(tools.special_markers(tok)) if forced_call and plan else None
+        grammar = constraint.compile(job, tok, forced)
+        return None if grammar is None else constraint.matcher(tok, grammar)
 
     def control_pieces(self) -> dict[int, bytes]:
         """Tool-call markers that are control tokens in this vocabulary (rendered as nothing

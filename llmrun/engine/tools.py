@@ -17,7 +17,7 @@ What the runner does with a request that offers tools (`plan` returns None other
 
     plan = tools.plan(job, template)            # family, tools, choice, parallel
     messages, extra = tools.chat_inputs(...)    # history + tools for templates.render
-    plan.grammar()                              # GBNF for "required"/named, else None
+    plan.grammar(special)                       # Lark (llguidance) for "required"/named
     stream = plan.stream()                      # holds markup back, parses calls at the end
 
 `tool_choice="none"` hides the tools entirely; earlier calls and results in the history are
@@ -109,20 +109,23 @@ class ToolPlan:
     tools: list[Tool]
     choice: ToolChoice
     parallel: bool = True
+    strict: bool = True  # the client asked for strict schemas (GenerateJob.format_strict)
 
     @property
     def names(self) -> set[str]:
         return {t.name for t in self.tools}
 
-    def grammar(self) -> str | None:
-        """GBNF forcing a call ("required") or a call of the named tool; None for "auto"."""
+    def grammar(self, special: dict[str, int] | None = None) -> str | None:
+        """A grammar (llguidance's Lark) forcing a call ("required") or a call of the named
+        tool; None for "auto". `special`: see `special_markers`."""
         if isinstance(self.choice, NamedTool):
             chosen = [t for t in self.tools if t.name == self.choice.name]
         elif self.choice == "required":
             chosen = self.tools
         else:
             return None
-        return build_grammar(chosen, self.info, self.parallel)
+        return build_grammar(chosen, self.info, self.parallel, strict=self.strict,
+                             special=special)
 
     def stream(self) -> ToolStream:
         return ToolStream(self.info, self.names, self.parallel)
@@ -137,7 +140,7 @@ def plan(job: GenerateJob, template: str | None) -> ToolPlan | None:
         raise ValueError(f"tool_choice names the function {job.tool_choice.name!r}, which is "
                          "not among the tools")
     return ToolPlan(inspect_template(template), list(job.tools), job.tool_choice,
-                    job.parallel_tool_calls)
+                    job.parallel_tool_calls, job.format_strict)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -261,77 +264,87 @@ def chat_inputs(messages: list[Message], system: str | None, template: str | Non
 
 # -- grammar --------------------------------------------------------------------------------
 
-
-def _hoist_defs(schema: dict[str, Any], defs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Move a tool schema's `$defs`/`definitions` to the top of the combined schema, where
-    its `#/$defs/...` references will point once it is nested."""
-    schema = dict(schema)
-    for key in ("$defs", "definitions"):
-        for name, sub in (schema.pop(key, None) or {}).items():
-            have = defs.setdefault(key, {})
-            if name in have and have[name] != sub:
-                raise ValueError(f"two tools define different schemas as {key}/{name}")
-            have[name] = sub
-    return schema
-
-
-def _literal(text: str) -> str:
-    return json.dumps(text)  # JSON string escapes are valid GBNF literal escapes
+def special_markers(tokenizer: Any) -> dict[str, int]:
+    """The CONTROL_MARKERS that are one special token of the vocabulary of `tokenizer` (an
+    llguidance LLTokenizer), with their ids: a grammar must name such a marker by its token,
+    because the matcher never takes a special token for the characters it renders as (and
+    spelling `<tool_call>` out piece by piece is not what the model was trained to do)."""
+    out: dict[str, int] = {}
+    for marker in CONTROL_MARKERS:
+        ids = tokenizer.tokenize_str(marker, parse_special=True)
+        if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+            out[marker] = ids[0]
+    return out
 
 
-def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool) -> str:
-    """GBNF for one call (or, if `parallel`, one or more) of the `chosen` tools, in the
-    family's format, with arguments that match each tool's JSON schema."""
-    from llmrun.engine.llama import schema_grammar
+def _lit(text: str) -> str:
+    """A Lark string literal (JSON's escapes are Lark's; ensure_ascii keeps it one line)."""
+    return json.dumps(text)
 
+
+def _arguments_schema(tool: Tool, strict: bool) -> str:
+    """The `%json` body for a tool's arguments: its schema (at the root, so its `$ref`s
+    resolve as written, `#` included) read as `response_format` schemas are (constraint.py:
+    `nullable` rewritten, the layout fixed as json.dumps writes it, which is also how the
+    calls in the history look); `lenient` when the client did not ask for strict output (a
+    keyword the engine cannot enforce is then skipped, not an error)."""
+    from llmrun.engine.constraint import JSON_OPTIONS, prepare_schema  # loads llguidance
+
+    params = prepare_schema(tool.parameters or {"type": "object"})
+    if params.get("type", "object") == "object" and not params.get("properties") \
+            and "additionalProperties" not in params:
+        # no parameters declared: `{}` (as with declared ones, nothing undeclared)
+        params.update(type="object", properties={}, additionalProperties=False)
+    # (prepare_schema dropped any "x-guidance" of the client's: compiler options are not theirs)
+    params["x-guidance"] = {**JSON_OPTIONS, "lenient": not strict}
+    try:
+        return json.dumps(params, allow_nan=False)
+    except ValueError:  # NaN or Infinity (Python's json reads them): no JSON schema has them
+        raise ValueError(f"tool '{tool.name}': its parameters schema holds a number that is "
+                         "not valid JSON (NaN or Infinity)") from None
+
+
+def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool, *,
+                  strict: bool = True, special: dict[str, int] | None = None) -> str:
+    """A grammar in llguidance's Lark dialect for one call (or, if `parallel`, one or more)
+    of the `chosen` tools, in the family's format, with each tool's arguments constrained by
+    its JSON schema (`%json`). The call object around them is fixed text, name first, so
+    the name picks the tool before any JSON is parsed and the tools' schemas never mix.
+
+    `strict`: False when the client did not ask for strict schemas (unsupported keywords are
+    skipped); `special`: markers that are special tokens (`special_markers`)."""
     if not chosen:
         raise ValueError("no tool to call")
+    special = special or {}
+
+    def marker(text: str) -> str:
+        return f"<[{special[text]}]>" if text in special else _lit(text)
+
     key = "parameters" if info.family == "llama3" else "arguments"
     args_only = info.family == "mistral" and info.mistral_args
-    defs: dict[str, dict[str, Any]] = {}
-    props: dict[str, Any] = {}
+    rules = []
     for i, tool in enumerate(chosen):
-        params = _hoist_defs(tool.parameters or {"type": "object"}, defs)
-        if params.get("type", "object") == "object" and not params.get("properties") \
-                and "additionalProperties" not in params:
-            # no parameters declared: `{}` (as with declared ones, nothing undeclared)
-            params = {**params, "type": "object", "properties": {},
-                      "additionalProperties": False}
-        props[f"llmrun-tool-{i}"] = params if args_only else {
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, key: params},
-            "required": ["name", key],
-        }
-    container: dict[str, Any] = {"type": "object", "properties": props, "required": list(props)}
-    for k, v in defs.items():
-        container[k] = v
-    gbnf = schema_grammar(container)
-    rules = [line for line in gbnf.splitlines() if not re.match(r"root\s*::=", line)]
-    values = []
-    for prop in props:
-        m = re.search(rf'^{re.escape(prop)}-kv ::= .*? ":" space (\S+)\s*$', gbnf, re.M)
-        if m is None:
-            raise ValueError("could not build a grammar for these tool schemas")
-        values.append(m.group(1))
-    if args_only:
-        alts = [f"{_literal(t.name + '[ARGS]')} {v}" for t, v in zip(chosen, values, strict=True)]
-        call = " | ".join(alts)
-        root = '"[TOOL_CALLS]" llmrun-call' + (' ("[TOOL_CALLS]" llmrun-call)*' if parallel
-                                               else "")
+        head = (marker("[TOOL_CALLS]") + " " + _lit(tool.name) + " " + marker("[ARGS]")
+                if args_only else
+                _lit('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "' + key
+                     + '": '))  # the name as format_calls writes it in the history
+        tail = "" if args_only else ' "}"'
+        rules.append(f"call{i}: {head} args{i}{tail}")
+        rules.append(f"args{i}: %json {_arguments_schema(tool, strict)}")
+    call = "call: " + " | ".join(f"call{i}" for i in range(len(chosen)))
+    if args_only:  # [TOOL_CALLS]name[ARGS]{...}, the marker before each call
+        root = "call+" if parallel else "call"
+    elif info.family == "hermes":
+        one = f'{marker("<tool_call>")} "\\n" call "\\n" {marker("</tool_call>")}'
+        root = f'{one} ("\\n" {one})*' if parallel else one
+    elif info.family == "mistral":
+        root = marker("[TOOL_CALLS]") + (' "[" call (", " call)* "]"' if parallel
+                                         else ' "[" call "]"')
+    elif info.family == "llama3":
+        root = 'call ("; " call)*' if parallel else "call"
     else:
-        call = " | ".join(values)
-        if info.family == "hermes":
-            one = r'"<tool_call>\n" llmrun-call "\n</tool_call>"'
-            root = one + (rf' ("\n" {one})*' if parallel else "")
-        elif info.family == "mistral":
-            root = '"[TOOL_CALLS][" llmrun-call' + (' (", " llmrun-call)*' if parallel
-                                                    else "") + ' "]"'
-        elif info.family == "llama3":
-            root = "llmrun-call" + (' ("; " llmrun-call)*' if parallel else "")
-        else:
-            root = "llmrun-call" + (' | "[" llmrun-call (", " llmrun-call)* "]"' if parallel
-                                    else "")
-    return "\n".join([f"root ::= {root}", f"llmrun-call ::= {call}", *rules]) + "\n"
+        root = 'call | "[" call (", " call)* "]"' if parallel else "call"
+    return "\n".join([f"start: {root}", call, *rules]) + "\n"
 
 
 # -- parsing --------------------------------------------------------------------------------

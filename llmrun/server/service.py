@@ -42,6 +42,8 @@ def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
         system=manifest.system,
         options=req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
         format=req.format,
+        format_strict=req.format_strict,
+        grammar=req.grammar,
         logprobs=req.logprobs,
         tools=req.tools,
         tool_choice=req.tool_choice,

@@ -1,0 +1,177 @@
+"""Constrained decoding with llguidance: every grammar a sequence may carry, compiled and checked.
+
+One grammar dialect reaches the batcher: llguidance's (a Lark grammar, possibly embedding JSON
+schemas with `%json {...}`, or a JSON schema, both as llguidance's grammar text). What each
+request brings becomes that here, on the runner's message thread, never the engine thread:
+
+    tok = constraint.tokenizer(model)            # once per runner (~0.5 s), cached
+    grammar = constraint.compile(job, tok)       # None: unconstrained; ValueError: a 400
+    matcher = constraint.matcher(tok, grammar)   # one per sequence, handed to the batcher
+
+Why llguidance (issue 12): it implements JSON Schema's bounds (numeric ranges, maxLength,
+maxItems, formats, patterns) natively instead of unrolling them into grammar rules, so a
+`maxLength` of 200,000 costs what a `maxLength` of 10 does; it computes a whole vocabulary's
+mask in ~0.1-1 ms with no per-candidate grammar walk, and it is the engine llama.cpp, vLLM and
+SGLang embed. Its `LLExecutor` computes the masks of all constrained sequences of a step in
+parallel, outside the GIL.
+
+Limits (`LIMITS`): llguidance's defaults, which bound the work of any one mask step (lexer
+fuel 200k, 50k Earley items per step) and the grammar's size (500k symbols), so no grammar
+can stall the engine for long; a step that would pass them puts the matcher in an error
+state, which ends that sequence alone (batcher.py). `verbose_errors` is off: an error names
+the limit, not the parser's internal state (which echoes the schema back into logs).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import threading
+import warnings
+from typing import Any
+
+import llguidance as lg
+from llguidance.gbnf_to_lark import gbnf_to_lark
+from llguidance.llamacpp import lltokenizer_from_vocab
+
+from llmrun.engine.llama import Model
+from llmrun.request import GenerateJob
+
+log = logging.getLogger(__name__)
+
+# llguidance's vocabulary reader calls a llama-cpp-python alias that warns once per token.
+warnings.filterwarnings("ignore", message="llama_token_get_attr is deprecated")
+
+LIMITS = lg.LLParserLimits(verbose_errors=False)
+
+# How generated JSON is laid out. Compact, with one space after ',' and ':' (what OpenAI's
+# strict outputs look like): a small model given free whitespace may emit newlines forever
+# inside a valid document, and one fixed layout keeps tokenization predictable. These are
+# *overrides*: a client's own `x-guidance` options are dropped (see prepare_schema).
+JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+# `format: "json"` (Ollama) and `response_format: json_object` (OpenAI): a JSON object, as
+# Ollama's and llama.cpp's JSON grammars (`root ::= object`) have it.
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+_tok_lock = threading.Lock()
+
+
+def tokenizer(model: Model) -> lg.LLTokenizer:
+    """llguidance's view of `model`'s vocabulary, built once per model (~0.5 s on a 49k
+    vocabulary: one llama_token_to_piece per token). Every end-of-generation token counts as
+    EOS, so a finished grammar lets the model end with whichever its template uses."""
+    with _tok_lock:
+        cached: lg.LLTokenizer | None = getattr(model, "_llg_tokenizer", None)
+        if cached is None:
+            eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [model.eos]
+            cached = lltokenizer_from_vocab(model.vocab, eos_token=eog)
+            model._llg_tokenizer = cached  # type: ignore[attr-defined]
+        return cached
+
+
+def _nullable(node: dict[str, Any]) -> None:
+    """OpenAPI's `nullable: true` (which llguidance does not read) as JSON Schema: null joins
+    the node's types, enum or alternatives in place, so `$ref` paths into it stay valid."""
+    if node.pop("nullable", False) is not True:
+        return
+    kind = node.get("type")
+    if isinstance(kind, str):
+        node["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        node["type"] = [*kind, "null"]
+    if isinstance(node.get("enum"), list) and None not in node["enum"]:
+        node["enum"] = [*node["enum"], None]
+    if "const" in node:
+        node["enum"] = [node.pop("const"), None]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            node[key] = [*node[key], {"type": "null"}]
+
+
+def prepare_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a client's schema as llguidance should read it: `nullable` rewritten and
+    `x-guidance` (compiler options: ours, not the client's) removed, at every level."""
+    schema = copy.deepcopy(schema)
+    stack: list[Any] = [schema]
+    while stack:  # iterative: bounds.py has limited the depth, not the breadth
+        value = stack.pop()
+        if isinstance(value, dict):
+            value.pop("x-guidance", None)
+            _nullable(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return schema
+
+
+def from_schema(schema: dict[str, Any], *, strict: bool = True) -> str:
+    """llguidance grammar text for a JSON schema. Not strict: keywords llguidance cannot
+    enforce are ignored (llguidance's `lenient`), and `compile` logs them as warnings."""
+    options = {**JSON_OPTIONS, "lenient": not strict}
+    try:
+        return lg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), overrides=options)
+    except ValueError as exc:
+        raise ValueError(f"invalid JSON schema: {exc}") from None
+
+
+def from_grammar(text: str) -> str:
+    """llguidance grammar text for a raw grammar: Lark (llguidance's dialect), or GBNF
+    (llama.cpp's, recognised by `::=`) converted to Lark."""
+    if "::=" in text:
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as exc:  # the converter raises its own error types
+            raise ValueError(f"invalid GBNF grammar: {exc}") from None
+    return lg.LLMatcher.grammar_from_lark(text)
+
+
+def check(grammar: str, tok: lg.LLTokenizer) -> None:
+    """Raise ValueError when llguidance cannot build `grammar` for this vocabulary; log its
+    warnings (keywords ignored in non-strict mode)."""
+    is_error, messages = lg.LLMatcher.validate_grammar_with_warnings(grammar, tok, limits=LIMITS)
+    if is_error:
+        raise ValueError(f"structured output: {messages[0] if messages else 'invalid grammar'}")
+    for message in messages:
+        log.warning("structured output: %s (not enforced)", message)
+
+
+def compile(job: GenerateJob, tok: lg.LLTokenizer, grammar: str | None = None) -> str | None:
+    """The llguidance grammar `job` decodes under, checked; None when it is unconstrained.
+
+    `grammar` (a forced tool call's, from tools.py) takes precedence, then the job's raw
+    grammar, then its format."""
+    grammar = grammar if grammar is not None else job.grammar
+    if grammar is not None:
+        text = from_grammar(grammar)
+    elif job.format == "json":
+        text = from_schema(ANY_OBJECT)
+    elif isinstance(job.format, dict):
+        text = from_schema(job.format, strict=job.format_strict)
+    else:
+        return None
+    check(text, tok)
+    return text
+
+
+def matcher(tok: lg.LLTokenizer, grammar: str) -> lg.LLMatcher:
+    """A fresh matcher for one sequence (building one drops the GIL; 1-300 ms for large
+    grammars, so it is built on the message thread). A grammar that fails here (it passed
+    `check`, so a limit) is a ValueError: the request's 400."""
+    m = lg.LLMatcher(tok, grammar, log_level=0, limits=LIMITS)
+    if m.is_error():
+        raise ValueError(f"structured output: {m.get_error()}")
+    return m
+
+
+@functools.cache
+def executor() -> lg.LLExecutor:
+    """One pool for the mask work of a runner. Two threads: masks take ~0.1-1 ms each, and
+    the decode threads need the cores more."""
+    return lg.LLExecutor(2)
+

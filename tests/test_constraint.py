@@ -1,0 +1,187 @@
+"""Structured output inside the batching engine (engine/constraint.py, llguidance), on the
+real SmolLM2 vocabulary and model: grammars compile or are refused with the keyword named,
+constrained sequences obey their schema whatever the sampler draws, and they batch with free
+ones without changing anyone's tokens."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import llguidance as lg
+import numpy as np
+import pytest
+
+from llmrun.engine import constraint
+from llmrun.engine.batcher import SeqParams
+from llmrun.engine.llama import LlamaError, Model, Sampler
+from llmrun.request import GenerateJob, Options
+from tests.test_engine import GREEDY, Harness
+
+AGE = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0,
+                                                 "maximum": 150}},
+       "required": ["age"], "additionalProperties": False}
+PERSON = {"type": "object", "required": ["name", "tags"], "additionalProperties": False,
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                  "maxItems": 2}}}
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path) -> Iterator[Model]:
+    m = Model(smollm2_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def tok(model: Model) -> lg.LLTokenizer:
+    return constraint.tokenizer(model)
+
+
+@pytest.fixture(scope="module")
+def harness(model: Model) -> Iterator[Harness]:
+    h = Harness(model, slots=3)
+    yield h
+    h.close()
+
+
+def job(**fields: Any) -> GenerateJob:
+    return GenerateJob(options=Options(), **fields)
+
+
+def submit(h: Harness, question: str, matcher: Any = None, max_tokens: int = 40,
+           **sampling: Any) -> str:
+    h._n += 1
+    rid = f"c{h._n}"
+    params = SeqParams(sampling={**GREEDY, **sampling}, max_tokens=max_tokens, matcher=matcher)
+    h.engine.submit(rid, h.tokens([{"role": "user", "content": question}]), params)
+    return rid
+
+
+def matcher_for(tok: lg.LLTokenizer, schema: dict[str, Any]) -> lg.LLMatcher:
+    grammar = constraint.compile(job(format=schema), tok)
+    assert grammar is not None
+    return constraint.matcher(tok, grammar)
+
+
+# -- compiling ---------------------------------------------------------------------------------
+
+
+def test_unsupported_keyword_is_refused_unless_not_strict(tok: lg.LLTokenizer) -> None:
+    schema = {"type": "integer", "not": {"const": 3}}
+    with pytest.raises(ValueError, match='"not"'):
+        constraint.compile(job(format=schema), tok)
+    assert constraint.compile(job(format=schema, format_strict=False), tok)  # a warning
+    with pytest.raises(ValueError, match="Unknown format: regex"):
+        constraint.compile(job(format={"type": "string", "format": "regex"}), tok)
+
+
+def test_huge_bounds_compile_and_hold(tok: lg.LLTokenizer) -> None:
+    """What llama.cpp's GBNF path crashed on (issue 11) is an ordinary grammar here."""
+    m = matcher_for(tok, {"type": "string", "maxLength": 200000})
+    assert m.consume_tokens(tok.tokenize_str('"' + "ab" * 50))
+    m = matcher_for(tok, {"type": "string", "maxLength": 3})
+    assert not m.consume_tokens(tok.tokenize_str('"abcd"'))
+
+
+def test_grammar_kinds(tok: lg.LLTokenizer) -> None:
+    m = constraint.matcher(tok, constraint.compile(job(format="json"), tok) or "")
+    assert not m.consume_tokens(tok.tokenize_str("[1]"))  # "json": an object, as Ollama
+    gbnf = 'root ::= "yes" | "no"'
+    m = constraint.matcher(tok, constraint.compile(job(grammar=gbnf), tok) or "")
+    assert m.consume_tokens(tok.tokenize_str("no")) and m.is_accepting()
+    lark = 'start: "x=" %json {"type": "integer", "maximum": 5}'
+    m = constraint.matcher(tok, constraint.compile(job(grammar=lark), tok) or "")
+    assert not m.consume_tokens(tok.tokenize_str("x=7"))
+    with pytest.raises(ValueError, match="structured output"):
+        constraint.compile(job(grammar="start: undefined_rule"), tok)
+    assert constraint.compile(job(), tok) is None
+
+
+def test_nullable_and_client_options(tok: lg.LLTokenizer) -> None:
+    m = matcher_for(tok, {"type": "string", "nullable": True})
+    assert m.consume_tokens(tok.tokenize_str("null")) and m.is_accepting()
+    # a client's x-guidance (compiler options) is ours to set: free whitespace stays off
+    m = matcher_for(tok, {"type": "object", "x-guidance": {"whitespace_flexible": True}})
+    assert not m.consume_tokens(tok.tokenize_str("{\n\n"))
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+
+def test_masked_sampling_never_writes_llama_cpp_logits(model: Model, tok: lg.LLTokenizer) -> None:
+    m = matcher_for(tok, AGE)
+    mask = np.zeros((1, (model.n_vocab + 31) // 32), dtype=np.int32)
+    lg.numpy.fill_next_token_bitmask(m, mask)  # type: ignore[attr-defined]
+    logits = np.random.default_rng(0).normal(size=model.n_vocab).astype(np.float32)
+    logits.flags.writeable = False  # as llama.cpp's buffer: a write would raise
+    sampler = Sampler(model, **{**GREEDY, "temperature": 1.0})
+    try:
+        token = sampler.sample_masked(logits, mask[0])
+        assert (mask[0][token >> 5] >> (token & 31)) & 1
+        with pytest.raises(LlamaError, match="allows no token"):
+            sampler.sample_masked(logits, np.zeros_like(mask[0]))
+    finally:
+        sampler.close()
+
+
+def test_integer_bounds_hold_whatever_is_sampled(harness: Harness, tok: lg.LLTokenizer) -> None:
+    """Issue 12: `{"minimum": 0, "maximum": 150}` came back as 987654321987. Hot sampling,
+    a prompt that asks for a huge number: every answer is still in range."""
+    rids = [submit(harness, "Reply in JSON: an age of 987654321987 years.",
+                   matcher_for(tok, AGE), temperature=1.5, top_k=0, seed=seed)
+            for seed in range(6)]
+    for text in harness.wait(*rids):
+        jsonschema.validate(json.loads(text), AGE)
+    assert all(harness.final[r][1]["finish_reason"] == "stop" for r in rids)
+
+
+def test_constrained_and_free_batch_as_alone(model: Model, tok: lg.LLTokenizer) -> None:
+    """Two constrained sequences and a free one decoded together give each the tokens it
+    gets alone (greedy)."""
+    cases = [("Describe a person as JSON.", PERSON), ("How old is the sun, as JSON?", AGE),
+             ("Why is the sky blue?", None)]
+
+    def run(h: Harness, together: bool) -> list[str]:
+        out = []
+        rids = []
+        for question, schema in cases:
+            rid = submit(h, question, schema and matcher_for(tok, schema))
+            if together:
+                rids.append(rid)
+            else:
+                out += h.wait(rid)
+        return h.wait(*rids) if together else out
+
+    h = Harness(model, slots=3)
+    try:
+        alone = run(h, together=False)
+        together = run(h, together=True)
+    finally:
+        h.close()
+    assert together == alone
+    jsonschema.validate(json.loads(alone[0]), PERSON)
+    jsonschema.validate(json.loads(alone[1]), AGE)
+    assert len(alone[2]) > 40
+
+
+def test_a_dead_end_grammar_ends_its_sequence_alone(harness: Harness,
+                                                   tok: lg.LLTokenizer) -> None:
+    # a schema that refers only to itself: the matcher fails at its first mask
+    loop = lg.LLMatcher(tok, lg.LLMatcher.grammar_from_json_schema(
+        {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}), log_level=0)
+    free = submit(harness, "Why is the sky blue?", max_tokens=16)
+    bad = submit(harness, "Say something.", loop)
+    ok = submit(harness, "Give an age as JSON.", matcher_for(tok, AGE))
+    with harness.cond:
+        assert harness.cond.wait_for(lambda: all(r in harness.final for r in (free, bad, ok)),
+                                     timeout=120)
+    kind, payload = harness.final[bad]
+    assert kind == "error" and payload["status"] == 400
+    assert "structured output" in payload["message"]
+    assert harness.final[free][0] == "done" and harness.final[ok][0] == "done"
+    jsonschema.validate(json.loads(harness.text[ok]), AGE)
