@@ -13,9 +13,13 @@ it measures two baselines with the daemon idle:
   raw-N    a plain low-level loop decoding N sequences in one llama_decode per step (the
            ceiling for batching on this machine, with no HTTP, IPC or scheduling)
 
-and prints ratios. It also measures prefix reuse: TTFT of a second chat turn after a
-~2,000-token first turn, while the other slots are busy. Numbers are noisy on small machines:
-compare ratios, not absolute values. Paste the printed table into docs/benchmarks.md.
+and prints ratios. The constrained run (`--constrained 1,4`) sends the same requests with a JSON
+schema in `format` (SCHEMA: records with bounded integers, a pattern and a format, longer than
+the token budget, so every request decodes its full length under the constraint), alternating
+with the unconstrained ones at the same level (median of 3 each), and reports their ratio. It
+also measures prefix reuse: TTFT of a second chat turn after a ~2,000-token first turn, while
+the other slots are busy. Numbers are noisy on small machines: compare ratios, not absolute
+values. Paste the printed table into docs/benchmarks.md.
 
 The raw-1 baseline calls llama-cpp-python's high-level `Llama` directly: it is the thing being
 compared against, not a use of llama.cpp by llmrun (that goes through engine/llama.py).
@@ -33,6 +37,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -47,6 +52,21 @@ PROMPTS = [
     "Write an essay about the importance of sleep for memory and health.",
 ]
 
+# The constrained run's `format`: an array of records that cannot close before 100 of them,
+# so every request decodes its whole budget inside the grammar, through keys, numbers with
+# bounds, a pattern, a format and enum strings (the mix of lexemes real schemas have).
+SCHEMA: dict[str, Any] = {
+    "type": "array", "minItems": 100, "items": {
+        "type": "object", "additionalProperties": False,
+        "required": ["name", "age", "email", "role", "score", "code"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "email": {"type": "string", "format": "email", "maxLength": 40},
+            "role": {"enum": ["admin", "editor", "viewer"]},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{4}$"}}}}
+
 
 def pct(values: list[float], q: float) -> float:
     if not values:
@@ -56,11 +76,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
-                      tokens: int, messages: list[dict[str, str]] | None = None
-                      ) -> dict[str, float]:
-    body = {"model": model, "stream": True,
-            "messages": messages or [{"role": "user", "content": prompt}],
-            "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0}}
+                      tokens: int, messages: list[dict[str, str]] | None = None,
+                      fmt: dict[str, Any] | None = None) -> dict[str, float]:
+    body: dict[str, Any] = {
+        "model": model, "stream": True,
+        "messages": messages or [{"role": "user", "content": prompt}],
+        "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0}}
+    if fmt is not None:
+        body["format"] = fmt
     t0 = time.perf_counter()
     first = None
     stamps: list[float] = []
@@ -92,14 +115,20 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
 _runs = iter(range(1, 1 << 30))
 
 
-async def level(url: str, model: str, n: int, tokens: int) -> dict[str, float]:
+async def level(url: str, model: str, n: int, tokens: int,
+                fmt: dict[str, Any] | None = None) -> dict[str, float]:
     # a fresh tag per request, so no prompt is served from the prefix cache of an earlier run
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(
             one_request(client, model, f"(request {next(_runs)}) {PROMPTS[i % len(PROMPTS)]}",
-                        tokens) for i in range(n)))
+                        tokens, fmt=fmt) for i in range(n)))
         wall = time.perf_counter() - t0
+    if fmt is not None:
+        for r in results:  # a server that ignored `format` would make the ratio meaningless
+            if not str(r["text"]).startswith("["):
+                raise RuntimeError(f"the constrained run's answer is not the schema's JSON: "
+                                   f"{str(r['text'])[:80]!r}")
     total = sum(r["tokens"] for r in results)
     return {"tok_s": total / wall, "ttft_p50": pct([r["ttft"] for r in results], 0.5),
             "ttft_p95": pct([r["ttft"] for r in results], 0.95),
@@ -193,6 +222,7 @@ class BenchResult:
     raw1: float | None = None  # None: baselines not measured
     rawn: dict[int, float] = field(default_factory=dict)
     prefix: tuple[float, float] | None = None  # TTFT of turn 1 and turn 2
+    constrained: dict[int, dict[str, float]] = field(default_factory=dict)  # with SCHEMA
 
     def table(self) -> str:
         """The markdown table (and lines) that docs/benchmarks.md keeps."""
@@ -200,15 +230,18 @@ class BenchResult:
                  f"{self.threads} threads, {platform.processor() or platform.machine()}, "
                  f"{os.cpu_count()} cores",
                  "| concurrency | llmrun tok/s | TTFT p50 s | TTFT p95 s | ITL ms | raw-N tok/s "
-                 "| llmrun / raw-N | llmrun / raw-1 |",
-                 "|---|---|---|---|---|---|---|---|"]
+                 "| llmrun / raw-N | llmrun / raw-1 | with schema tok/s | schema / plain |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         for n, s in self.served.items():
             raw_n = self.rawn.get(n)
+            c = self.constrained.get(n)
             lines.append(
                 f"| {n} | {s['tok_s']:.1f} | {s['ttft_p50']:.3f} | {s['ttft_p95']:.3f} | "
                 f"{s['itl_ms']:.1f} | {_num(raw_n)} | "
                 f"{_num(s['tok_s'] / raw_n if raw_n else None, 2)} | "
-                f"{_num(s['tok_s'] / self.raw1 if self.raw1 else None, 2)} |")
+                f"{_num(s['tok_s'] / self.raw1 if self.raw1 else None, 2)} | "
+                f"{_num(c['tok_s'] if c else None)} | "
+                f"{_num(c['tok_s'] / s['tok_s'] if c else None, 2)} |")
         if self.raw1 is not None:
             lines.append(f"\nraw-1 (llama-cpp-python high-level Llama, one stream): "
                          f"{self.raw1:.1f} tok/s")
@@ -219,17 +252,35 @@ class BenchResult:
         return "\n".join(lines)
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median throughput (its latencies come with it)."""
+    return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, threads: int,
-        baselines: bool = True, prefix: bool = True) -> BenchResult:
+        baselines: bool = True, prefix: bool = True,
+        constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3) -> BenchResult:
     """Measure the daemon at `url` serving `model`, then (with the daemon idle) the raw
-    baselines on `gguf`."""
+    baselines on `gguf`. At each level also in `constrained`, the load runs `rounds` times
+    without and with SCHEMA, alternating, and each side keeps its median run: a ratio of
+    two single runs on a shared machine would measure its neighbours."""
     asyncio.run(level(url, model, 1, 8))  # load the model, warm caches
-    result = BenchResult(model, gguf, tokens, threads,
-                         {n: asyncio.run(level(url, model, n, tokens)) for n in levels})
+    if any(n in constrained for n in levels):
+        asyncio.run(level(url, model, 1, 8, fmt=SCHEMA))  # the tokenizer's view, once
+    result = BenchResult(model, gguf, tokens, threads, {})
+    for n in levels:
+        if n not in constrained:
+            result.served[n] = asyncio.run(level(url, model, n, tokens))
+            continue
+        plain, schema = [], []
+        for _ in range(max(1, rounds)):
+            plain.append(asyncio.run(level(url, model, n, tokens)))
+            schema.append(asyncio.run(level(url, model, n, tokens, fmt=SCHEMA)))
+        result.served[n], result.constrained[n] = _median_run(plain), _median_run(schema)
     if prefix:
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if baselines:
@@ -247,10 +298,14 @@ def main() -> None:
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--constrained", default="1,4",
+                    help="levels that also run with a JSON schema (empty: none)")
     args = ap.parse_args()
     gguf = args.gguf or store_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
-    print(run(args.url, args.model, gguf, levels, args.tokens, args.threads).table())
+    constrained = [int(x) for x in args.constrained.split(",") if x.strip()]
+    print(run(args.url, args.model, gguf, levels, args.tokens, args.threads,
+              constrained=constrained).table())
 
 
 def store_path(model: str) -> Path:

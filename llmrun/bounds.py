@@ -262,12 +262,16 @@ class _Schema:
                               "in all", at)
 
     def resolve(self, ref: str, at: str) -> Any:
-        """The target of a local `$ref` ('#/$defs/x'), as the converter resolves it."""
+        """The target of a local `$ref` ('#' for the root, '#/$defs/x'), with JSON
+        Pointer's escapes ('~1' is '/', '~0' is '~')."""
+        if ref == "#":
+            return self.root
         if not ref.startswith("#/"):
-            raise self.refuse(f"'$ref' {ref[:100]!r}: only local references ('#/...') are "
-                              "supported", at)
+            raise self.refuse(f"'$ref' {ref[:100]!r}: only local references ('#', '#/...') "
+                              "are supported", at)
         target: Any = self.root
-        for part in ref[2:].split("/"):
+        for raw in ref[2:].split("/"):
+            part = raw.replace("~1", "/").replace("~0", "~")
             if not isinstance(target, dict) or part not in target:
                 raise self.refuse(f"'$ref' {ref[:100]!r} points to nothing", at)
             target = target[part]

@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
                                        help="Also measure raw llama-cpp-python, for ratios"),
         prefix: bool = typer.Option(True, "--prefix/--no-prefix",
                                     help="Also measure second-turn TTFT (prefix reuse)"),
+        constrained: str = typer.Option("1,4", help="Levels that also run with a JSON schema "
+                                                    "in `format`, as a ratio to the same load "
+                                                    "without (empty: none)"),
     ) -> None:
         """Measure tokens/s, time to first token and inter-token latency at each concurrency
         level, with ratios against raw llama-cpp-python on the same file (docs/benchmarks.md)."""
@@ -37,6 +40,10 @@ def register(app: typer.Typer) -> None:
         if not counts or min(counts) < 1:
             fail("--levels: give at least one level of 1 or more")
         try:
+            with_schema = [int(x) for x in constrained.split(",") if x.strip()]
+        except ValueError:
+            fail(f"--constrained: expected numbers like 1,4, got {constrained!r}")
+        try:
             path = gguf or b.store_path(model)
         except StoreError as exc:
             fail(str(exc))
@@ -44,5 +51,5 @@ def register(app: typer.Typer) -> None:
         err.print(f"[dim]measuring {model} at {client.base_url} (the daemon should be "
                   "otherwise idle)...[/]")
         result = b.run(client.base_url, model, path, counts, tokens, threads,
-                       baselines=baselines, prefix=prefix)
+                       baselines=baselines, prefix=prefix, constrained=with_schema)
         typer.echo(result.table())  # plain: a table to paste, never wrapped
