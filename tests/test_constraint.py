@@ -105,9 +105,11 @@ def test_grammar_kinds(tok: lg.LLTokenizer) -> None:
 def test_nullable_and_client_options(tok: lg.LLTokenizer) -> None:
     m = matcher_for(tok, {"type": "string", "nullable": True})
     assert m.consume_tokens(tok.tokenize_str("null")) and m.is_accepting()
-    # a client's x-guidance (compiler options) is ours to set: free whitespace stays off
-    m = matcher_for(tok, {"type": "object", "x-guidance": {"whitespace_flexible": True}})
+    # a client's x-guidance (compiler options) is ours to set: whitespace stays bounded
+    m = matcher_for(tok, {"type": "object", "x-guidance": {"whitespace_pattern": "[\n]*"}})
     assert not m.consume_tokens(tok.tokenize_str("{\n\n"))
+    m = matcher_for(tok, {"type": "object"})
+    assert m.consume_tokens(tok.tokenize_str('{\n  "a": 1\n}')) and m.is_accepting()
 
 
 # -- sampling ----------------------------------------------------------------------------------

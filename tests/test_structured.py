@@ -166,8 +166,10 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("number-bounds", "anthropic", obj({"x": {"type": "number", "minimum": 0.5,
                                               "maximum": 2.5}}),
      "x is one billion. Give x as JSON."),
+    # (multipleOf keeps the fraction finite: greedy SmolLM2 otherwise writes 0.98999... to the
+    # token limit, a valid prefix that never ends)
     ("number-exclusive", "ollama", obj({"p": {"type": "number", "exclusiveMinimum": 0,
-                                              "exclusiveMaximum": 1}}),
+                                              "exclusiveMaximum": 1, "multipleOf": 0.01}}),
      "The probability is 1.5. Give p as JSON."),
     ("number-max-only", "openai", obj({"debt": {"type": "number", "maximum": -1.5}}),
      "My balance is 2000 dollars. Give debt as JSON."),
