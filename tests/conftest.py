@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -112,3 +113,23 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iter
 def api(daemon: Daemon) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=daemon.url, timeout=120) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def oa(daemon: Daemon) -> Iterator[Any]:
+    """The official `openai` client on the shared daemon."""
+    import openai
+
+    with openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0,
+                       timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def an(daemon: Daemon) -> Iterator[Any]:
+    """The official `anthropic` client on the shared daemon."""
+    import anthropic
+
+    with anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0,
+                             timeout=120) as c:
+        yield c

@@ -9,7 +9,6 @@ SmolLM2.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -20,7 +19,6 @@ import pytest
 
 from llmrun import bounds
 from llmrun.request import ChatRequest, EngineError, Message, NamedTool, Options, Tool
-from tests.conftest import Daemon
 
 MODEL = "smollm2"
 HUGE = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 200000}},
@@ -194,20 +192,6 @@ def test_lists_and_ceilings_are_what_llguidance_builds(smollm2_path: Any) -> Non
 
 
 # -- against the real daemon -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def oa(daemon: Daemon) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0,
-                       timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def an(daemon: Daemon) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0,
-                             timeout=120) as c:
-        yield c
 
 
 def chat(api: httpx.Client, **body: Any) -> httpx.Response:

@@ -304,20 +304,6 @@ def api(daemon: Daemon) -> Iterator[httpx.Client]:
         yield c
 
 
-@pytest.fixture(scope="module")
-def oa(daemon: Daemon) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0,
-                       timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def an(daemon: Daemon) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0,
-                             timeout=120) as c:
-        yield c
-
-
 def user(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
