@@ -89,11 +89,10 @@ def test_shape_bounds() -> None:
     assert "groups nested" in refused({"type": "string", "pattern": "(" * 40 + ")" * 40})
     assert "local references" in refused({"$ref": "https://example.com/s.json"})
     assert "points to nothing" in refused({"properties": {"a": {"$ref": "#/$defs/b"}}})
-    # found by tests/test_fuzz.py: a property named "\x04" made llama.cpp's grammar abort
-    assert "control character" in refused({"type": "object", "properties": {
-        "\x04\x18p": {"type": "integer"}}})
-    assert "control character" in refused({"enum": ["ok", "a\nb"]})
-    assert "control character" in refused({"const": "\x00"})
+    # found by tests/test_fuzz.py: a property named "\x04" made llama.cpp's GBNF abort; with
+    # llguidance it is served (written escaped: tests/test_constraint.py)
+    bounds.check_schema({"type": "object", "properties": {"\x04\x18p": {"type": "integer"}}})
+    bounds.check_schema({"enum": ["ok", "a\nb"], "const": "\x00"})
     bounds.check_schema({"type": "object", "description": "two\nlines",
                          "properties": {"ünïcode ✓": {"type": "string"}}})
     # a deep JSON value is refused by the depth check, not Python's recursion limit

@@ -187,3 +187,15 @@ def test_a_dead_end_grammar_ends_its_sequence_alone(harness: Harness,
     assert "structured output" in payload["message"]
     assert harness.final[free][0] == "done" and harness.final[ok][0] == "done"
     jsonschema.validate(json.loads(harness.text[ok]), AGE)
+
+
+def test_control_characters_in_names_are_written_escaped(tok: lg.LLTokenizer) -> None:
+    """A property named "\x04" aborted llama.cpp's GBNF matcher (found by the fuzz test);
+    llguidance takes it, and only as JSON writes it: escaped."""
+    schema = {"type": "object", "properties": {"\x04p": {"enum": ["x\ny"]}},
+              "required": ["\x04p"]}
+    good = matcher_for(tok, schema)
+    assert good.consume_tokens(tok.tokenize_str(json.dumps({"\x04p": "x\ny"})))
+    assert good.is_accepting()
+    raw = matcher_for(tok, schema)
+    assert not raw.consume_tokens(tok.tokenize_str('{"\x04p": '))
