@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrun import config
-from llmrun.request import ChatRequest, EngineError, GenerateJob, Message, NamedTool, Tool
+from llmrun.request import ChatRequest, EngineError, Message, NamedTool, Tool
 
 # -- the ceilings (see the measurements above) ------------------------------------------------
 
@@ -57,7 +57,7 @@ MAX_LITERAL_CHARS = 16 * 1024
 MAX_ALTERNATIVES = 10_000
 MAX_PATTERN_LENGTH = 1000
 MAX_PATTERN_NESTING = 32  # groups in groups
-# A raw grammar (GenerateJob.grammar; Lark or GBNF; no HTTP route carries one today).
+# A raw grammar (ChatRequest.grammar: llama-server's `grammar` field; Lark or GBNF).
 MAX_GRAMMAR_BYTES = 1 << 20
 MAX_GRAMMAR_NESTING = 1000  # the GBNF-to-Lark converter recurses into each group
 
@@ -350,15 +350,12 @@ def check_grammar(gbnf: str | None) -> None:
 
 
 def check_request(req: ChatRequest, model_stops: frozenset[str] = frozenset()) -> None:
-    """Every bound of a chat request: messages, stop strings, tools, and the schemas that
-    become one grammar (the format's, and the forced tools', share one budget)."""
+    """Every bound of a chat request: messages, stop strings, tools, the schemas that
+    become one grammar (the format's, and the forced tools', share one budget), and a raw
+    grammar."""
     check_messages(req.messages)
     check_stop(req.options.stop, model_stops)
     budget = Budget()
     check_schema(req.format, "format", budget, req.format_strict)
     check_tools(req.tools, req.tool_choice, budget, req.format_strict)
-
-
-def check_job(job: GenerateJob) -> None:
-    """What a runner's job carries beyond the request: a raw grammar."""
-    check_grammar(job.grammar)
+    check_grammar(req.grammar)

@@ -99,8 +99,7 @@ def start_runner(model: Model) -> tuple[Runner, Frames, Context]:
     return r, frames, ctx
 
 
-@pytest.fixture
-def runner(model: Model) -> Iterator[tuple[Runner, Frames]]:
+def running(model: Model) -> Iterator[tuple[Runner, Frames]]:
     r, frames, ctx = start_runner(model)
     yield r, frames
     r.engine.stop()
@@ -108,11 +107,13 @@ def runner(model: Model) -> Iterator[tuple[Runner, Frames]]:
 
 
 @pytest.fixture
+def runner(model: Model) -> Iterator[tuple[Runner, Frames]]:
+    yield from running(model)
+
+
+@pytest.fixture
 def tiny_runner(tiny: Model) -> Iterator[tuple[Runner, Frames]]:
-    r, frames, ctx = start_runner(tiny)
-    yield r, frames
-    r.engine.stop()
-    ctx.close()
+    yield from running(tiny)
 
 
 def job(question: str = "What is the capital of France?", num_predict: int = 8,

@@ -288,6 +288,15 @@ def system_read_paths() -> list[Path]:
     return sorted(Path(p) for p in paths)
 
 
+def _syscall(libc: ctypes.CDLL, number: int, what: str, *args: Any) -> int:
+    """A raw syscall; its result, or OSError naming `what` when it fails."""
+    rc = libc.syscall(ctypes.c_long(number), *args)
+    if rc < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return int(rc)
+
+
 def _add_path(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> bool:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -297,11 +306,9 @@ def _add_path(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> bool:
         if not path.is_dir():
             rights &= _FILE_RIGHTS  # a rule on a file may only hold rights files have
         attr = _PathBeneathAttr(rights, fd)
-        if libc.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                        ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(attr),
-                        ctypes.c_uint32(0)) < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"landlock_add_rule {path}: {os.strerror(code)}")
+        _syscall(libc, SYS_LANDLOCK_ADD_RULE, f"landlock_add_rule {path}", ctypes.c_int(ruleset),
+                 ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(attr),
+                 ctypes.c_uint32(0))
     finally:
         os.close(fd)
     return True
@@ -317,11 +324,9 @@ def restrict_files(read: Iterable[Path], read_write: Iterable[Path] = ()) -> int
     attr = _RulesetAttr(handled, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     libc = _libc()
-    ruleset = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
-                           ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
-    if ruleset < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"landlock_create_ruleset: {os.strerror(code)}")
+    ruleset = _syscall(libc, SYS_LANDLOCK_CREATE_RULESET, "landlock_create_ruleset",
+                       ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                       ctypes.c_uint32(0))
     try:
         for path in [*system_read_paths(), *read]:
             _add_path(libc, ruleset, Path(path), READ & handled)
@@ -331,10 +336,8 @@ def restrict_files(read: Iterable[Path], read_write: Iterable[Path] = ()) -> int
         for path in read_write:
             if not _add_path(libc, ruleset, Path(path), (READ | WRITE) & handled):
                 raise OSError(errno.ENOENT, f"landlock: {path} does not exist")
-        if libc.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset),
-                        ctypes.c_uint32(0)) < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"landlock_restrict_self: {os.strerror(code)}")
+        _syscall(libc, SYS_LANDLOCK_RESTRICT_SELF, "landlock_restrict_self",
+                 ctypes.c_int(ruleset), ctypes.c_uint32(0))
     finally:
         os.close(ruleset)
     return abi

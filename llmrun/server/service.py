@@ -94,7 +94,6 @@ class Service:
         self.check(req)
         async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
             job = build_job(req, lease.manifest)
-            bounds.check_job(job)
             async for event in lease.loaded.runner.generate(job):
                 if isinstance(event, Done):
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
