@@ -154,7 +154,7 @@ async def prefix_reuse(url: str, model: str, busy: int) -> tuple[float, float]:
 def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
     from llama_cpp import Llama
 
-    from llmrun.engine import templates
+    from llmrun.chat import templates
 
     llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, flash_attn=True,
                 verbose=False)
@@ -173,7 +173,7 @@ def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
 
 def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> float:
     """A plain loop: prefill N prompts, then N tokens per llama_decode, greedy."""
-    from llmrun.engine import templates
+    from llmrun.chat import templates
     from llmrun.engine.llama import Batch, Context, Model, Sampler
 
     model = Model(gguf)

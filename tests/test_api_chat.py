@@ -12,7 +12,7 @@ import httpx
 import ollama
 import pytest
 
-from llmrun.engine import templates
+from llmrun.chat import templates
 
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "seed": 1}

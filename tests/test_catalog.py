@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmrun.engine.templates import render
+from llmrun.chat.templates import render
 from llmrun.request import Options
 from llmrun.store import catalog, names
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llmrun.engine import templates
+from llmrun.chat import templates
 from llmrun.engine.batcher import Engine, SeqParams
 from llmrun.engine.llama import Context, Model
 

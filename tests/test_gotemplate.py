@@ -1,4 +1,4 @@
-"""llmrun.engine.gotemplate: Ollama's Go text/template chat templates.
+"""llmrun.chat.gotemplate: Ollama's Go text/template chat templates.
 
 The template fixtures are copied from Ollama (template/*.gotmpl, the tool templates of its
 former server/testdata/tools, the llama3.1 library template), and most expected outputs are
@@ -12,9 +12,9 @@ from datetime import date
 
 import pytest
 
-from llmrun.engine import gotemplate, templates
-from llmrun.engine.gotemplate import execute, looks_like_go, render
-from llmrun.engine.templates import TemplateError
+from llmrun.chat import gotemplate, templates
+from llmrun.chat.gotemplate import execute, looks_like_go, render
+from llmrun.chat.templates import TemplateError
 
 # -- fixtures: Ollama's templates ---------------------------------------------------------------
 
@@ -793,7 +793,7 @@ def test_parsed_once() -> None:
 
 
 def test_a_past_thought_reaches_dot_thinking() -> None:
-    from llmrun.engine.gotemplate import render as go_render
+    from llmrun.chat.gotemplate import render as go_render
 
     source = "{{ range .Messages }}{{ .Role }}:{{ if .Thinking }}[{{ .Thinking }}]{{ end }}" \
              "{{ .Content }};{{ end }}"

@@ -22,7 +22,9 @@ import httpx
 import numpy as np
 import pytest
 
-from llmrun.engine import batcher, ipc, tools
+from llmrun import ipc
+from llmrun.chat import tools
+from llmrun.engine import batcher
 from llmrun.engine.llama import Context, Model
 from llmrun.engine.runner import Runner
 from llmrun.request import DEFAULT_OPTIONS, Done, EngineError, GenerateJob, Options, Tool
@@ -234,7 +236,7 @@ def test_template_crash_is_an_error_for_that_request(runner: tuple[Runner, Frame
     def crash(*_: Any, **__: Any) -> str:
         raise TypeError("a template bug")
 
-    monkeypatch.setattr("llmrun.engine.templates.render", crash)
+    monkeypatch.setattr("llmrun.chat.templates.render", crash)
     r.generate("gen", job())
     r.count("count", job())
     for rid in ("gen", "count"):

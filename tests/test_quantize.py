@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from llmrun.engine import llama
+from llmrun.engine.quantize import main
 from llmrun.store import CreateError, gguf
-from llmrun.store.quantize import QUANT_TYPES, QuantizeError, main, quantize, source_quantization
+from llmrun.store.quantize import QUANT_TYPES, QuantizeError, quantize, source_quantization
 from tests.tinymodel import N_EMBD, N_FF, write_tiny_llama
 
 

@@ -1,12 +1,12 @@
-"""llmrun.engine.templates: chat templates rendered in Jinja's sandbox, within bounds."""
+"""llmrun.chat.templates: chat templates rendered in Jinja's sandbox, within bounds."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from llmrun.engine import templates
-from llmrun.engine.templates import (
+from llmrun.chat import templates
+from llmrun.chat.templates import (
     FALLBACK_TEMPLATE,
     MAX_TEMPLATE_SIZE,
     TemplateError,

@@ -1,8 +1,8 @@
-"""llmrun.engine.textstream.TextStream: whole characters only, never part of a stop string."""
+"""llmrun.chat.textstream.TextStream: whole characters only, never part of a stop string."""
 
 from __future__ import annotations
 
-from llmrun.engine.textstream import TextStream
+from llmrun.chat.textstream import TextStream
 
 
 def _feed(stream: TextStream, pieces: list[bytes]) -> list[str]:

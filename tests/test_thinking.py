@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmrun.engine import templates, thinking
-from llmrun.engine.thinking import ThinkStream
+from llmrun.chat import templates, thinking
+from llmrun.chat.thinking import ThinkStream
 
 QWEN3_LIKE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"

@@ -1,4 +1,4 @@
-"""llmrun.engine.tools: family detection, prompt rendering, grammars, parsing and the stream
+"""llmrun.chat.tools: family detection, prompt rendering, grammars, parsing and the stream
 filter, without the real model (grammars run on the tiny synthetic model, and are checked
 against SmolLM2's vocabulary)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llmrun.engine import templates, tools
-from llmrun.engine.tools import TemplateInfo, ToolStream, filter_events, parse_calls
+from llmrun.chat import templates, tools
+from llmrun.chat.tools import TemplateInfo, ToolStream, filter_events, parse_calls
 from llmrun.request import GenerateJob, Message, NamedTool, Options, Tool, ToolCall
 from tests.tinymodel import write_tiny_llama
 

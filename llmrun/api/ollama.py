@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from llmrun import __version__, config
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.engine import thinking
+from llmrun.chat import thinking
 from llmrun.request import (
     ChatRequest,
     Chunk,

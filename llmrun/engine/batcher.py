@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
+from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
-from llmrun.engine.textstream import TextStream
 
 log = logging.getLogger(__name__)
 

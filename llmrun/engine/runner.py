@@ -2,7 +2,7 @@
 
     python -m llmrun.engine.runner --fd N --model PATH --ctx 4096 --slots 4 --threads 2
 
-It speaks framed JSON (llmrun.engine.ipc) over the inherited socket `--fd`:
+It speaks framed JSON (llmrun.ipc) over the inherited socket `--fd`:
 
     daemon -> runner   {"type": "generate", "id": ..., "job": GenerateJob}
                        {"type": "embed", "id": ..., "inputs": [str], "truncate": bool}
@@ -35,12 +35,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmrun import config
-from llmrun.engine import constraint, ipc, sandbox, templates, thinking, tools
+from llmrun import config, ipc
+from llmrun.chat import templates, thinking, tools
+from llmrun.engine import constraint, sandbox
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
-from llmrun.engine.ipc import ChannelClosed, SyncChannel
 from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
+from llmrun.ipc import ChannelClosed, SyncChannel
 from llmrun.request import GenerateJob
 
 log = logging.getLogger("llmrun.runner")

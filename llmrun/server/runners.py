@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmrun import childenv, config
-from llmrun.engine import ipc
+from llmrun import childenv, config, ipc
 from llmrun.request import (
     Chunk,
     Done,

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from filelock import FileLock
 
 from llmrun import config
-from llmrun.engine import templates
+from llmrun.chat import templates
 from llmrun.store import catalog, gguf, modelfile, names, pypi
 from llmrun.store import pull as hub
 from llmrun.store.blobs import Blobs

@@ -1,6 +1,6 @@
 """Quantize an F32/F16/BF16 GGUF model (to Q4_K_M, Q8_0, ...) with llama.cpp.
 
-The work happens in a child process (`python -m llmrun.store.quantize SRC DST TYPE`), not in
+The work happens in a child process (`python -m llmrun.engine.quantize SRC DST TYPE`), not in
 the caller, because llama.cpp's llama_model_quantize is one long blocking C call:
 
 * it cannot be interrupted: Python delivers Ctrl-C or a cancelled request only after it
@@ -126,7 +126,7 @@ def quantize(src: Path, qtype: str, out_dir: Path, *, n_threads: int = 0,
 
 def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progress | None,
                cancel: threading.Event | None) -> None:
-    cmd = [sys.executable, "-m", "llmrun.store.quantize", str(src), str(dst), name,
+    cmd = [sys.executable, "-m", "llmrun.engine.quantize", str(src), str(dst), name,
            str(n_threads)]
     # GGML_NO_BACKTRACE: on abort ggml would otherwise attach gdb to print a backtrace.
     # The child parses an uploaded file: it gets no credential from our environment, and
@@ -189,62 +189,3 @@ def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progre
         text = "\n".join(tail)
         raise QuantizeError(f"quantizing {src.name} to {name} failed: {why}"
                             + (f"\n{text}" if text else ""))
-
-
-class _ChildLog(logging.Filter):
-    """In the child: pass llama.cpp's warnings, errors, per-tensor lines and size summary."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
-            return True
-        msg = record.getMessage()
-        return bool(_PROGRESS.match(msg)) or msg.startswith("llama_model_quantize_impl:")
-
-
-def _confine(src: Path, dst: Path) -> str:
-    """In the child, before llama.cpp opens `src`: read `src`, write only `dst` (Landlock),
-    no programs, sockets, other processes (seccomp). Returns why LLMRUN_SANDBOX=strict
-    refuses to go on, else ""."""
-    mode = config.sandbox_mode()
-    if mode == "off":
-        return ""
-    from llmrun.engine import sandbox
-
-    result = sandbox.confine(read=[src], read_write=[dst])
-    for why in (*result.missing, *result.unavailable):
-        log.warning("sandbox: not applied: %s", why)
-    return result.refusal() if mode == "strict" else ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (3, 4):
-        print("usage: python -m llmrun.store.quantize SRC DST TYPE [THREADS]", file=sys.stderr)
-        return 2
-    # The parent kills us to cancel; a terminal's Ctrl-C should not wait for the C call either.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler.addFilter(_ChildLog())
-    llama_log = logging.getLogger("llmrun.llama")
-    llama_log.addHandler(handler)
-    llama_log.setLevel(logging.DEBUG)
-    llama_log.propagate = False
-
-    from llmrun.engine.llama import LlamaError, quantize_file
-
-    src, dst, qtype = args[:3]
-    refusal = _confine(Path(src), Path(dst))
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 1
-    try:
-        quantize_file(Path(src), Path(dst), qtype, int(args[3]) if len(args) == 4 else 0)
-    except (LlamaError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from llmrun.engine import templates
-from llmrun.engine.textstream import partial_match
+from llmrun.chat import templates
+from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
+from llmrun.chat.textstream import partial_match
 from llmrun.request import GenerateJob, Message, NamedTool, Tool, ToolCall, ToolChoice
 
 Family = Literal["hermes", "llama3", "mistral", "json"]
@@ -288,8 +289,6 @@ def _arguments_schema(tool: Tool, strict: bool) -> str:
     `nullable` rewritten, the layout fixed as json.dumps writes it, which is also how the
     calls in the history look); `lenient` when the client did not ask for strict output (a
     keyword the engine cannot enforce is then skipped, not an error)."""
-    from llmrun.engine.constraint import JSON_OPTIONS, prepare_schema  # loads llguidance
-
     params = prepare_schema(tool.parameters or {"type": "object"})
     if params.get("type", "object") == "object" and not params.get("properties") \
             and "additionalProperties" not in params:

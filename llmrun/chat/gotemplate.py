@@ -23,8 +23,8 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from llmrun.engine import templates as limits  # MAX_*: the limits of both template languages
-from llmrun.engine.templates import TemplateError
+from llmrun.chat import templates as limits  # MAX_*: the limits of both template languages
+from llmrun.chat.templates import TemplateError
 
 # -- values: what templates see -------------------------------------------------------------
 

@@ -547,7 +547,7 @@ def _generate(template: jinja2.Template, variables: dict[str, Any]) -> str:
 
 def check(source: str) -> None:
     """Raise TemplateError if `source` (Jinja or Go) is too big or does not compile."""
-    from llmrun.engine import gotemplate
+    from llmrun.chat import gotemplate
 
     check_size(source)
     if gotemplate.looks_like_go(source):
@@ -561,7 +561,7 @@ def render(source: str, messages: list[dict[str, Any]], *, bos_token: str = "",
     """Render a chat template: Jinja (Hugging Face, GGUF files), or Go text/template as in
     Ollama Modelfiles, where the Jinja variables `tools`, `enable_thinking` and
     `reasoning_effort` become Ollama's `.Tools` and `.Think`."""
-    from llmrun.engine import gotemplate  # it imports TemplateError from here
+    from llmrun.chat import gotemplate  # it imports TemplateError from here
 
     check_size(source)
     if gotemplate.looks_like_go(source):

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrun.engine.textstream import partial_match
+from llmrun.chat.textstream import partial_match
 
 PAIRS: tuple[tuple[str, str], ...] = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 # Markers that are control tokens in some vocabularies (rendered as nothing by default).
