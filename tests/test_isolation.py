@@ -1,6 +1,6 @@
 """One request never takes the engine down (issue 11, findings 3 and 5-IPC).
 
-In-process: a real runner (engine/runner.py's Runner on the real SmolLM2 model) whose channel
+In-process: a real runner (engine/runner.py's ModelHost on the real SmolLM2 model) whose channel
 is a stand-in keeping every frame, so a test can break one sequence and watch the others.
 Through a real daemon or a real runner process: the watchdog, the IPC frame limit, large
 embedding batches.
@@ -26,9 +26,9 @@ from llmrun import ipc
 from llmrun.chat import tools
 from llmrun.engine import batcher
 from llmrun.engine.llama import Context, Model
-from llmrun.engine.runner import Runner
+from llmrun.engine.runner import ModelHost
 from llmrun.request import DEFAULT_OPTIONS, Done, EngineError, GenerateJob, Options, Tool
-from llmrun.server.runners import Runner as RunnerHandle
+from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
 from tests.conftest import Daemon, make_home
 from tests.tinymodel import write_tiny_llama
@@ -92,16 +92,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Model]:
     m.close()
 
 
-def start_runner(model: Model) -> tuple[Runner, Frames, Context]:
+def start_runner(model: Model) -> tuple[ModelHost, Frames, Context]:
     # one thread: on a busy 2-core machine a second one mostly waits for the first
     frames = Frames()
     ctx = Context(model, n_ctx_seq=2048, n_seq=2, n_batch=512, n_threads=1)
-    r = Runner(frames, model, ctx, 2048, 2, 1)  # type: ignore[arg-type]
+    r = ModelHost(frames, model, ctx, 2048, 2, 1)  # type: ignore[arg-type]
     r.engine.start()
     return r, frames, ctx
 
 
-def running(model: Model) -> Iterator[tuple[Runner, Frames]]:
+def running(model: Model) -> Iterator[tuple[ModelHost, Frames]]:
     r, frames, ctx = start_runner(model)
     yield r, frames
     r.engine.stop()
@@ -109,12 +109,12 @@ def running(model: Model) -> Iterator[tuple[Runner, Frames]]:
 
 
 @pytest.fixture
-def runner(model: Model) -> Iterator[tuple[Runner, Frames]]:
+def runner(model: Model) -> Iterator[tuple[ModelHost, Frames]]:
     yield from running(model)
 
 
 @pytest.fixture
-def tiny_runner(tiny: Model) -> Iterator[tuple[Runner, Frames]]:
+def tiny_runner(tiny: Model) -> Iterator[tuple[ModelHost, Frames]]:
     yield from running(tiny)
 
 
@@ -125,7 +125,7 @@ def job(question: str = "What is the capital of France?", num_predict: int = 8,
                        **fields).model_dump()
 
 
-def assert_serving(r: Runner, frames: Frames, rid: str = "after") -> None:
+def assert_serving(r: ModelHost, frames: Frames, rid: str = "after") -> None:
     """The runner still answers a plain request, and every slot holds exactly the cells it
     believes it holds."""
     r.generate(rid, job())
@@ -140,7 +140,8 @@ def assert_serving(r: Runner, frames: Frames, rid: str = "after") -> None:
 DEPTH = 1200  # Python's json raises RecursionError near 1000 levels
 
 
-def test_tool_call_parser_survives_deeply_nested_json(tiny_runner: tuple[Runner, Frames]) -> None:
+def test_tool_call_parser_survives_deeply_nested_json(
+        tiny_runner: tuple[ModelHost, Frames]) -> None:
     r, frames = tiny_runner
     head = '<tool_call>{"name": "f", "arguments": '
     # the output is forced: a call whose arguments open DEPTH lists, parsed when it ends;
@@ -173,7 +174,7 @@ def test_nesting_is_bounded_before_parsing() -> None:
     assert calls[0].arguments == {"s": "[" * 500}
 
 
-def test_output_filter_failure_ends_that_request_only(runner: tuple[Runner, Frames],
+def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, Frames],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     r, frames = runner
     push = tools.ToolStream.push
@@ -199,7 +200,7 @@ def test_output_filter_failure_ends_that_request_only(runner: tuple[Runner, Fram
 
 # -- (b) a sampler or grammar failure in one sequence ----------------------------------------
 
-def test_sampler_failure_ends_that_sequence_only(runner: tuple[Runner, Frames],
+def test_sampler_failure_ends_that_sequence_only(runner: tuple[ModelHost, Frames],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     r, frames = runner
     engine = r.engine
@@ -221,7 +222,7 @@ def test_sampler_failure_ends_that_sequence_only(runner: tuple[Runner, Frames],
     assert_serving(r, frames)
 
 
-def test_grammar_that_does_not_build_is_a_400(runner: tuple[Runner, Frames]) -> None:
+def test_grammar_that_does_not_build_is_a_400(runner: tuple[ModelHost, Frames]) -> None:
     r, frames = runner
     r.generate("bad", job(grammar="root ::= ( \"unclosed\"\n"))
     kind, err = frames.final("bad")
@@ -229,7 +230,7 @@ def test_grammar_that_does_not_build_is_a_400(runner: tuple[Runner, Frames]) -> 
     assert_serving(r, frames)
 
 
-def test_template_crash_is_an_error_for_that_request(runner: tuple[Runner, Frames],
+def test_template_crash_is_an_error_for_that_request(runner: tuple[ModelHost, Frames],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     r, frames = runner
 
@@ -248,7 +249,7 @@ def test_template_crash_is_an_error_for_that_request(runner: tuple[Runner, Frame
 
 # -- (c) the engine thread or the message loop dying ends the process ------------------------
 
-def test_engine_thread_death_exits_the_process(runner: tuple[Runner, Frames]) -> None:
+def test_engine_thread_death_exits_the_process(runner: tuple[ModelHost, Frames]) -> None:
     r, frames = runner
     exited: list[int] = []
     gone = threading.Event()
@@ -278,7 +279,7 @@ def test_message_loop_failure_exits_the_process(model: Model) -> None:
 
     frames = Broken()
     ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=1)
-    r = Runner(frames, model, ctx, 256, 1, 1)  # type: ignore[arg-type]
+    r = ModelHost(frames, model, ctx, 256, 1, 1)  # type: ignore[arg-type]
     exited: list[int] = []
     r._exit = exited.append  # type: ignore[assignment]
     try:
@@ -331,7 +332,7 @@ def test_engine_heartbeats_while_reading_a_long_prompt(tiny: Model,
     monkeypatch.setattr(batcher, "HEARTBEAT_SECONDS", 0.0)
     frames = Frames()
     ctx = Context(tiny, n_ctx_seq=2048, n_seq=1, n_batch=64, n_threads=1)
-    r = Runner(frames, tiny, ctx, 2048, 1, 1)  # type: ignore[arg-type]
+    r = ModelHost(frames, tiny, ctx, 2048, 1, 1)  # type: ignore[arg-type]
     r.engine.start()
     try:
         r.generate("long", job("hello " * 600, num_predict=2))
@@ -393,7 +394,7 @@ def test_large_batches_and_frames_with_a_small_frame_limit(tmp_path: Path,
     asyncio.run(go())
 
 
-def test_runner_splits_events_too_large_for_a_frame(runner: tuple[Runner, Frames],
+def test_runner_splits_events_too_large_for_a_frame(runner: tuple[ModelHost, Frames],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     r, frames = runner
     monkeypatch.setattr(ipc, "MAX_FRAME", 4096)

@@ -12,7 +12,7 @@ import pytest
 
 from llmrun.engine import llama
 from llmrun.request import EngineError
-from llmrun.server.runners import Runner, RunnerSpec
+from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import CreateError, Store
 from tests.tinymodel import N_EMBD, N_FF, N_HEAD, N_HEAD_KV, write_tiny_llama
 
@@ -241,7 +241,7 @@ def test_scheduler_spec_and_file_check(files: Path, tmp_path: Path) -> None:
 
 def test_runner_with_lora(files: Path, tmp_path: Path) -> None:
     async def go() -> str:
-        runner = Runner(_spec(files, files / "lora.gguf"), tmp_path / "runner.log")
+        runner = RunnerProcess(_spec(files, files / "lora.gguf"), tmp_path / "runner.log")
         await runner.start()
         try:
             assert runner.alive and runner.info["n_ctx_seq"] == 64
@@ -258,7 +258,7 @@ def test_runner_with_lora(files: Path, tmp_path: Path) -> None:
 ])
 def test_runner_bad_lora(files: Path, tmp_path: Path, lora: str, problem: str) -> None:
     async def go() -> None:
-        runner = Runner(_spec(files, files / lora), tmp_path / "runner.log")
+        runner = RunnerProcess(_spec(files, files / lora), tmp_path / "runner.log")
         try:
             await runner.start()
         finally:

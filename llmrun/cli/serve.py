@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
-import socket
 
 import typer
 
 from llmrun import config
 from llmrun.cli._common import fail
-from llmrun.server import pidfile
 
 
 def _settings_help() -> str:
@@ -58,26 +55,9 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _check_exposure(host, port, insecure)  # before binding, before the heavy imports
 
-        import uvicorn
+        from llmrun.server.main import ServeError, run
 
-        from llmrun.server.app import create_app
-
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    fail(f"{host}:{port} is already in use (is another llmrun or ollama "
-                         "running?); set LLMRUN_HOST to use another port")
-                fail(f"cannot listen on {host}:{port}: {exc.strerror}")
-        pid_path = config.home() / "daemon.pid"
         try:
-            pidfile.claim(pid_path)
-        except pidfile.AlreadyRunning as exc:
+            run(host, port)
+        except ServeError as exc:
             fail(str(exc))
-        # SIGINT/SIGTERM: uvicorn stops accepting, lets requests in flight finish for up to
-        # 10 s (then cancels them, which cancels their sequences), and the app's shutdown
-        # stops every runner process.
-        app = create_app(on_shutdown=lambda: pidfile.release(pid_path))
-        uvicorn.run(app, host=host, port=port, log_level="info",
-                    server_header=False, timeout_graceful_shutdown=10)

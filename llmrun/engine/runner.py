@@ -86,7 +86,10 @@ def _die_with_parent() -> None:
         pass
 
 
-class Runner:
+class ModelHost:
+    """The runner process's side: hosts the model and its engine, answers the daemon's IPC
+    messages (server/runners.py's RunnerProcess is the daemon's handle on this process)."""
+
     def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
                  n_slots: int, n_threads: int = 1) -> None:
         self.chan = chan
@@ -469,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
              args.slots, args.threads)
-    runner = Runner(chan, model, ctx, n_ctx_seq, args.slots, args.threads)
+    runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

@@ -79,7 +79,9 @@ class RunnerSpec:
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
 
 
-class Runner:
+class RunnerProcess:
+    """The daemon's handle on one runner process (whose side is engine/runner.py's ModelHost)."""
+
     def __init__(self, spec: RunnerSpec, log_path: Path) -> None:
         self.spec = spec
         self.log_path = log_path

@@ -27,7 +27,7 @@ from typing import Any
 
 from llmrun import bounds, config
 from llmrun.request import EngineError, Options
-from llmrun.server.runners import Runner, RunnerSpec
+from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
 from llmrun.store.names import ModelName
@@ -110,7 +110,7 @@ class Loaded:
     name: str
     manifest: Manifest
     spec: RunnerSpec
-    runner: Runner
+    runner: RunnerProcess
     refs: int = 0
     keep_alive: float = 300.0
     expires_at: float = math.inf
@@ -240,7 +240,7 @@ class Scheduler:
             self.loaded.pop(key, None)
         need = await asyncio.to_thread(self._check_files, parsed.short, manifest, spec)
         await self._make_room(need)
-        runner = Runner(spec, self.logs / f"runner-{key[7:19]}.log")
+        runner = RunnerProcess(spec, self.logs / f"runner-{key[7:19]}.log")
         await runner.start()
         _warn_unconfined(runner.info)
         loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)

@@ -1,0 +1,43 @@
+"""The daemon in this process: bind, claim the pid file, serve until a signal.
+
+`llmrun serve` calls `run` once it has checked the settings; nothing else starts a daemon
+in-process (the CLI starts `llmrun serve` in the background instead, see client.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import uvicorn
+
+from llmrun import config
+from llmrun.server import pidfile
+from llmrun.server.app import create_app
+
+
+class ServeError(Exception):
+    """The daemon cannot start; the message says why, for the user."""
+
+
+def run(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ServeError(f"{host}:{port} is already in use (is another llmrun or "
+                                 "ollama running?); set LLMRUN_HOST to use another port"
+                                 ) from None
+            raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    pid_path = config.home() / "daemon.pid"
+    try:
+        pidfile.claim(pid_path)
+    except pidfile.AlreadyRunning as exc:
+        raise ServeError(str(exc)) from None
+    # SIGINT/SIGTERM: uvicorn stops accepting, lets requests in flight finish for up to
+    # 10 s (then cancels them, which cancels their sequences), and the app's shutdown
+    # stops every runner process.
+    app = create_app(on_shutdown=lambda: pidfile.release(pid_path))
+    uvicorn.run(app, host=host, port=port, log_level="info",
+                server_header=False, timeout_graceful_shutdown=10)
