@@ -1,7 +1,8 @@
 """The internal request and result types every layer shares.
 
 Dialect modules (`llmrun/api/*`) translate their wire formats into `ChatRequest` and back
-from `Chunk`/`Done`; the engine sees nothing else. Nothing here knows HTTP or llama.cpp.
+from the events `Started`, `Chunk`, `Done` (or an `EngineError` with its code); the engine sees
+nothing else. Nothing here knows HTTP or llama.cpp.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ Think = bool | Literal["low", "medium", "high"] | None
 
 
 class ChatRequest(BaseModel):
-    """One chat turn to generate, after the dialect layer and the model's defaults."""
+    """One chat turn to generate: what a dialect makes of its request, and (merged with the
+    model's Modelfile by the service: its MESSAGEs first, its template, options and SYSTEM)
+    what the runner receives. No second type crosses the IPC."""
 
     model: str
     messages: list[Message]
@@ -116,8 +119,10 @@ class ChatRequest(BaseModel):
     # "strict": true): a schema keyword structured output cannot enforce is then a logged
     # warning, not a 400
     format_strict: bool = True
-    grammar: str | None = None  # a client's own grammar (llama-server's `grammar`): Lark or GBNF
-    logprobs: int | None = None
+    # a client's own grammar (llama-server's `grammar`): llguidance's Lark dialect (may embed
+    # `%json {...}` schemas), or GBNF (recognised by `::=`); forced tool calls build their own
+    grammar: str | None = None
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: and the top k
     prompt: str | None = None  # raw prompt instead of messages (no template)
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"
@@ -127,36 +132,14 @@ class ChatRequest(BaseModel):
     think_required: bool = False  # a model that cannot think is an error (else: ignored)
     suffix: str | None = None  # fill-in-the-middle: the text after the insertion point
     context: list[int] | None = None  # token ids of an earlier answer (Ollama's generate)
-    return_context: bool = False
+    return_context: bool = False  # report the prompt + output token ids when done
     prompt_logprobs: int | None = None  # logprobs of the prompt's own tokens (echo)
+    # the model's default system prompt (Modelfile SYSTEM): set by the service when it merges
+    # the model's defaults in, used by the template when the messages bring no system turn
+    system: str | None = None
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema
-
-
-class GenerateJob(BaseModel):
-    """What the daemon sends a runner: everything needed to render and decode one sequence."""
-
-    messages: list[Message] = Field(default_factory=list)
-    prompt: str | None = None  # raw prompt text: no chat template (generate raw, completions)
-    template: str | None = None  # overrides the GGUF's chat template
-    system: str | None = None  # the model's default system prompt
-    options: Options
-    format: Format = None
-    format_strict: bool = True  # see ChatRequest.format_strict
-    # a raw grammar: llguidance's Lark dialect (may embed `%json {...}` schemas), or GBNF
-    # (recognised by `::=`, converted to Lark); forced tool calls build their own
-    grammar: str | None = None
-    logprobs: int | None = None  # None: none; 0: the sampled token's; k: and the top k
-    tools: list[Tool] = Field(default_factory=list)
-    tool_choice: ToolChoice = "auto"
-    parallel_tool_calls: bool = True
-    think: Think = None
-    think_required: bool = False
-    suffix: str | None = None
-    context: list[int] | None = None
-    return_context: bool = False  # report the prompt + output token ids when done
-    prompt_logprobs: int | None = None  # score the prompt: None off, k: with the top k
 
 
 FinishReason = Literal["stop", "length", "cancel", "error", "tool_calls"]
@@ -172,7 +155,7 @@ class Stats(BaseModel):
     total_ns: int = 0  # filled in by the daemon: from request received to done
     finish_reason: FinishReason = "stop"
     stop_sequence: str | None = None  # the stop string that ended generation, if one did
-    context: list[int] | None = None  # prompt + output token ids, when the job asked
+    context: list[int] | None = None  # prompt + output token ids, when the request asked
 
 
 class TokenLogprob(BaseModel):
@@ -182,7 +165,20 @@ class TokenLogprob(BaseModel):
     top: list[tuple[str, float]] = Field(default_factory=list)
 
 
+class Started(BaseModel):
+    """A generate request's first event, sent when the runner places the sequence in a slot
+    (before any chunk): the prompt's size, how much of it the slot's KV cache already held,
+    and the context the request has. An error before it means nothing was generated."""
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+    n_ctx: int
+
+
 class Chunk(BaseModel):
+    """Some output. On the IPC a chunk is always a dict of these fields (only `text` when it is
+    plain text, the per-token case)."""
+
     text: str
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # complete calls, parsed (never raw markup)
@@ -194,16 +190,62 @@ class Done(BaseModel):
     stats: Stats
 
 
+# What went wrong, as a code with its numbers rather than a sentence: an error event across the
+# IPC carries `code`, `status`, `message` and the code's fields, and each dialect words the
+# codes it cares about from the fields (Anthropic's "prompt is too long: N tokens > M maximum").
+ErrorCode = Literal[
+    "invalid_request",  # the request itself is at fault (template, schema, option, nesting)
+    "prompt_too_long",  # fields: prompt_tokens, n_ctx
+    "not_found",  # no such model
+    "too_large",  # a request or reply over a size limit (the IPC frame)
+    "busy",  # the queue is full: retry (retry_after)
+    "insufficient_memory",  # the model does not fit
+    "runner_failed",  # the runner process died or its engine failed; a fresh one follows
+    "internal",  # anything else: a bug, logged
+]
+ERROR_STATUS: dict[str, int] = {
+    "invalid_request": 400, "prompt_too_long": 400, "not_found": 404, "too_large": 413,
+    "busy": 503, "insufficient_memory": 507, "runner_failed": 500, "internal": 500,
+}
+_CODE_FOR_STATUS = {400: "invalid_request", 404: "not_found", 413: "too_large", 503: "busy",
+                    507: "insufficient_memory"}
+_KIND_FOR_CODE = {"invalid_request": "invalid_request", "prompt_too_long": "invalid_request",
+                  "not_found": "not_found", "too_large": "request_too_large",
+                  "busy": "overloaded", "insufficient_memory": "insufficient_memory"}
+
+
+def error_event(code: ErrorCode, message: str, status: int | None = None,
+                **fields: Any) -> dict[str, Any]:
+    """The payload of an error event: `code`, its HTTP `status`, a `message` for logs and
+    dialects that word nothing themselves, and the code's fields."""
+    return {"code": code, "status": status or ERROR_STATUS[code], "message": message, **fields}
+
+
 class EngineError(Exception):
-    """A request the engine cannot serve; `status` is the HTTP status a dialect should use."""
+    """A request the engine cannot serve; `status` is the HTTP status a dialect should use,
+    `code` what went wrong (ErrorCode) and `details` its fields (prompt_tokens, n_ctx, ...)."""
 
     def __init__(self, message: str, status: int = 500, kind: str = "server_error",
-                 retry_after: int | None = None) -> None:
+                 retry_after: int | None = None, code: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.kind = kind
         self.retry_after = retry_after  # seconds, for 503 "busy" answers
+        self.code = code or _CODE_FOR_STATUS.get(status, "internal")
+        self.details = details or {}
+
+    @classmethod
+    def from_event(cls, payload: dict[str, Any]) -> EngineError:
+        """The error an error event's payload (error_event) describes."""
+        fields = dict(payload)
+        message = str(fields.pop("message", "") or "the model runner failed")
+        code = fields.pop("code", None)
+        status = fields.pop("status", None) or ERROR_STATUS.get(code or "", 500)
+        code = code or _CODE_FOR_STATUS.get(status, "internal")
+        return cls(message, status=int(status), kind=_KIND_FOR_CODE.get(code, "server_error"),
+                   retry_after=fields.pop("retry_after", None), code=code, details=fields)
 
 
 def as_dict(model: BaseModel) -> dict[str, Any]:

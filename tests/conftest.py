@@ -1,16 +1,27 @@
 """Shared fixtures. Every test gets a throwaway LLMRUN_HOME; integration tests share one real
-daemon (a subprocess on a free port) serving the real SmolLM2 model."""
+daemon (a subprocess on a free port) serving the real SmolLM2 model.
+
+Tests that need a test model file, a daemon or llama.cpp carry the `model` marker, so that
+`pytest -m "not model"` runs the unit tests alone, quickly and without the models. It is given
+here (`pytest_collection_modifyitems`) to a test that uses a fixture of MODEL_FIXTURES, or
+whose code or fixtures' code names a `Daemon`, a `RunnerProcess` or anything of llama.cpp,
+llguidance or the runner side (`llmrun.engine`); `@pytest.mark.model` covers what that misses.
+A daemon started by a test without the marker fails that test (`Daemon.start`), so a helper
+that hides one cannot slip a slow test into the quick run.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -19,6 +30,90 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from fetch_test_models import models, test_models_dir  # noqa: E402
+
+T = TypeVar("T")
+
+# Fixtures that give a test a model file or the shared daemon: a test using one, directly or
+# through another fixture, is a `model` test.
+MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon"})
+# What loads llama.cpp (or its grammar engine) when used
+MODEL_MODULES = ("llama_cpp", "llguidance", "llmrun.engine")
+
+_running: pytest.Item | None = None  # the test being set up or run (for Daemon.start)
+_needs_model: dict[object, bool] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or any(
+                _uses_model(f) for f in _functions(item)):
+            item.add_marker(pytest.mark.model)
+
+
+def _functions(item: pytest.Item) -> Iterator[object]:
+    """The test function and the functions of the fixtures it uses (their whole closure)."""
+    yield getattr(item, "function", None)
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the closure
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        for fixturedef in defs:
+            yield fixturedef.func
+
+
+def _uses_model(func: object) -> bool:
+    """Whether `func`'s code (its nested functions too) names a Daemon, a RunnerProcess or
+    anything of MODEL_MODULES: a global bound to one, or a module it imports itself."""
+    func = inspect.unwrap(func) if callable(func) else func
+    if func not in _needs_model:
+        code = getattr(func, "__code__", None)
+        scope = getattr(func, "__globals__", {})
+        _needs_model[func] = code is not None and any(
+            name.startswith(MODEL_MODULES) or _is_model_thing(scope.get(name))
+            for name in _names(code))
+    return _needs_model[func]
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def _is_model_thing(obj: object) -> bool:
+    if obj is None:
+        return False
+    if isinstance(obj, type) and issubclass(obj, Daemon):
+        return True
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__.startswith(MODEL_MODULES)
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        return False
+    return module.startswith(MODEL_MODULES) or (
+        module == "llmrun.server.runners" and getattr(obj, "__name__", "") == "RunnerProcess")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _running
+    _running = item  # before its fixtures, module-scoped ones included, are set up
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 60, what: str = "") -> T:
+    """Polls `predicate` until it returns something true, and returns that. For what a
+    background thread or process does after the action that asked for it (a counter, a log
+    line, a file, a process ending): the deadline is generous because a loaded 2-core machine
+    is slow, and the wait ends as soon as the event happened."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"not reached in {timeout:g} s: {what or predicate}")
+        time.sleep(delay)  # polling, not ordering: the predicate decides
+        delay = min(delay * 2, 0.2)
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +172,8 @@ class Daemon:
 
     def start(self, *args: str) -> Daemon:
         """`llmrun serve [args]` (or `command`), once it answers."""
+        if _running is not None and _running.get_closest_marker("model") is None:
+            pytest.fail(f"{_running.nodeid} starts a daemon: mark it `model` (tests/conftest.py)")
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.command(*args), env=self.env, stdout=out,
                                          stderr=subprocess.STDOUT)

@@ -90,6 +90,9 @@ mode, CDN GETs in redirect mode), `ranges` (each such GET's `Range` header, None
 `heads`, `redirects` (resolve requests answered 302), `cuts`, `bytes_sent`;
 `reset_counters()`. Per server: `hub.requests`, every request as a `Request(method, path,
 headers)` (header names lower-cased), e.g. to check a token never reached the CDN.
+A handler thread counts each chunk after writing it, so a client can hold the whole body
+before `bytes_sent` (or `cuts`) has it: `hub.wait_idle()` returns once every request the
+server took is answered, and then the counters are final.
 
 Pointing huggingface_hub at the server. huggingface_hub reads `HF_ENDPOINT` and
 `HF_HUB_OFFLINE` once, at import, so setting the env var in a test is not enough by itself:
@@ -310,6 +313,8 @@ class HubServer:
         self.requests: list[Request] = []
         self._by_id: dict[int, HubFile] = {}
         self._lock = threading.Lock()
+        self._answering = 0  # requests whose handler has not returned yet
+        self._answered = threading.Condition()
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -404,7 +409,23 @@ class HubServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Returns once no request is being answered (every response written, its counters
+        counted); raises TimeoutError if one is still going after `timeout` seconds."""
+        with self._answered:
+            if not self._answered.wait_for(lambda: self._answering == 0, timeout):
+                raise TimeoutError(f"the fake Hub still answers {self._answering} request(s)")
+
     # -- used by the handler ------------------------------------------------------------
+
+    def _begin(self) -> None:
+        with self._answered:
+            self._answering += 1
+
+    def _end(self) -> None:
+        with self._answered:
+            self._answering -= 1
+            self._answered.notify_all()
 
     def _record(self, req: Request) -> None:
         with self._lock:
@@ -508,6 +529,13 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routing --------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        self.hub._begin()
+        try:
+            self._answer()
+        finally:
+            self.hub._end()
+
+    def _answer(self) -> None:
         self.body = b""
         if self.command == "POST":
             n = int(self.headers.get("Content-Length") or 0)

@@ -8,6 +8,7 @@ Recent SDKs no longer take `temperature` as an argument: greedy requests pass it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -25,7 +26,16 @@ from llmrun.api.anthropic import (
     to_messages,
     to_tools,
 )
-from llmrun.request import Chunk, Done, EngineError, Message, NamedTool, Stats, ToolCall
+from llmrun.request import (
+    Chunk,
+    Done,
+    EngineError,
+    Message,
+    NamedTool,
+    Started,
+    Stats,
+    ToolCall,
+)
 from tests.conftest import Daemon
 
 MODEL = "smollm2"
@@ -63,8 +73,12 @@ def count(client: anthropic.Anthropic, **kw: Any) -> int:
 
 
 def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The named events of an SSE body; comments (`: ping` while a request waits for a
+    slot) are skipped, as every SSE parser does."""
     out = []
     for frame in text.strip().split("\n\n"):
+        if frame.startswith(":"):
+            continue
         lines = dict(line.split(": ", 1) for line in frame.splitlines())
         out.append((lines["event"], json.loads(lines["data"])))
     return out
@@ -130,6 +144,44 @@ def test_stream_event_sequence(daemon: Daemon) -> None:
     assert delta["usage"]["output_tokens"] == 5
     assert (delta["usage"]["input_tokens"] + delta["usage"]["cache_read_input_tokens"]
             == start["usage"]["input_tokens"])
+
+
+def test_request_queued_behind_busy_slots_streams_comments_then_answers(
+        daemon: Daemon, client: anthropic.Anthropic) -> None:
+    """Both slots busy: a streamed request waits for one, its stream opened after the grace
+    period with SSE comments (message_start needs the prompt's size, which comes when the
+    request gets its slot); the SDK skips them. Closing the busy streams frees the slots."""
+    n = count(client, messages=HI)
+    # forced to run to the context's end: no early end of turn frees a slot by itself
+    endless = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a story"}],
+               "format": {"type": "string", "minLength": 8000},
+               "options": {"num_predict": 2000}}
+    body = {"model": MODEL, "max_tokens": 5, "messages": HI, "stream": True, **GREEDY}
+    with contextlib.ExitStack() as stack:
+        api = stack.enter_context(httpx.Client(base_url=daemon.url, timeout=120))
+        busy = [stack.enter_context(api.stream("POST", "/api/chat", json=endless))
+                for _ in range(2)]  # the daemon's LLMRUN_NUM_PARALLEL
+        # (the iterators stay referenced: one collected closes its response)
+        lines = [r.iter_lines() for r in busy]
+        for it in lines:
+            assert json.loads(next(it))["done"] is False  # it holds a slot
+        queued = stack.enter_context(api.stream("POST", "/v1/messages", json=body))
+        assert queued.status_code == 200
+        raw = queued.iter_bytes()
+        head = next(raw)
+        assert head.startswith(b": ping\n\n")  # before message_start: it has no slot yet
+        with client.messages.stream(model=MODEL, max_tokens=5, messages=HI,
+                                    extra_body=GREEDY) as sdk:  # queued as well
+            for r in busy:
+                r.close()
+            text = "".join(sdk.text_stream)
+            final = sdk.get_final_message()
+        body_text = (head + b"".join(raw)).decode()
+    events = sse_events(body_text)
+    assert [e for e, _ in events][:2] == ["message_start", "ping"]
+    assert events[0][1]["message"]["usage"]["input_tokens"] == n
+    assert events[-1][0] == "message_stop"
+    assert text and final.stop_reason == "max_tokens" and prompt_total(final.usage) == n
 
 
 # ---- system prompts -------------------------------------------------------------------------
@@ -647,7 +699,8 @@ def test_stream_framing_of_tool_calls_and_errors() -> None:
         first: asyncio.Future[Chunk | Done] = asyncio.get_running_loop().create_future()
         assert not isinstance(events[0], EngineError)
         first.set_result(events[0])
-        out = b"".join([f async for f in _stream(req, 7, first, gen())]).decode()
+        started = Started(prompt_tokens=7, n_ctx=CTX)
+        out = b"".join([f async for f in _stream(req, started, first, gen())]).decode()
         return sse_events(out)
 
     call = ToolCall(id="toolu_9", name="f", arguments={"a": "é"})
@@ -682,7 +735,8 @@ def test_stream_pings_while_the_first_token_is_awaited(monkeypatch: pytest.Monke
 
     async def frames() -> list[str]:
         first = asyncio.ensure_future(slow_first())
-        out = b"".join([f async for f in _stream(req, 7, first, nothing())]).decode()
+        started = Started(prompt_tokens=7, n_ctx=CTX)
+        out = b"".join([f async for f in _stream(req, started, first, nothing())]).decode()
         return [e for e, _ in sse_events(out)]
 
     names = asyncio.run(frames())
@@ -690,6 +744,43 @@ def test_stream_pings_while_the_first_token_is_awaited(monkeypatch: pytest.Monke
     pings = names[1:names.index("content_block_start")]
     assert len(pings) >= 3 and set(pings) == {"ping"}
     assert names[-2:] == ["message_delta", "message_stop"]
+
+
+def test_stream_of_a_queued_request_opens_with_comments_until_started() -> None:
+    """Past the grace period a request still waiting for a slot gets its stream: SSE comments
+    (which every parser skips) until Started says the prompt's size for message_start."""
+    req = MessagesBody.model_validate({"model": MODEL, "max_tokens": 9, "messages": HI})
+
+    async def rest() -> AsyncIterator[Started | Chunk | Done]:
+        yield Chunk(text="Hi")
+        yield Done(stats=Stats(prompt_tokens=42, cached_tokens=40, completion_tokens=1))
+
+    async def frames(outcome: Started | EngineError) -> tuple[bytes, list[tuple[str, Any]]]:
+        waiting: asyncio.Future[Started | Chunk | Done] = \
+            asyncio.get_running_loop().create_future()
+        stream = _stream(req, None, waiting, rest())
+        head = await anext(stream)  # at once, before the request has a slot
+        if isinstance(outcome, EngineError):
+            waiting.set_exception(outcome)
+        else:
+            waiting.set_result(outcome)
+        return head, sse_events(b"".join([f async for f in stream]).decode())
+
+    head, got = asyncio.run(frames(Started(prompt_tokens=42, cached_tokens=40, n_ctx=CTX)))
+    assert head == b": ping\n\n"
+    assert [e for e, _ in got][:2] == ["message_start", "ping"]
+    assert got[0][1]["message"]["usage"]["input_tokens"] == 42
+    assert got[-2][1]["usage"]["input_tokens"] + got[-2][1]["usage"][
+        "cache_read_input_tokens"] == 42
+    assert got[-1][0] == "message_stop"
+    # an error while it waited: an error event, worded from the code's fields
+    too_long = EngineError("the prompt is 3000 tokens ...", 400, code="prompt_too_long",
+                           details={"prompt_tokens": 3000, "n_ctx": CTX})
+    head, got = asyncio.run(frames(too_long))
+    assert head == b": ping\n\n" and [e for e, _ in got] == ["error"]
+    assert got[0][1]["error"]["type"] == "invalid_request_error"
+    assert got[0][1]["error"]["message"].startswith(
+        f"prompt is too long: 3000 tokens > {CTX} maximum")
 
 
 def test_claude_codes_billing_header_is_kept_out_of_the_prompt() -> None:

@@ -13,7 +13,6 @@ import re
 import signal
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, wait_until
 
 MODEL = "smollm2"
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 1}
@@ -507,13 +506,8 @@ def test_disconnect_cancels_every_choice(daemon: Daemon) -> None:
             next(frames)
         busy = httpx.get(daemon.url + "/api/ps").json()["models"][0]["slots_busy"]
         assert busy == 2
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if httpx.get(daemon.url + "/api/ps").json()["models"][0]["slots_busy"] == 0:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the choices kept decoding after the client went away")
+    wait_until(lambda: httpx.get(daemon.url + "/api/ps").json()["models"][0]["slots_busy"] == 0,
+               what="the choices kept decoding after the client went away")
 
 
 def test_echo_scores_the_prompt_like_plain_llama_cpp(client: openai.OpenAI,

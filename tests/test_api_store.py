@@ -6,7 +6,7 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +14,7 @@ import ollama
 import pytest
 
 from llmrun.store import HOST_PATH_REFUSED, Store
-from tests.conftest import Daemon, make_home
+from tests.conftest import Daemon, make_home, wait_until
 from tests.test_service import tiny_home
 
 MiB = 1 << 20
@@ -211,13 +211,6 @@ def _files(d: Daemon) -> set[str]:
     return {p.name for p in (d.home / "blobs").iterdir() if not p.name.endswith(".lock")}
 
 
-def _wait_for(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in 30 s"
-        time.sleep(0.05)
-
-
 def test_daemon_start_prunes_unused_blobs_and_crashed_writes(
         capped: tuple[Daemon, dict[str, Path]]) -> None:
     d, planted = capped
@@ -262,6 +255,6 @@ def test_a_client_gone_mid_upload_leaves_nothing(capped: tuple[Daemon, dict[str,
             "Content-Length: 500000\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", d.port)) as s:
         s.sendall(head + bytes(100_000))
-        _wait_for(lambda: _files(d) - before)  # the upload is being written
-    _wait_for(lambda: _files(d) == before)  # and once the client is gone, removed
+        wait_until(lambda: _files(d) - before)  # the upload is being written
+    wait_until(lambda: _files(d) == before)  # and once the client is gone, removed
     assert httpx.head(f"{d.url}/api/blobs/{digest}").status_code == 404

@@ -156,14 +156,15 @@ def test_lists_and_ceilings_are_what_llguidance_builds(smollm2_path: Any) -> Non
     build. When this fails, the constraint engine changed: revisit llmrun/bounds.py."""
     from llmrun.engine import constraint
     from llmrun.engine.llama import Model
-    from llmrun.request import GenerateJob
+    from llmrun.request import ChatRequest
 
     model = Model(smollm2_path)
     tok = constraint.tokenizer(model)
 
     def builds(schema: dict[str, Any]) -> bool:
         try:
-            grammar = constraint.compile(GenerateJob(options=Options(), format=schema), tok)
+            grammar = constraint.compile(
+                ChatRequest(model="test", messages=[], format=schema), tok)
             constraint.matcher(tok, grammar or "")
         except ValueError:
             return False

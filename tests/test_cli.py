@@ -99,7 +99,7 @@ def test_run_detects_foreign_server_on_port(_isolated_home: Path) -> None:
     server = http.server.HTTPServer((host, int(port)), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = llmrun("run", "smollm2", "hi", timeout=30)
+        r = llmrun("run", "smollm2", "hi", timeout=120)
     finally:
         server.shutdown()
         server.server_close()

@@ -18,7 +18,7 @@ import pytest
 from llmrun.engine import constraint
 from llmrun.engine.batcher import SeqParams
 from llmrun.engine.llama import LlamaError, Model, Sampler
-from llmrun.request import GenerateJob, Options
+from llmrun.request import ChatRequest, Options
 from tests.test_engine import GREEDY, Harness
 
 AGE = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0,
@@ -49,8 +49,8 @@ def harness(model: Model) -> Iterator[Harness]:
     h.close()
 
 
-def job(**fields: Any) -> GenerateJob:
-    return GenerateJob(options=Options(), **fields)
+def job(**fields: Any) -> ChatRequest:
+    return ChatRequest(model="test", messages=[], options=Options(), **fields)
 
 
 def submit(h: Harness, question: str, matcher: Any = None, max_tokens: int = 40,

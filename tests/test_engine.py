@@ -31,6 +31,8 @@ class Harness:
         self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=2)
         self.text: dict[str, str] = {}
         self.final: dict[str, tuple[str, Any]] = {}
+        self.started: dict[str, dict[str, Any]] = {}
+        self.kinds: dict[str, list[str]] = {}  # each request's event kinds, in order
         self.cond = threading.Condition()
         self.engine = Engine(model, self.ctx, n_ctx_seq=n_ctx, n_slots=slots, emit=self._emit)
         self.engine.start()
@@ -40,8 +42,11 @@ class Harness:
     def _emit(self, events: list[tuple[str, str, Any]]) -> None:
         with self.cond:
             for rid, kind, payload in events:
+                self.kinds.setdefault(rid, []).append(kind)
                 if kind == "chunk":
-                    self.text[rid] = self.text.get(rid, "") + payload
+                    self.text[rid] = self.text.get(rid, "") + payload["text"]
+                elif kind == "started":
+                    self.started[rid] = payload
                 else:
                     self.final[rid] = (kind, payload)
             self.cond.notify_all()
@@ -121,6 +126,13 @@ def test_prefix_reuse_second_turn(harness: Harness) -> None:
     # the whole first prompt is in the slot's cells; only the new turn is evaluated
     assert stats2["cached_tokens"] >= stats1["prompt_tokens"]
     assert stats2["prompt_tokens"] > stats2["cached_tokens"]
+    # the first event said so before any output: the prompt's size and its cached part
+    for rid, stats in ((r1, stats1), (r2, stats2)):
+        assert harness.started[rid] == {"prompt_tokens": stats["prompt_tokens"],
+                                        "cached_tokens": stats["cached_tokens"], "n_ctx": 1024}
+        kinds = harness.kinds[rid]
+        assert kinds[0] == "started" and kinds.count("started") == 1 and kinds[-1] == "done"
+        assert set(kinds[1:-1]) == {"chunk"}
     # Reusing the cells continues as a fresh evaluation does. Not bit-exact: llama.cpp's
     # attention takes another code path for one query than for a prompt batch once 64+
     # cells are cached, so logits differ in the last bits and a long greedy run may drift.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from tests.hubserver import HubServer, serve_hub, use_hub
+from tests.hubserver import HubFile, HubServer, serve_hub, use_hub
 
 REPO = "org/tiny-GGUF"
 GGUF = "tiny-Q4_K_M.gguf"
@@ -314,6 +315,29 @@ def test_delay_per_chunk(http: httpx.Client) -> None:
         start = time.monotonic()
         assert http.get(hub.file_url(REPO, GGUF)).content == PAYLOAD
         assert time.monotonic() - start >= 0.1
+        hub.wait_idle()  # the server counts the last chunk after the client may have read it
+        assert f.bytes_sent == len(PAYLOAD)
+
+
+def test_wait_idle_waits_for_the_handler_to_finish(http: httpx.Client) -> None:
+    """The race `wait_idle` closes, made certain: the client has the whole body while the
+    handler has yet to count its chunk."""
+    with serve_hub() as hub:
+        f = hub.add_file(REPO, GGUF, PAYLOAD)  # one chunk
+        release = threading.Event()
+        count = hub._count
+
+        def held(file: HubFile, **delta: int) -> None:
+            release.wait(60)
+            count(file, **delta)
+
+        hub._count = held  # type: ignore[method-assign]
+        assert http.get(f.url).content == PAYLOAD
+        assert f.bytes_sent == 0
+        with pytest.raises(TimeoutError):
+            hub.wait_idle(timeout=0.2)
+        release.set()
+        hub.wait_idle()
         assert f.bytes_sent == len(PAYLOAD)
 
 

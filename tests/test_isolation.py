@@ -27,7 +27,7 @@ from llmrun.chat import tools
 from llmrun.engine import batcher
 from llmrun.engine.llama import Context, Model
 from llmrun.engine.runner import ModelHost
-from llmrun.request import DEFAULT_OPTIONS, Done, EngineError, GenerateJob, Options, Tool
+from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
 from tests.conftest import Daemon, make_home
@@ -71,9 +71,7 @@ class Frames:
 
     def text(self, rid: str) -> str:
         with self.cond:
-            return "".join(p if isinstance(p, str) else p.get("text", "")
-                           if isinstance(p, dict) else p[0]
-                           for k, p in self.events.get(rid, []) if k == "chunk")
+            return "".join(p["text"] for k, p in self.events.get(rid, []) if k == "chunk")
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +119,8 @@ def tiny_runner(tiny: Model) -> Iterator[tuple[ModelHost, Frames]]:
 def job(question: str = "What is the capital of France?", num_predict: int = 8,
         **fields: Any) -> dict[str, Any]:
     options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
-    return GenerateJob(messages=[{"role": "user", "content": question}], options=options,
-                       **fields).model_dump()
+    return ChatRequest(model="test", messages=[{"role": "user", "content": question}],
+                       options=options, **fields).model_dump()
 
 
 def assert_serving(r: ModelHost, frames: Frames, rid: str = "after") -> None:
@@ -226,7 +224,18 @@ def test_grammar_that_does_not_build_is_a_400(runner: tuple[ModelHost, Frames]) 
     r, frames = runner
     r.generate("bad", job(grammar="root ::= ( \"unclosed\"\n"))
     kind, err = frames.final("bad")
-    assert kind == "error" and err["status"] == 400
+    assert kind == "error" and err["status"] == 400 and err["code"] == "invalid_request"
+    assert_serving(r, frames)
+
+
+def test_prompt_over_the_context_is_a_typed_error(runner: tuple[ModelHost, Frames]) -> None:
+    """The numbers travel as fields (each dialect words them), before any Started."""
+    r, frames = runner
+    r.generate("long", job("blue sky " * 1500))
+    kind, err = frames.final("long")
+    assert kind == "error" and err["code"] == "prompt_too_long" and err["status"] == 400
+    assert err["n_ctx"] == 2048 and err["prompt_tokens"] > 2048
+    assert [k for k, _ in frames.events["long"]] == ["error"]
     assert_serving(r, frames)
 
 
@@ -270,6 +279,7 @@ def test_engine_thread_death_exits_the_process(runner: tuple[ModelHost, Frames])
     for rid in ("doomed", "e-elsewhere"):  # every request in flight was told first
         kind, err = frames.final(rid)
         assert kind == "error" and "restarted" in err["message"]
+        assert err["code"] == "runner_failed"
 
 
 def test_message_loop_failure_exits_the_process(model: Model) -> None:
@@ -379,15 +389,18 @@ def test_large_batches_and_frames_with_a_small_frame_limit(tmp_path: Path,
             with pytest.raises(EngineError) as err:
                 await runner.embed(["x" * (300 << 10)], truncate=True)
             assert err.value.status == 413 and str(256 << 10) in err.value.message
-            huge = GenerateJob(prompt="x" * (300 << 10), options=DEFAULT_OPTIONS)
+            huge = ChatRequest(model="tiny", messages=[], prompt="x" * (300 << 10),
+                               options=DEFAULT_OPTIONS)
             with pytest.raises(EngineError) as err:
                 async for _ in runner.generate(huge):
                     pass
             assert err.value.status == 413
             assert runner.alive
-            out = [c async for c in runner.generate(GenerateJob(
-                prompt="hello", options=Options(num_predict=3).merged_over(DEFAULT_OPTIONS)))]
-            assert isinstance(out[-1], Done)
+            out = [c async for c in runner.generate(ChatRequest(
+                model="tiny", messages=[], prompt="hello",
+                options=Options(num_predict=3).merged_over(DEFAULT_OPTIONS)))]
+            assert isinstance(out[0], Started) and isinstance(out[-1], Done)
+            assert out[0].prompt_tokens == out[-1].stats.prompt_tokens and out[0].n_ctx == 128
         finally:
             await runner.stop()
 
@@ -400,11 +413,12 @@ def test_runner_splits_events_too_large_for_a_frame(runner: tuple[ModelHost, Fra
     monkeypatch.setattr(ipc, "MAX_FRAME", 4096)
     vectors = [[0.125] * 100 for _ in range(40)]  # ~24 KB as one event
     r.emit([("e1", "embedding", {"embeddings": vectors, "prompt_tokens": 40}),
-            ("g1", "chunk", "hello")])
+            ("g1", "chunk", {"text": "hello"})])
     assert max(frames.sizes) <= 4096
     got = [v for kind, p in frames.events["e1"] for v in p["embeddings"]]
     assert got == vectors and [k for k, _ in frames.events["e1"]][-1] == "embedding"
-    assert frames.events["g1"] == [("chunk", "hello")]
+    assert frames.events["g1"] == [("chunk", {"text": "hello"})]
     # one event that cannot be split: an error for its request, the channel intact
-    r.emit([("g2", "chunk", "y" * 10_000)])
-    assert frames.final("g2")[0] == "error" and frames.final("g2")[1]["status"] == 413
+    r.emit([("g2", "chunk", {"text": "y" * 10_000})])
+    kind, err = frames.final("g2")
+    assert kind == "error" and err["status"] == 413 and err["code"] == "too_large"

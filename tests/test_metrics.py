@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Daemon, make_home
 
 
 def samples(api: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -40,3 +45,59 @@ def test_metrics_count_requests_tokens_and_slots(api: httpx.Client) -> None:
     assert after[("llmrun_models_loaded", frozenset())] >= 1
     assert after[("llmrun_slots", model)] == 2  # the test daemon's LLMRUN_NUM_PARALLEL
     assert after[("llmrun_slots_busy", model)] == 0
+
+
+def grown(before: dict[tuple[str, frozenset[tuple[str, str]]], float],
+          after: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:
+    """How much the samples named `name` whose labels include `labels` grew, together."""
+    def total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+        return sum(v for (n, ls), v in samples.items()
+                   if n == name and set(labels.items()) <= ls)
+    return total(after) - total(before)
+
+
+def stream_hi(an: Any) -> Any:
+    """One streamed request through the official anthropic SDK; its final message."""
+    with an.messages.stream(model="smollm2", max_tokens=4, extra_body={"temperature": 0},
+                            messages=[{"role": "user", "content": "Hi"}]) as stream:
+        assert "".join(stream.text_stream)
+        return stream.get_final_message()
+
+
+def test_a_streamed_anthropic_request_is_one_lease_and_one_runner_request(
+        api: httpx.Client, an: Any) -> None:
+    """One trip: message_start's input_tokens comes from the runner's first event, not from
+    a count beforehand (a second lease and IPC round trip, the prompt rendered twice)."""
+    before = samples(api)
+    final = stream_hi(an)
+    after = samples(api)
+    model = {"model": "smollm2:latest"}
+    assert grown(before, after, "llmrun_model_leases_total", **model) == 1
+    assert grown(before, after, "llmrun_runner_requests_total", **model) == 1
+    assert grown(before, after, "llmrun_runner_requests_total", kind="generate", **model) == 1
+    assert final.usage.output_tokens == 4
+
+
+def test_with_keep_alive_0_a_streamed_anthropic_request_loads_the_model_once(
+        tmp_path: Path, smollm2_path: Path) -> None:
+    """With LLMRUN_KEEP_ALIVE=0 each lease ends in an unload: two trips were two loads."""
+    import anthropic
+
+    home = make_home(tmp_path, smollm2_path)
+    d = Daemon(home, env={"LLMRUN_KEEP_ALIVE": "0"}).start()
+    try:
+        with anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0,
+                                 timeout=120) as an, \
+                httpx.Client(base_url=d.url, timeout=120) as api:
+            final = stream_hi(an)
+            after = samples(api)
+    finally:
+        d.stop()
+    # every runner logs one line when its model is loaded, before it reports ready
+    loads = sum(log.read_text().count(" runner INFO loaded ")
+                for log in (home / "logs").glob("runner-*.log"))
+    assert loads == 1
+    assert grown({}, after, "llmrun_model_leases_total") == 1
+    assert grown({}, after, "llmrun_runner_requests_total") == 1
+    assert final.usage.output_tokens == 4

@@ -18,6 +18,8 @@ from llmrun.store import CreateError, gguf
 from llmrun.store.quantize import QUANT_TYPES, QuantizeError, quantize, source_quantization
 from tests.tinymodel import N_EMBD, N_FF, write_tiny_llama
 
+pytestmark = pytest.mark.model  # llama.cpp quantizes, in this process or in a child
+
 
 @pytest.fixture(scope="module")
 def tiny_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -223,7 +225,7 @@ def test_cancel_kills_the_child(tiny_f16: Path, tmp_path: Path,
     start = time.monotonic()
     with pytest.raises(QuantizeError, match="was cancelled"):
         quantize(tiny_f16, "Q8_0", out, cancel=cancel)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # killed, not waited for (it sleeps 60 s)
     assert list(out.iterdir()) == []
 
 

@@ -267,3 +267,53 @@ def test_other_load_options_wait_for_the_busy_runner(daemon: Daemon) -> None:
     (model,) = httpx.get(f"{daemon.url}/api/ps").json()["models"]
     assert model["context_length"] == 1024
     assert gen(daemon.url, "smollm2").status_code == 200  # back to the default context
+
+
+# A test-only sitecustomize, on the daemon's PYTHONPATH (childenv passes PYTHON* variables to
+# runners): a runner started for the gated model file waits, before it loads anything, until
+# the test creates the gate file. Nothing in llmrun knows of it.
+GATE = '''\
+import os, sys, time
+if any(arg.endswith({blob!r}) for arg in sys.argv):
+    open({entered!r}, "w").close()
+    while not os.path.exists({gate!r}):
+        time.sleep(0.01)
+'''
+
+
+def test_a_loaded_model_answers_while_another_loads(tmp_path: Path, smollm2_path: Path) -> None:
+    """A request for a loaded model is answered while a second model's runner is still
+    loading (issue 13): the second load is held by a gate the test opens, not by timing."""
+    home = make_home(tmp_path / "home", smollm2_path)
+    store = Store(home)
+    slow = store.create("slow", f"FROM {write_tiny_llama(tmp_path / 'slow.gguf')}\n")
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    entered, gate = gates / "entered", gates / "open"
+    (gates / "sitecustomize.py").write_text(GATE.format(
+        blob=store.model_paths(slow)[0].name, entered=str(entered), gate=str(gate)))
+    path = os.pathsep.join(filter(None, [str(gates), os.environ.get("PYTHONPATH")]))
+    d = Daemon(home, env={"PYTHONPATH": path}).start()
+    try:
+        assert gen(d.url, "smollm2").status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            loading = pool.submit(gen, d.url, "slow")
+            deadline = time.monotonic() + 60
+            while not entered.exists():  # until the slow runner waits at the gate
+                assert time.monotonic() < deadline and not loading.done()
+                time.sleep(0.05)
+            r = httpx.post(f"{d.url}/api/generate", timeout=60, json={
+                "model": "smollm2", "prompt": "hello", "stream": False,
+                "options": {"num_predict": 2}})
+            assert r.status_code == 200 and r.json()["done"] is True
+            assert r.json()["load_duration"] == 0
+            assert loaded(d.url) == ["smollm2:latest"]  # a model still loading is not shown
+            assert not loading.done()
+            gate.touch()
+            assert loading.result().status_code == 200
+        models = httpx.get(f"{d.url}/api/ps").json()["models"]
+        assert sorted(m["name"] for m in models) == ["slow:latest", "smollm2:latest"]
+        assert all(m["reload_pending"] is False and m["slots_busy"] == 0 for m in models)
+    finally:
+        gate.touch()  # never leave a runner waiting
+        d.stop()

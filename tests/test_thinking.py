@@ -95,10 +95,14 @@ def test_text_is_released_as_soon_as_it_cannot_be_a_marker() -> None:
 
 def test_filter_events_puts_thoughts_in_their_own_chunks() -> None:
     streams = {"r1": ThinkStream(("<think>", "</think>"), inside=True)}
-    events = [("r1", "chunk", "a"), ("r2", "chunk", "other"), ("r1", "chunk", ["b</think>c", []]),
+    lp = {"token": "c", "logprob": -1.0, "bytes": [99], "top": []}
+    events = [("r1", "chunk", {"text": "a"}), ("r2", "chunk", {"text": "other"}),
+              ("r1", "chunk", {"text": "b</think>c", "logprobs": [lp]}),
               ("r1", "done", {"finish_reason": "stop"})]
     out = thinking.filter_events(streams, events)
-    assert out == [("r1", "chunk", {"text": "", "thinking": "a"}), ("r2", "chunk", "other"),
-                   ("r1", "chunk", {"text": "", "thinking": "b"}), ("r1", "chunk", ["c", []]),
+    assert out == [("r1", "chunk", {"text": "", "thinking": "a"}),
+                   ("r2", "chunk", {"text": "other"}),
+                   ("r1", "chunk", {"text": "", "thinking": "b"}),
+                   ("r1", "chunk", {"text": "c", "logprobs": [lp]}),
                    ("r1", "done", {"finish_reason": "stop"})]
     assert streams == {}

@@ -12,7 +12,7 @@ import pytest
 
 from llmrun.chat import templates, tools
 from llmrun.chat.tools import TemplateInfo, ToolStream, filter_events, parse_calls
-from llmrun.request import GenerateJob, Message, NamedTool, Options, Tool, ToolCall
+from llmrun.request import ChatRequest, Message, NamedTool, Options, Tool, ToolCall
 from tests.tinymodel import write_tiny_llama
 
 CHATML = (  # SmolLM2's template: knows nothing of tools
@@ -242,12 +242,15 @@ def test_filter_events_payloads_and_finish_reason() -> None:
     streams = {"r1": ToolStream(HERMES, {"get_weather"}), "r2": ToolStream(HERMES, set())}
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     events = filter_events(streams, [
-        ("r1", "chunk", "Hi "), ("r1", "chunk", call), ("r0", "chunk", "other request"),
+        ("r1", "started", {"prompt_tokens": 5, "cached_tokens": 0, "n_ctx": 64}),
+        ("r1", "chunk", {"text": "Hi "}), ("r1", "chunk", {"text": call}),
+        ("r0", "chunk", {"text": "other request"}),
         ("r1", "done", {"finish_reason": "stop", "completion_tokens": 9}),
-        ("r2", "chunk", "<tool"), ("r2", "done", {"finish_reason": "cancel"}),
+        ("r2", "chunk", {"text": "<tool"}), ("r2", "done", {"finish_reason": "cancel"}),
     ])
-    assert events[0] == ("r1", "chunk", "Hi ")
-    assert events[1] == ("r0", "chunk", "other request")
+    assert events.pop(0)[1] == "started"  # passes untouched
+    assert events[0] == ("r1", "chunk", {"text": "Hi "})
+    assert events[1] == ("r0", "chunk", {"text": "other request"})
     rid, kind, payload = events[2]
     assert (rid, kind) == ("r1", "chunk") and payload["text"] == ""
     assert [ToolCall.model_validate(c).name for c in payload["tool_calls"]] == ["get_weather"]
@@ -259,17 +262,20 @@ def test_filter_events_payloads_and_finish_reason() -> None:
 def test_filter_events_logprobs_follow_their_text() -> None:
     streams = {"r": ToolStream(HERMES, {"f"})}
     events = filter_events(streams, [
-        ("r", "chunk", ["ok ", [lp("ok ")]]), ("r", "chunk", ["<", [lp("<")]]),
-        ("r", "chunk", ["b", [lp("b")]]), ("r", "done", {"finish_reason": "length"}),
+        ("r", "chunk", {"text": "ok ", "logprobs": [lp("ok ")]}),
+        ("r", "chunk", {"text": "<", "logprobs": [lp("<")]}),
+        ("r", "chunk", {"text": "b", "logprobs": [lp("b")]}),
+        ("r", "done", {"finish_reason": "length"}),
     ])
-    texts = [e[2][0] for e in events if e[1] == "chunk"]
-    tokens = [x["token"] for e in events if e[1] == "chunk" for x in e[2][1]]
+    texts = [e[2]["text"] for e in events if e[1] == "chunk"]
+    tokens = [x["token"] for e in events if e[1] == "chunk" for x in e[2]["logprobs"]]
     assert "".join(texts) == "ok <b" and tokens == ["ok ", "<", "b"]
     assert events[-1] == ("r", "done", {"finish_reason": "length"})
     # a call: its tokens' logprobs ride on the tool-call chunk
     streams = {"r": ToolStream(HERMES, {"f"})}
     events = filter_events(streams, [
-        ("r", "chunk", ['<tool_call>{"name": "f"}</tool_call>', [lp("<tool_call>")]]),
+        ("r", "chunk", {"text": '<tool_call>{"name": "f"}</tool_call>',
+                        "logprobs": [lp("<tool_call>")]}),
         ("r", "done", {"finish_reason": "stop"})])
     assert events[0][2]["logprobs"][0]["token"] == "<tool_call>"
 
@@ -277,15 +283,16 @@ def test_filter_events_logprobs_follow_their_text() -> None:
 def test_filter_events_truncated_call() -> None:
     streams = {"r": ToolStream(HERMES, {"f"})}
     events = filter_events(streams, [
-        ("r", "chunk", '<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"na'),
+        ("r", "chunk", {"text": '<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"na'}),
         ("r", "done", {"finish_reason": "length"})])
     assert [c["name"] for c in events[0][2]["tool_calls"]] == ["f"]
     assert events[1][2]["finish_reason"] == "tool_calls"
     # cut off inside the only call: no call, the text is released, and it says "length"
     streams = {"r": ToolStream(HERMES, {"f"})}
-    events = filter_events(streams, [("r", "chunk", '<tool_call>{"na'),
+    events = filter_events(streams, [("r", "chunk", {"text": '<tool_call>{"na'}),
                                      ("r", "done", {"finish_reason": "length"})])
-    assert events == [("r", "chunk", '<tool_call>{"na'), ("r", "done", {"finish_reason": "length"})]
+    assert events == [("r", "chunk", {"text": '<tool_call>{"na'}),
+                      ("r", "done", {"finish_reason": "length"})]
 
 
 def test_repeated_calls_are_dropped() -> None:
@@ -299,11 +306,11 @@ def test_repeated_calls_are_dropped() -> None:
 # -- rendering ------------------------------------------------------------------------------
 
 
-def job(messages: list[Message], **kw: Any) -> GenerateJob:
-    return GenerateJob(messages=messages, options=Options(), **kw)
+def job(messages: list[Message], **kw: Any) -> ChatRequest:
+    return ChatRequest(model="test", messages=messages, options=Options(), **kw)
 
 
-def render(source: str, j: GenerateJob, system: str | None = None) -> str:
+def render(source: str, j: ChatRequest, system: str | None = None) -> str:
     plan = tools.plan(j, source)
     messages, extra = tools.chat_inputs(j.messages, system, source, plan)
     return templates.render(source, messages, bos_token="<s>", **extra)
@@ -367,7 +374,7 @@ def test_plan_rejects_an_unknown_named_tool() -> None:
     with pytest.raises(ValueError, match="not among the tools"):
         tools.plan(job(HISTORY, tools=[WEATHER], tool_choice=NamedTool(name="nope")), CHATML)
     assert tools.plan(job(HISTORY), CHATML) is None
-    assert tools.plan(GenerateJob(prompt="raw", options=Options(), tools=[WEATHER]),
+    assert tools.plan(ChatRequest(model="test", messages=[], prompt="raw", tools=[WEATHER]),
                       CHATML) is None
 
 

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.events import first_output
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import (
     ChatRequest,
@@ -41,6 +41,7 @@ from llmrun.request import (
     Message,
     NamedTool,
     Options,
+    Started,
     Stats,
     Tool,
     ToolCall,
@@ -67,10 +68,11 @@ ERROR_TYPES = {
 # (errors before it are HTTP errors), then between the pings sent while a prompt is read.
 PING_GRACE = 1.0
 PING_EVERY = 5.0
+# Sent while a request waits for a slot (queued, or its model loading), before message_start
+# can say the prompt's size: an SSE comment, which every SSE parser skips.
+WAITING = b": ping\n\n"
 
 BILLING_HEADER = "x-anthropic-billing-header:"
-
-_TOO_LONG = re.compile(r"the prompt is (\d+) tokens but the model's context is (\d+) tokens")
 
 
 # ---- wire models (fields in Anthropic's documented order) -------------------------------
@@ -129,17 +131,20 @@ def error(status: int, message: str, retry_after: int | None = None) -> JSONResp
     return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
-def engine_error(exc: EngineError, model: str) -> JSONResponse:
-    """An engine error in Anthropic's words; a prompt over the context says so the way
+def engine_message(exc: EngineError, model: str) -> str:
+    """An engine error in Anthropic's words: a prompt over the context says so the way
     Anthropic does ("prompt is too long: N tokens > M maximum"), which Claude Code
     recognises (it compacts the conversation), then names num_ctx."""
-    m = _TOO_LONG.search(exc.message)
-    if m:
-        n, ctx = int(m[1]), int(m[2])
-        return error(400, f"prompt is too long: {n} tokens > {ctx} maximum (model '{model}' "
-                          f"is served with a context of {ctx} tokens, num_ctx; shorten the "
-                          f"conversation or serve the model with a larger num_ctx)")
-    return error(exc.status, exc.message, getattr(exc, "retry_after", None))
+    if exc.code == "prompt_too_long":
+        n, ctx = exc.details.get("prompt_tokens"), exc.details.get("n_ctx")
+        return (f"prompt is too long: {n} tokens > {ctx} maximum (model '{model}' is served "
+                f"with a context of {ctx} tokens, num_ctx; shorten the conversation or serve "
+                f"the model with a larger num_ctx)")
+    return exc.message
+
+
+def engine_error(exc: EngineError, model: str) -> JSONResponse:
+    return error(exc.status, engine_message(exc, model), exc.retry_after)
 
 
 class AnthropicRoute(APIRoute):
@@ -484,26 +489,47 @@ def _close_thinking(index: int, thought: list[str]) -> list[bytes]:
             _sse("content_block_stop", {"index": index})]
 
 
-async def _stream(body: MessagesBody, input_tokens: int, first: asyncio.Future[Chunk | Done],
-                  rest: AsyncIterator[Chunk | Done]) -> AsyncIterator[bytes]:
+def _resolved(event: Started | Chunk | Done) -> asyncio.Future[Started | Chunk | Done]:
+    future: asyncio.Future[Started | Chunk | Done] = asyncio.get_running_loop().create_future()
+    future.set_result(event)
+    return future
+
+
+async def _stream(body: MessagesBody, started: Started | None,
+                  first: asyncio.Future[Started | Chunk | Done],
+                  rest: AsyncIterator[Started | Chunk | Done]) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, per block content_block_start / _delta /
     _stop, message_delta (stop reason, final usage), message_stop. `ping` events keep the
-    connection alive while the first token is awaited (a long prompt being read)."""
-    yield _sse("message_start", {"message": {
-        "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": 0, "output_tokens": 0}}})
-    yield _sse("ping", {})
+    connection alive while the first token is awaited (a long prompt being read).
+
+    `started` None: the request still waits for a slot, and `first` is its Started to come;
+    message_start needs the prompt's size, so until then SSE comments keep the connection
+    open. Else `first` is the first event after Started."""
     index = -1  # of the last block started
     text_open = False
     thought: list[str] = []  # of the open thinking block
     any_calls = False
     show = shows_thinking(body)
     try:
+        if started is None:
+            yield WAITING
+            while not (await asyncio.wait({first}, timeout=PING_EVERY))[0]:
+                yield WAITING
+            waited = first.result()
+            if isinstance(waited, Started):
+                started, first = waited, asyncio.ensure_future(anext(rest))
+            else:  # ended before it had a slot (cancelled): nothing was read
+                started, first = Started(prompt_tokens=0, n_ctx=0), _resolved(waited)
+        # input_tokens is the whole prompt here (message_delta splits off the cached part)
+        yield _sse("message_start", {"message": {
+            "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": started.prompt_tokens, "cache_creation_input_tokens": 0,
+                      "cache_read_input_tokens": 0, "output_tokens": 0}}})
+        yield _sse("ping", {})
         while not (await asyncio.wait({first}, timeout=PING_EVERY))[0]:
             yield _sse("ping", {})
-        event: Chunk | Done | None = first.result()
+        event: Started | Chunk | Done | None = first.result()
         while isinstance(event, Chunk):
             if event.thinking and show:
                 if not thought:
@@ -559,7 +585,8 @@ async def _stream(body: MessagesBody, input_tokens: int, first: asyncio.Future[C
         yield _sse("message_stop", {})
     except EngineError as exc:
         status = 529 if exc.status == 503 else exc.status
-        yield _sse("error", {"error": error_body(status, exc.message)["error"]})
+        yield _sse("error", {"error": error_body(status,
+                                                 engine_message(exc, body.model))["error"]})
     finally:
         if not first.done():  # the client left during prefill: cancel the request
             first.cancel()
@@ -572,24 +599,46 @@ def router(service: Service) -> APIRouter:
     api = APIRouter(route_class=AnthropicRoute)
 
     async def respond(body: MessagesBody, req: ChatRequest) -> Response:
-        """Errors before the first token are HTTP errors; after it, an `error` event."""
-        input_tokens = 0
+        """Errors within the grace period are HTTP errors; later ones (the stream opened
+        while the request waited for its slot or its first token) an `error` event. One trip:
+        message_start's input_tokens comes from the stream's own Started event."""
+        leased = asyncio.Event()
+        events = service.chat(req, leased)
+        if not req.stream:
+            try:
+                return await _collect(body, await first_output(events), events)
+            except EngineError as exc:
+                return engine_error(exc, body.model)
+        # What fails at once (a full queue, a prompt over the context) or while the model
+        # loads is still an HTTP error; past the grace period after the load the stream
+        # starts and pings while the request waits for a slot or its prompt is read.
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(anext(events))
+        started: Started | None = None
         try:
-            if not req.stream:
-                events = service.chat(req)
-                return await _collect(body, await anext(events), events)
-            # message_start carries the prompt's size before any token
-            input_tokens = await service.count_tokens(req)
-            events = service.chat(req)
-            # What fails at once (a full queue, a prompt over the context) is still an HTTP
-            # error; past the grace period the stream starts and pings while the prompt is read.
-            first = asyncio.ensure_future(anext(events))
+            loaded = asyncio.ensure_future(leased.wait())
+            try:
+                await asyncio.wait({first, loaded}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                loaded.cancel()
+            deadline = loop.time() + PING_GRACE
             await asyncio.wait({first}, timeout=PING_GRACE)
+            if first.done() and isinstance(got := first.result(), Started):
+                started = got
+                first = asyncio.ensure_future(anext(events))
+                await asyncio.wait({first}, timeout=max(0.0, deadline - loop.time()))
             if first.done():
                 first.result()
         except EngineError as exc:
+            await events.aclose()
             return engine_error(exc, body.model)
-        return StreamingResponse(_stream(body, input_tokens, first, events),
+        except BaseException:  # the client left (unless_disconnected cancels this)
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await first
+            await events.aclose()
+            raise
+        return StreamingResponse(_stream(body, started, first, events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from llmrun import __version__, config
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.events import first_output
 from llmrun.chat import thinking
 from llmrun.request import (
     ChatRequest,
@@ -25,6 +26,7 @@ from llmrun.request import (
     EngineError,
     Message,
     Options,
+    Started,
     Stats,
     Think,
     Tool,
@@ -297,17 +299,19 @@ def router(service: Service) -> APIRouter:
     @api.get("/api/ps")
     async def ps() -> dict[str, Any]:
         models = []
-        for loaded in service.scheduler.loaded.values():
-            entry = model_entry(loaded.manifest)
-            entry["name"] = entry["model"] = loaded.name
-            entry["expires_at"] = service.scheduler.expires_at_iso(loaded)
+        for m in service.ps():
+            entry = model_entry(m.manifest)
+            entry["name"] = entry["model"] = m.name
+            entry["expires_at"] = m.expires_at
             entry["size_vram"] = 0
-            entry["context_length"] = loaded.runner.info.get("n_ctx_seq", loaded.spec.n_ctx)
-            entry["slots"] = loaded.spec.n_slots
-            entry["slots_busy"] = loaded.runner.busy
+            entry["context_length"] = m.context_length
+            entry["slots"] = m.slots
+            entry["slots_busy"] = m.slots_busy
             # confinement layers the runner applied, and whether that is all of them
-            entry["sandbox"] = loaded.runner.info.get("sandbox", [])
-            entry["confined"] = bool(loaded.runner.info.get("confined", False))
+            entry["sandbox"] = m.sandbox
+            entry["confined"] = m.confined
+            # requests with other load options wait for it to be idle, then reload it
+            entry["reload_pending"] = m.reload_pending
             models.append(entry)
         return {"models": models}
 
@@ -458,24 +462,24 @@ def _done_obj(req: ChatRequest, stats: Stats, shape: Shape, content: str = "",
     return {**out, **stats_fields(stats)}
 
 
-async def _respond(req: ChatRequest, events: AsyncIterator[Chunk | Done], shape: Shape,
-                   request: Request | None = None) -> Response:
+async def _respond(req: ChatRequest, events: AsyncIterator[Started | Chunk | Done],
+                   shape: Shape, request: Request | None = None) -> Response:
     """Errors before the first token are HTTP errors; after it, a final NDJSON error line.
     A non-streaming request whose client disconnects is cancelled."""
     if not req.stream:
         return await unless_disconnected(request, _first_then_collect(req, events, shape))
     try:
-        first = await anext(events)
+        first = await first_output(events)
     except EngineError as exc:
         return error(exc.status, exc.message, exc.retry_after)
     return StreamingResponse(_ndjson(req, first, events, shape),
                              media_type="application/x-ndjson")
 
 
-async def _first_then_collect(req: ChatRequest, events: AsyncIterator[Chunk | Done],
+async def _first_then_collect(req: ChatRequest, events: AsyncIterator[Started | Chunk | Done],
                               shape: Shape) -> Response:
     try:
-        first = await anext(events)
+        first = await first_output(events)
     except EngineError as exc:
         return error(exc.status, exc.message, exc.retry_after)
     return await _collect(req, first, events, shape)

@@ -1,12 +1,12 @@
 """Chat templates: the Jinja template a GGUF carries (or a Modelfile TEMPLATE, which may also be
-Go text/template as Ollama's are: see gotemplate.py), rendered safely.
+Go text/template as Ollama's are: see gotemplate/), rendered safely.
 
 Templates come from model files and from requests, i.e. from strangers: they are rendered in
 Jinja's immutable sandbox (no attribute access to Python internals, no mutation of the objects
 passed in), with only the helpers Hugging Face's renderer provides (`raise_exception`,
 `strftime_now`, a `tojson` that keeps non-ASCII). They run in the runner's engine thread, which
 every request on the model shares, so a render is also bounded: steps, output, time, the size of
-every value it builds and the depth of its macro calls (the limits below, for both languages).
+every value it builds and the depth of its macro calls (limits.py: one place for both languages).
 """
 
 from __future__ import annotations
@@ -26,30 +26,8 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.runtime import LoopContext, Macro, Namespace
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# -- limits: one place for Jinja and Go templates ---------------------------------------------
-# A chat prompt is at most a model's context (some 100k tokens, well under a megabyte), and a
-# real template renders one in about a millisecond: these are far above any real use, and far
-# below what would stall the engine thread that all requests on a model share.
-
-# Template source, in characters: refused at create (Modelfile TEMPLATE) and per request.
-# Jinja compiles about 10 us per character (measured: 128 KiB in 1.5 s, 1 MiB in 13-26 s), in
-# the engine thread for a request's template; the largest real chat templates are ~20 KiB.
-MAX_TEMPLATE_SIZE = 128 << 10
-# Characters one render may produce, and the longest string (or bytes) it may build on the way.
-MAX_OUTPUT = 10 * 1024 * 1024
-# Units of work in one render. Jinja: loop iterations, calls, filters, attribute and item
-# lookups, operators, output pieces. Go: nodes visited and loop iterations.
-MAX_STEPS = 2_000_000
-# Wall-clock bound of one render, checked as it steps (no signals, no threads).
-MAX_SECONDS = 2.0
-# Items in a list a template builds (`[x] * n`, `a + b`): Jinja's sandbox caps range() alike.
-MAX_ITEMS = 100_000
-# Jinja macro calls (and recursive loops) inside one another: deeper recursion is a bug.
-MAX_DEPTH = 50
-# Integers a template computes: `2 ** 10 ** 10` would take minutes and gigabytes.
-MAX_INT_BITS = 1 << 16
-# Go: control structures and parentheses inside one another (its parser recurses on them).
-MAX_NESTING = 100
+from llmrun.chat import gotemplate, limits
+from llmrun.chat.limits import TemplateError, check_size  # re-exported
 
 # For models that carry no template of their own: a plain transcript that any base model
 # continues sensibly.
@@ -60,17 +38,6 @@ FALLBACK_TEMPLATE = (
     "{% else %}Assistant: {{ m['content'] }}\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-
-
-class TemplateError(ValueError):
-    pass
-
-
-def check_size(source: str) -> None:
-    """Refuse a template source over MAX_TEMPLATE_SIZE before anything parses it."""
-    if len(source) > MAX_TEMPLATE_SIZE:
-        raise TemplateError(f"chat template is {len(source)} characters, over the limit of "
-                            f"{MAX_TEMPLATE_SIZE}")
 
 
 # -- the budget of one render -------------------------------------------------------------------
@@ -85,7 +52,7 @@ class _Budget:
     def __init__(self) -> None:
         self.steps = self.depth = 0
         self.next_check = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
+        self.deadline = time.monotonic() + limits.MAX_SECONDS
         self.failure: str | None = None
 
     def tick(self, n: int = 1) -> None:
@@ -95,10 +62,11 @@ class _Budget:
 
     def check(self) -> None:
         if self.failure is None:
-            if self.steps > MAX_STEPS:
-                self.failure = f"chat template exceeds its limit of {MAX_STEPS} steps"
+            if self.steps > limits.MAX_STEPS:
+                self.failure = f"chat template exceeds its limit of {limits.MAX_STEPS} steps"
             elif time.monotonic() > self.deadline:
-                self.failure = f"chat template exceeds its time limit of {MAX_SECONDS:g} seconds"
+                self.failure = ("chat template exceeds its time limit of "
+                                f"{limits.MAX_SECONDS:g} seconds")
         if self.failure is not None:
             self.next_check = 0
             raise TemplateError(self.failure)
@@ -115,20 +83,21 @@ def _tick(n: int = 1) -> None:
 
 
 def _limit_text(size: int) -> None:
-    if size > MAX_OUTPUT:
-        raise TemplateError(f"chat template builds a string over its limit of {MAX_OUTPUT} "
-                            "characters")
+    if size > limits.MAX_OUTPUT:
+        raise TemplateError("chat template builds a string over its limit of "
+                            f"{limits.MAX_OUTPUT} characters")
 
 
 def _limit_items(count: int) -> None:
-    if count > MAX_ITEMS:
-        raise TemplateError(f"chat template builds a list over its limit of {MAX_ITEMS} items")
+    if count > limits.MAX_ITEMS:
+        raise TemplateError("chat template builds a list over its limit of "
+                            f"{limits.MAX_ITEMS} items")
 
 
 def _limit_int(bits: int) -> None:
-    if bits > MAX_INT_BITS:
+    if bits > limits.MAX_INT_BITS:
         raise TemplateError(f"chat template computes an integer over its limit of "
-                            f"{MAX_INT_BITS} bits")
+                            f"{limits.MAX_INT_BITS} bits")
 
 
 def _checked(value: Any) -> Any:
@@ -142,7 +111,7 @@ def _checked(value: Any) -> Any:
     return value
 
 
-def _weight(value: Any, limit: int = MAX_OUTPUT) -> int:
+def _weight(value: Any, limit: int = limits.MAX_OUTPUT) -> int:
     """About how many characters str(value) prints, counted no further than just past `limit`.
     Lengths alone do not bound it: a list holding one long string n times prints it n times."""
     if isinstance(value, str | bytes):
@@ -444,7 +413,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _tick()
         size = 0
         for item in items:
-            size += _weight(item, MAX_OUTPUT - size)
+            size += _weight(item, limits.MAX_OUTPUT - size)
             _limit_text(size)
         return "".join(map(str, items))
 
@@ -458,7 +427,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             if budget.steps >= budget.next_check:
                 budget.check()
         if operator == "+" and type(left) is str and type(right) is str:  # '<|im_start|>' + x
-            if len(left) + len(right) > MAX_OUTPUT:
+            if len(left) + len(right) > limits.MAX_OUTPUT:
                 _limit_text(len(left) + len(right))
             return left + right
         _check_binop(operator, left, right)
@@ -498,9 +467,9 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             args = (_Counted(args[0], budget), *args[1:])
         budget.depth += 1
         try:
-            if budget.depth > MAX_DEPTH:
+            if budget.depth > limits.MAX_DEPTH:
                 raise TemplateError(f"chat template nests macro calls deeper than its limit "
-                                    f"of {MAX_DEPTH}")
+                                    f"of {limits.MAX_DEPTH}")
             return _checked(super().call(__context, __obj, *args, **kwargs))
         finally:
             budget.depth -= 1
@@ -534,9 +503,9 @@ def _generate(template: jinja2.Template, variables: dict[str, Any]) -> str:
         size = 0
         for piece in pieces:
             size += len(piece)
-            if size > MAX_OUTPUT:
-                raise TemplateError(f"chat template output exceeds its limit of {MAX_OUTPUT} "
-                                    "characters")
+            if size > limits.MAX_OUTPUT:
+                raise TemplateError("chat template output exceeds its limit of "
+                                    f"{limits.MAX_OUTPUT} characters")
             out.append(piece)
             budget.tick()
         return "".join(out)
@@ -547,8 +516,6 @@ def _generate(template: jinja2.Template, variables: dict[str, Any]) -> str:
 
 def check(source: str) -> None:
     """Raise TemplateError if `source` (Jinja or Go) is too big or does not compile."""
-    from llmrun.chat import gotemplate
-
     check_size(source)
     if gotemplate.looks_like_go(source):
         gotemplate.check(source)
@@ -561,8 +528,6 @@ def render(source: str, messages: list[dict[str, Any]], *, bos_token: str = "",
     """Render a chat template: Jinja (Hugging Face, GGUF files), or Go text/template as in
     Ollama Modelfiles, where the Jinja variables `tools`, `enable_thinking` and
     `reasoning_effort` become Ollama's `.Tools` and `.Think`."""
-    from llmrun.chat import gotemplate  # it imports TemplateError from here
-
     check_size(source)
     if gotemplate.looks_like_go(source):
         think = extra.get("reasoning_effort") or extra.get("enable_thinking")

@@ -123,7 +123,7 @@ def filter_events(streams: dict[str, ThinkStream],
     """Pass runner events through the think streams of the requests that have one.
 
     Thoughts leave as their own chunk, `{"text": "", "thinking": ...}`, ahead of the answer's
-    text in the engine's usual payload (`text` or `[text, logprobs]`), which later filters (the
+    text in the engine's usual payload (`{"text", "logprobs"?}`), which later filters (the
     tool parser) see alone. A finished request leaves `streams`."""
     out: list[tuple[str, str, Any]] = []
     for event in events:
@@ -133,15 +133,14 @@ def filter_events(streams: dict[str, ThinkStream],
             out.append(event)
             continue
         if kind == "chunk":
-            with_lps = not isinstance(payload, str)
-            text, lps = payload if with_lps else (payload, None)
-            thought, answer = stream.push(text)
+            thought, answer = stream.push(payload["text"])
             if thought:
                 out.append((rid, "chunk", {"text": "", "thinking": thought}))
-            if with_lps and (answer or lps):
-                out.append((rid, kind, [answer, lps]))
+            if len(payload) > 1 and (answer or payload.get("logprobs")
+                                     or payload.get("prompt_logprobs")):
+                out.append((rid, kind, {**payload, "text": answer}))
             elif answer:
-                out.append((rid, kind, answer))
+                out.append((rid, kind, {"text": answer}))
             continue
         if kind not in ("done", "error"):
             out.append(event)
@@ -152,6 +151,6 @@ def filter_events(streams: dict[str, ThinkStream],
             if thought:
                 out.append((rid, "chunk", {"text": "", "thinking": thought}))
             if answer:
-                out.append((rid, "chunk", answer))
+                out.append((rid, "chunk", {"text": answer}))
         out.append(event)
     return out

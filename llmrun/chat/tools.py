@@ -15,7 +15,7 @@ which, so the family is detected from the template text:
 
 What the runner does with a request that offers tools (`plan` returns None otherwise):
 
-    plan = tools.plan(job, template)            # family, tools, choice, parallel
+    plan = tools.plan(req, template)            # family, tools, choice, parallel
     messages, extra = tools.chat_inputs(...)    # history + tools for templates.render
     plan.grammar(special)                       # Lark (llguidance) for "required"/named
     stream = plan.stream()                      # holds markup back, parses calls at the end
@@ -39,7 +39,7 @@ from typing import Any, Literal
 from llmrun.chat import templates
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
-from llmrun.request import GenerateJob, Message, NamedTool, Tool, ToolCall, ToolChoice
+from llmrun.request import ChatRequest, Message, NamedTool, Tool, ToolCall, ToolChoice
 
 Family = Literal["hermes", "llama3", "mistral", "json"]
 
@@ -110,7 +110,7 @@ class ToolPlan:
     tools: list[Tool]
     choice: ToolChoice
     parallel: bool = True
-    strict: bool = True  # the client asked for strict schemas (GenerateJob.format_strict)
+    strict: bool = True  # the client asked for strict schemas (ChatRequest.format_strict)
 
     @property
     def names(self) -> set[str]:
@@ -132,16 +132,16 @@ class ToolPlan:
         return ToolStream(self.info, self.names, self.parallel)
 
 
-def plan(job: GenerateJob, template: str | None) -> ToolPlan | None:
-    """The tool handling `job` needs, or None when it offers no tools (or chose "none")."""
-    if job.prompt is not None or not job.tools or job.tool_choice == "none":
+def plan(req: ChatRequest, template: str | None) -> ToolPlan | None:
+    """The tool handling `req` needs, or None when it offers no tools (or chose "none")."""
+    if req.prompt is not None or not req.tools or req.tool_choice == "none":
         return None
-    if isinstance(job.tool_choice, NamedTool) and \
-            job.tool_choice.name not in {t.name for t in job.tools}:
-        raise ValueError(f"tool_choice names the function {job.tool_choice.name!r}, which is "
+    if isinstance(req.tool_choice, NamedTool) and \
+            req.tool_choice.name not in {t.name for t in req.tools}:
+        raise ValueError(f"tool_choice names the function {req.tool_choice.name!r}, which is "
                          "not among the tools")
-    return ToolPlan(inspect_template(template), list(job.tools), job.tool_choice,
-                    job.parallel_tool_calls, job.format_strict)
+    return ToolPlan(inspect_template(template), list(req.tools), req.tool_choice,
+                    req.parallel_tool_calls, req.format_strict)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -664,22 +664,24 @@ def filter_events(streams: dict[str, ToolStream],
                   events: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
     """Pass runner events through the `streams` of tool-enabled requests.
 
-    Chunk payloads are `text` or `[text, logprobs]` as the engine makes them; the parsed
-    calls leave as one chunk whose payload is `{"text", "tool_calls", "logprobs"?}`, and the
-    done event's finish_reason becomes "tool_calls". A finished request leaves `streams`."""
+    Chunk payloads are `{"text", "logprobs"?}` as the engine makes them (a thought's,
+    `{"text": "", "thinking"}`, passes: see thinking.py); the parsed calls leave as one chunk
+    whose payload is `{"text", "tool_calls", "logprobs"?}`, and the done event's
+    finish_reason becomes "tool_calls". A finished request leaves `streams`."""
     out: list[tuple[str, str, Any]] = []
     for event in events:
         rid, kind, payload = event
         stream = streams.get(rid)
-        if stream is None or (kind == "chunk" and isinstance(payload, dict)):
-            out.append(event)  # (a dict here is a thought, see engine/thinking.py)
+        if stream is None or (kind == "chunk" and ("thinking" in payload
+                                                   or "prompt_logprobs" in payload)):
+            out.append(event)
         elif kind == "chunk":
-            with_lps = not isinstance(payload, str)
-            text, lps = stream.push(*payload) if with_lps else stream.push(payload)
-            if with_lps and (text or lps):
-                out.append((rid, kind, [text, lps]))
+            lps = payload.get("logprobs")
+            text, lps = stream.push(payload["text"], lps)
+            if "logprobs" in payload and (text or lps):
+                out.append((rid, kind, {"text": text, "logprobs": lps}))
             elif text:
-                out.append((rid, kind, text))
+                out.append((rid, kind, {"text": text}))
         elif kind == "done":
             streams.pop(rid, None)
             if payload.get("finish_reason") == "cancel":
@@ -696,8 +698,8 @@ def filter_events(streams: dict[str, ToolStream],
                 if payload.get("finish_reason") in ("stop", "length"):
                     payload = {**payload, "finish_reason": "tool_calls"}
             elif end.text or end.logprobs:
-                out.append((rid, "chunk", [end.text, end.logprobs] if end.logprobs
-                            else end.text))
+                out.append((rid, "chunk", {"text": end.text, "logprobs": end.logprobs}
+                            if end.logprobs else {"text": end.text}))
             out.append((rid, kind, payload))
         else:
             if kind == "error":

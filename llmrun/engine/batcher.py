@@ -5,6 +5,11 @@ prompts still being read (chunked prefill, so a long prompt never stalls the oth
 `llama_decode` once, samples each sequence with its own sampler chain and hands all new text
 to `emit` in one call. New requests join at the next step; finished ones leave at once.
 
+Events (request id, kind, payload): a sequence placed in a slot first sends "started"
+(`{"prompt_tokens", "cached_tokens", "n_ctx"}`: the cached prefix is known only then), then
+"chunk"s, always a dict (`{"text"}`, plus `logprobs` or `prompt_logprobs` when asked), then
+"done" with its statistics, or "error" (request.error_event: a code with its fields).
+
 KV bookkeeping: a slot is one llama sequence id; `slot.tokens` is exactly the list of tokens
 whose keys/values sit in that sequence's cells, positions 0..len-1. A new request goes to the
 free slot sharing the longest prefix with its prompt, and only the rest is evaluated.
@@ -41,10 +46,15 @@ from llguidance.numpy import fill_next_token_bitmask_par
 from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
+from llmrun.request import ChatRequest, error_event
 
 log = logging.getLogger(__name__)
 
-Event = tuple[str, str, Any]  # (request id, "chunk" | "done" | "error", payload)
+Event = tuple[str, str, Any]  # (request id, "started" | "chunk" | "done" | "error", payload)
+
+# The options that make a sequence's sampler chain (Options' names, engine/llama.py Sampler's).
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
+                 "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
 
 # After a step that produced no events (a long prompt being read), the engine still emits an
 # empty list at most this often, so the daemon's watchdog tells slow progress from a hang.
@@ -68,9 +78,19 @@ class SeqParams:
     pieces: dict[int, bytes] = field(default_factory=dict)  # text for tokens shown as nothing
     context: bool = False  # report prompt + output token ids when done (Ollama's `context`)
     # score the prompt itself: each prompt token's logprob given the ones before it (and the
-    # top k), sent as one "prompt_logprobs" event before any output; the prompt is then
+    # top k), sent as chunks with `prompt_logprobs` before any output; the prompt is then
     # evaluated whole (cached cells carry no logits)
     prompt_logprobs: int | None = None
+
+    @classmethod
+    def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
+        """The parameters of `req` (its options already merged with the model's defaults);
+        `engine` adds what the runner builds itself (matcher, pieces, gates)."""
+        o = req.options
+        return cls(sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
+                   max_tokens=o.num_predict if o.num_predict is not None else -1,
+                   stops=list(o.stop or []), logprobs=req.logprobs,
+                   context=req.return_context, prompt_logprobs=req.prompt_logprobs, **engine)
 
 
 @dataclass
@@ -189,8 +209,8 @@ class Engine:
                     self._step()
         except Exception as exc:  # never die silently: fail everything in flight
             log.exception("engine thread failed")
-            err = {"message": f"the model runner's engine failed ({type(exc).__name__}) and "
-                              "will be restarted", "status": 500}
+            err = error_event("runner_failed", f"the model runner's engine failed "
+                                               f"({type(exc).__name__}) and will be restarted")
             events: list[Event] = [(s.id, "error", err) for s in self._active()]
             events += [(s.id, "error", err) for s in self._waiting]
             try:
@@ -201,20 +221,28 @@ class Engine:
                 self.on_fatal(exc)
 
     def _admit(self) -> None:
+        events: list[Event] = []
         while self._waiting:
             free = [s for s in self.slots if s.seq is None]
             if not free:
-                return
+                break
             seq = self._waiting.popleft()
             slot = max(free, key=lambda s: common_prefix(s.tokens, seq.prompt))
             try:
                 self._place(seq, slot)
             except Exception as exc:
                 # a grammar llama.cpp refuses is the request's fault; anything else is ours
-                status = 400 if isinstance(exc, LlamaError | ValueError) else 500
-                if status == 500:
+                bad = isinstance(exc, LlamaError | ValueError)
+                if not bad:
                     log.exception("request %s could not start", seq.id)
-                self.emit([(seq.id, "error", {"message": _describe(exc), "status": status})])
+                events.append((seq.id, "error", error_event(
+                    "invalid_request" if bad else "internal", _describe(exc))))
+                continue
+            events.append((seq.id, "started", {"prompt_tokens": len(seq.prompt),
+                                               "cached_tokens": seq.cached,
+                                               "n_ctx": self.n_ctx_seq}))
+        if events:  # at once, not with the step: a queued request learns it has a slot
+            self.emit(events)
 
     def _place(self, seq: Sequence, slot: Slot) -> None:
         seq.sampler = self._sampler(seq)  # first: if it fails, the slot is left as it was
@@ -393,8 +421,8 @@ class Engine:
         seq.pending = []
         if seq.sampler is not None:
             seq.sampler.close()
-        status = 400 if isinstance(exc, ConstraintError) else 500
-        events.append((seq.id, "error", {"message": _describe(exc), "status": status}))
+        code = "invalid_request" if isinstance(exc, ConstraintError) else "internal"
+        events.append((seq.id, "error", error_event(code, _describe(exc))))
 
     def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None
@@ -411,10 +439,10 @@ class Engine:
             self._await_marker(seq, piece)
         text = seq.text.push(piece)
         if seq.params.logprobs is not None:
-            events.append((seq.id, "chunk", [text, [self._logprob(token, piece, idx,
-                                                                  seq.params.logprobs)]]))
+            events.append((seq.id, "chunk", {"text": text, "logprobs": [
+                self._logprob(token, piece, idx, seq.params.logprobs)]}))
         elif text:
-            events.append((seq.id, "chunk", text))
+            events.append((seq.id, "chunk", {"text": text}))
         if seq.text.stopped:
             self._finish(seq, "stop", events)
         elif seq.gate is None and seq.params.matcher is not None and \
@@ -439,7 +467,7 @@ class Engine:
             seq.tail = tail[-(len(marker) - 1):] if len(marker) > 1 else b""
 
     def _score_prompt(self, scored: list[tuple[Sequence, int, int]], events: list[Event]) -> None:
-        """Prompt logprobs of this step's prefill chunks, one event per sequence. Index -1 is
+        """Prompt logprobs of this step's prefill chunks, one chunk per sequence. Index -1 is
         a prompt's first token, which has nothing before it to be scored against."""
         per_seq: dict[str, list[dict[str, Any]]] = {}
         failed: set[str] = set()
@@ -457,7 +485,8 @@ class Engine:
                 self._fail(seq, exc, events)
                 continue
             per_seq.setdefault(seq.id, []).append(entry)
-        events += [(rid, "prompt_logprobs", entries) for rid, entries in per_seq.items()]
+        events += [(rid, "chunk", {"text": "", "prompt_logprobs": entries})
+                   for rid, entries in per_seq.items()]
 
     def _logprob(self, token: int, piece: bytes, idx: int, top: int) -> dict[str, Any]:
         """Log-probability of the sampled token under the model's raw distribution (before
@@ -484,7 +513,7 @@ class Engine:
         if reason != "cancel" and not seq.text.stopped:
             tail = seq.text.flush()
             if tail:
-                events.append((seq.id, "chunk", tail))
+                events.append((seq.id, "chunk", {"text": tail}))
         if seq.pending:
             # cancelled mid-prompt: the slot's cells hold a prefix of this prompt; keep it
             seq.pending = []
@@ -523,7 +552,7 @@ class Engine:
             seq.slot.seq = None
             if seq.sampler is not None:
                 seq.sampler.close()
-            events.append((seq.id, "error", {"message": msg, "status": 500}))
+            events.append((seq.id, "error", error_event("internal", msg)))
         self.emit(events)
 
 

@@ -5,7 +5,7 @@ schemas with `%json {...}`, or a JSON schema, both as llguidance's grammar text)
 request brings becomes that here, on the runner's message thread, never the engine thread:
 
     tok = constraint.tokenizer(model)            # once per runner (~0.5 s), cached
-    grammar = constraint.compile(job, tok)       # None: unconstrained; ValueError: a 400
+    grammar = constraint.compile(req, tok)       # None: unconstrained; ValueError: a 400
     matcher = constraint.matcher(tok, grammar)   # one per sequence, handed to the batcher
 
 Why llguidance (issue 12): it implements JSON Schema's bounds (numeric ranges, maxLength,
@@ -36,7 +36,7 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 
 from llmrun.chat.schema import ANY_OBJECT, JSON_OPTIONS, prepare_schema
 from llmrun.engine.llama import Model
-from llmrun.request import GenerateJob
+from llmrun.request import ChatRequest
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +92,18 @@ def check(grammar: str, tok: lg.LLTokenizer) -> None:
         log.warning("structured output: %s (not enforced)", message)
 
 
-def compile(job: GenerateJob, tok: lg.LLTokenizer, grammar: str | None = None) -> str | None:
-    """The llguidance grammar `job` decodes under, checked; None when it is unconstrained.
+def compile(req: ChatRequest, tok: lg.LLTokenizer, grammar: str | None = None) -> str | None:
+    """The llguidance grammar `req` decodes under, checked; None when it is unconstrained.
 
-    `grammar` (a forced tool call's, from tools.py) takes precedence, then the job's raw
+    `grammar` (a forced tool call's, from tools.py) takes precedence, then the request's raw
     grammar, then its format."""
-    grammar = grammar if grammar is not None else job.grammar
+    grammar = grammar if grammar is not None else req.grammar
     if grammar is not None:
         text = from_grammar(grammar)
-    elif job.format == "json":
+    elif req.format == "json":
         text = from_schema(ANY_OBJECT)
-    elif isinstance(job.format, dict):
-        text = from_schema(job.format, strict=job.format_strict)
+    elif isinstance(req.format, dict):
+        text = from_schema(req.format, strict=req.format_strict)
     else:
         return None
     check(text, tok)

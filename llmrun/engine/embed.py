@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from llmrun.engine.llama import Batch, Context, LlamaError, Model
+from llmrun.request import error_event
 
 MAX_SEQ = 4
 HEARTBEAT_SECONDS = 1.0  # while a batch is being embedded (see batcher.HEARTBEAT_SECONDS)
@@ -54,11 +55,11 @@ class Embedder:
             try:
                 vectors, n_tokens = self.embed(inputs, truncate, offset)
             except (EmbedError, LlamaError) as exc:
-                self.reply(req_id, "error", {"message": str(exc), "status": 400})
+                self.reply(req_id, "error", error_event("invalid_request", str(exc)))
                 continue
             except Exception as exc:  # this request fails; the thread serves the next one
-                self.reply(req_id, "error", {
-                    "message": f"embedding failed: {type(exc).__name__}: {exc}", "status": 500})
+                self.reply(req_id, "error", error_event(
+                    "internal", f"embedding failed: {type(exc).__name__}: {exc}"))
                 continue
             self.reply(req_id, "embedding", {"embeddings": vectors, "prompt_tokens": n_tokens})
 

@@ -4,16 +4,23 @@
 
 It speaks framed JSON (llmrun.ipc) over the inherited socket `--fd`:
 
-    daemon -> runner   {"type": "generate", "id": ..., "job": GenerateJob}
+    daemon -> runner   {"type": "generate", "id": ..., "request": ChatRequest}
                        {"type": "embed", "id": ..., "inputs": [str], "truncate": bool}
-                       {"type": "count", "id": ..., "job": GenerateJob}  (render, no decode)
+                       {"type": "count", "id": ..., "request": ChatRequest}  (render only)
                        {"type": "cancel", "id": ...}      {"type": "shutdown"}
     runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
                        {"type": "events", "events": [[id, kind, payload]]}
-                       kind: "chunk" | "done" | "error" | "embedding" | "count"
+                       kind: "started" {"prompt_tokens", "cached_tokens", "n_ctx"} (first)
+                             | "chunk" {"text", "logprobs"?, "thinking"?, "tool_calls"?,
+                                        "prompt_logprobs"?}
+                             | "done" Stats | "error" request.error_event (code and fields)
+                             | "count" {"prompt_tokens", "n_ctx"} | "embedding"
                              | "embedding_part" (some vectors of a reply too large for one
                              frame; the closing "embedding" carries the rest)
                        an empty events list is a heartbeat (the engine is busy, not hung)
+
+The request is a ChatRequest already merged with the model's Modelfile by the daemon (its
+messages first, its template, options and system prompt).
 
 A crash here (llama.cpp is C++) takes down only this process; the daemon reports it to the
 requests in flight. When the daemon goes away the channel closes and the runner exits.
@@ -42,12 +49,10 @@ from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
 from llmrun.ipc import ChannelClosed, SyncChannel
-from llmrun.request import GenerateJob
+from llmrun.request import ChatRequest, error_event
 
 log = logging.getLogger("llmrun.runner")
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
-                 "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
 # Event kinds that end a request (nothing more is sent for its id).
 FINAL = frozenset({"done", "error", "embedding", "count"})
 
@@ -57,15 +62,15 @@ def request_error(exc: BaseException) -> dict[str, Any]:
     request itself is at fault (a template, schema, option or nesting it brought), 500 for
     anything else, which is logged."""
     if isinstance(exc, RecursionError):
-        return {"message": "the request is nested too deeply to process", "status": 400}
+        return error_event("invalid_request", "the request is nested too deeply to process")
     if isinstance(exc, ValueError | LlamaError):
-        return {"message": str(exc) or type(exc).__name__, "status": 400}
+        return error_event("invalid_request", str(exc) or type(exc).__name__)
     log.error("request failed", exc_info=exc)
     if isinstance(exc, MemoryError):
-        return {"message": "the model runner ran out of memory preparing this request",
-                "status": 500}
-    return {"message": f"the model runner could not prepare this request: "
-                       f"{type(exc).__name__}: {exc}", "status": 500}
+        return error_event("internal", "the model runner ran out of memory preparing this "
+                                       "request")
+    return error_event("internal", f"the model runner could not prepare this request: "
+                                   f"{type(exc).__name__}: {exc}")
 
 
 def by_request(events: list[Event]) -> dict[str, list[Event]]:
@@ -148,10 +153,9 @@ class ModelHost:
                         group = tools.filter_events(self._tool_streams, group)
                 except Exception as exc:
                     log.error("request %s: its output filter failed", rid, exc_info=exc)
-                    group = self._abandon(rid, group, {
-                        "message": f"the model's output could not be processed "
-                                   f"({type(exc).__name__}); generation was stopped",
-                        "status": 500})
+                    group = self._abandon(rid, group, error_event(
+                        "internal", f"the model's output could not be processed "
+                                    f"({type(exc).__name__}); generation was stopped"))
             out += group
         return out
 
@@ -193,9 +197,9 @@ class ModelHost:
             return [(rid, "embedding_part", {"embeddings": vectors[:half]}),
                     (rid, kind, {**payload, "embeddings": vectors[half:]})]
         log.error("request %s: a %s event does not fit an IPC frame", rid, kind)
-        return self._abandon(rid, [event] if kind in FINAL else [], {
-            "message": f"the reply is larger than the IPC frame limit ({ipc.MAX_FRAME} bytes)",
-            "status": 413})
+        return self._abandon(rid, [event] if kind in FINAL else [], error_event(
+            "too_large", f"the reply is larger than the IPC frame limit ({ipc.MAX_FRAME} "
+                         f"bytes)", limit=ipc.MAX_FRAME))
 
     # -- when this process can no longer serve --------------------------------------------
 
@@ -207,8 +211,8 @@ class ModelHost:
         a fresh one for the next request (a live process whose engine is gone would leave
         every later request waiting forever)."""
         log.critical("%s; exiting with status %d", why, status)
-        error = {"message": f"the model runner failed ({why}) and will be restarted",
-                 "status": 500}
+        error = error_event("runner_failed", f"the model runner failed ({why}) and will be "
+                                             f"restarted")
         with contextlib.suppress(Exception):
             self._send_events([(rid, "error", error) for rid in list(self._inflight)])
         for handler in logging.getLogger().handlers:
@@ -233,34 +237,37 @@ class ModelHost:
             **self.sandbox_info,  # which confinement layers hold (main() sets it)
         }
 
-    def source(self, job: GenerateJob) -> str:
-        """The chat template this job renders with, refused before anything (tool and
+    def source(self, req: ChatRequest) -> str:
+        """The chat template `req` renders with, refused before anything (tool and
         thinking markers included) reads it if it is over the size limit."""
-        source = job.template or self.template or templates.FALLBACK_TEMPLATE
+        source = req.template or self.template or templates.FALLBACK_TEMPLATE
         templates.check_size(source)
         return source
 
-    def render(self, job: GenerateJob) -> tuple[list[int], str]:
-        """The prompt's tokens and the text they came from."""
-        if job.suffix is not None:
-            return self._fill_in_the_middle(job.prompt or "", job.suffix), ""
-        if job.prompt is not None:
-            text = job.prompt
+    def render(self, req: ChatRequest,
+               plan: tools.ToolPlan | None = None) -> tuple[list[int], str]:
+        """The prompt's tokens and the text they came from (`plan`: tools.plan(req, source),
+        when the caller has it already)."""
+        if req.suffix is not None:
+            return self._fill_in_the_middle(req.prompt or "", req.suffix), ""
+        if req.prompt is not None:
+            text = req.prompt
             add_bos = self.model.add_bos
         else:
-            source = self.source(job)
-            messages, extra = tools.chat_inputs(job.messages, job.system, source,
-                                                tools.plan(job, source))
+            source = self.source(req)
+            if plan is None:
+                plan = tools.plan(req, source)
+            messages, extra = tools.chat_inputs(req.messages, req.system, source, plan)
             if thinking.markers(source):
-                extra.update(thinking.template_vars(job.think))
+                extra.update(thinking.template_vars(req.think))
             text = templates.render(source, messages, bos_token=self.bos_text,
                                     eos_token=self.eos_text, **extra)
             # Most templates write the BOS token themselves; adding another hurts quality.
             add_bos = self.model.add_bos and not (self.bos_text and
                                                   text.startswith(self.bos_text))
         tokens = self.model.tokenize(text, add_special=add_bos, parse_special=True)
-        if job.context:
-            tokens = self._after_context(job.context, tokens)
+        if req.context:
+            tokens = self._after_context(req.context, tokens)
         return tokens, text
 
     def _fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
@@ -284,74 +291,66 @@ class ModelHost:
             tokens = tokens[1:]
         return [*context, *tokens]
 
-    def generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
+    def generate(self, req_id: str, raw: dict[str, Any]) -> None:
         try:
-            self._generate(req_id, raw_job)
+            self._generate(req_id, raw)
         except Exception as exc:  # templates, schemas, parsers: this request only
             self._think_streams.pop(req_id, None)
             self._tool_streams.pop(req_id, None)
             self.emit([(req_id, "error", request_error(exc))])
 
-    def _generate(self, req_id: str, raw_job: dict[str, Any]) -> None:
+    def _generate(self, req_id: str, raw: dict[str, Any]) -> None:
         try:
-            job = GenerateJob.model_validate(raw_job)
-            prompt, text = self.render(job)
-            source = self.source(job)
-            plan = tools.plan(job, source) if job.suffix is None else None
-            pair = thinking.markers(source) if job.prompt is None else None
-            if job.think and job.think_required and pair is None and job.prompt is None:
+            req = ChatRequest.model_validate(raw)
+            source = self.source(req)
+            plan = tools.plan(req, source) if req.suffix is None else None
+            prompt, text = self.render(req, plan)
+            pair = thinking.markers(source) if req.prompt is None else None
+            if req.think and req.think_required and pair is None and req.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
-            matcher = self._matcher(job, plan)
+            matcher = self._matcher(req, plan)
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
         if len(prompt) >= self.n_ctx_seq:
-            self.emit([(req_id, "error", {
-                "message": f"the prompt is {len(prompt)} tokens but the model's context is "
-                           f"{self.n_ctx_seq} tokens (num_ctx); shorten it or raise num_ctx",
-                "status": 400,
-            })])
+            self.emit([(req_id, "error", error_event(
+                "prompt_too_long", f"the prompt is {len(prompt)} tokens but the model's "
+                                   f"context is {self.n_ctx_seq} tokens (num_ctx); shorten it "
+                                   f"or raise num_ctx",
+                prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
             return
-        o = job.options
-        params = SeqParams(
-            sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
-            max_tokens=o.num_predict if o.num_predict is not None else -1,
-            stops=list(o.stop or []),
-            logprobs=job.logprobs,
-            pieces=self.control_pieces() if plan is not None or pair is not None else {},
-            context=job.return_context,
-            prompt_logprobs=job.prompt_logprobs,
-        )
-        params.matcher = matcher
+        params = SeqParams.of(
+            req, matcher=matcher,
+            pieces=self.control_pieces() if plan is not None or pair is not None else {})
         if matcher is not None and pair is not None:
             # The thought stays free; the constraint starts with the answer: after the end
             # marker when the prompt opened a thought, else from the first token unless that
             # token opens one (thinking not switched off).
             inside = thinking.opens(text, pair)
-            if inside or job.think is not False:
+            if inside or req.think is not False:
                 params.constrain_after = pair[1].encode()
                 params.think_open = None if inside else pair[0].encode()
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
         if pair is not None:
             self._think_streams[req_id] = thinking.ThinkStream(
-                pair, inside=thinking.opens(text, pair), keep=job.think is not False)
+                pair, inside=thinking.opens(text, pair), keep=req.think is not False)
         self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
 
-    def _matcher(self, job: GenerateJob, plan: tools.ToolPlan | None) -> Any:
-        """The llguidance matcher `job` decodes under (None: unconstrained), built here on the
-        message thread, never the engine's: a forced tool call's grammar, else the job's raw
-        grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
+    def _matcher(self, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
+        """The llguidance matcher `req` decodes under (None: unconstrained), built here on the
+        message thread, never the engine's: a forced tool call's grammar, else the request's
+        raw grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
         forced_call = plan is not None and plan.choice != "auto"
-        if not forced_call and job.grammar is None and job.format is None:
+        if not forced_call and req.grammar is None and req.format is None:
             return None
         tok = constraint.tokenizer(self.model)  # built at start-up (serve); cached
         # markers that are one special token are forced as that token, as the model was
         # trained to write them, not spelled out character by character
         forced = plan.grammar(tools.special_markers(tok)) if forced_call and plan else None
-        grammar = constraint.compile(job, tok, forced)
+        grammar = constraint.compile(req, tok, forced)
         return None if grammar is None else constraint.matcher(tok, grammar)
 
     def control_pieces(self) -> dict[int, bytes]:
@@ -365,10 +364,10 @@ class ModelHost:
                     self._control_pieces[toks[0]] = marker.encode()
         return self._control_pieces
 
-    def count(self, req_id: str, raw_job: dict[str, Any]) -> None:
-        """The prompt length a job renders to, exactly as `generate` would see it."""
+    def count(self, req_id: str, raw: dict[str, Any]) -> None:
+        """The prompt length a request renders to, exactly as `generate` would see it."""
         try:
-            n = len(self.render(GenerateJob.model_validate(raw_job))[0])
+            n = len(self.render(ChatRequest.model_validate(raw))[0])
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
@@ -393,9 +392,9 @@ class ModelHost:
                 return
             kind = msg.get("type")
             if kind == "generate":
-                self.generate(msg["id"], msg["job"])
+                self.generate(msg["id"], msg["request"])
             elif kind == "count":
-                self.count(msg["id"], msg["job"])
+                self.count(msg["id"], msg["request"])
             elif kind == "cancel":
                 self.engine.cancel(msg["id"])
             elif kind == "embed":

@@ -121,7 +121,7 @@ def create_app(store: Store | None = None,
         if not authorized(request.headers):
             return {"status": "ok"}
         return {"status": "ok", "version": __version__,
-                "loaded": [v.name for v in scheduler.loaded.values()]}
+                "loaded": [m.name for m in scheduler.models()]}
 
     app.include_router(ollama.router(service))
     app.include_router(ollama.store_router(store))

@@ -3,7 +3,8 @@
 What an operator watches on a shared daemon: requests by route and status (503s are the
 queue overflowing), tokens read and generated per model and how many of the prompt tokens
 came from the prefix cache, how long prompts and answers take, and, read at scrape time,
-which models are loaded and how many of their slots are busy.
+which models are loaded and how many of their slots are busy. Leases and runner requests
+show the trips a request makes: one of each per generated answer.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ class _Loaded(Collector):
                                  labels=["model"])
         slots = GaugeMetricFamily("llmrun_slots", "Sequences a model decodes together",
                                   labels=["model"])
-        models = list(self.scheduler.loaded.values())
+        models = self.scheduler.models()
         loaded.add_metric([], len(models))
         for m in models:
-            busy.add_metric([m.name], m.runner.busy)
-            slots.add_metric([m.name], m.spec.n_slots)
+            busy.add_metric([m.name], m.slots_busy)
+            slots.add_metric([m.name], m.slots)
         yield from (loaded, busy, slots)
 
 
@@ -60,6 +61,11 @@ class Metrics:
                                         registry=r)
         self.request_seconds = Histogram("llmrun_request_seconds", "Time from request to "
                                          "last token", ["model"], buckets=_SECONDS, registry=r)
+        self.leases = Counter("llmrun_model_leases", "Times a request held a model through "
+                              "the scheduler", ["model"], registry=r)
+        self.runner_requests = Counter("llmrun_runner_requests", "Requests the daemon sent to "
+                                       "runner processes (generate, count, embed)",
+                                       ["model", "kind"], registry=r)
         r.register(_Loaded(scheduler))
 
     def observe(self, model: str, s: Stats) -> None:

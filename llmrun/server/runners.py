@@ -29,13 +29,13 @@ from typing import Any
 
 from llmrun import childenv, config, ipc
 from llmrun.request import (
+    ChatRequest,
     Chunk,
     Done,
     EngineError,
-    GenerateJob,
+    Started,
     Stats,
-    TokenLogprob,
-    ToolCall,
+    error_event,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,28 @@ def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]
         size += n
     if piece:
         yield start, piece
+
+
+def decode_chunk(payload: dict[str, Any]) -> Chunk:
+    """A chunk event's payload as a Chunk. Plain text (nearly every token) is built without
+    validating nested fields: this runs once per token of every stream."""
+    if len(payload) == 1:
+        return Chunk(text=payload["text"])
+    return Chunk.model_validate(payload)
+
+
+def decode_event(kind: str, payload: Any) -> Started | Chunk | Done:
+    """A generate request's event; an error event (or one this side does not know) raises
+    the EngineError it describes."""
+    if kind == "chunk":
+        return decode_chunk(payload)
+    if kind == "started":
+        return Started.model_validate(payload)
+    if kind == "done":
+        return Done(stats=Stats.model_validate(payload))
+    if kind == "error":
+        raise EngineError.from_event(payload)
+    raise EngineError(f"the model runner sent an unexpected {kind!r} event")
 
 
 def runner_env() -> dict[str, str]:
@@ -161,7 +183,7 @@ class RunnerProcess:
         log.log(logging.INFO if self._stopping else logging.ERROR, "%s (runner pid %s, log: %s)",
                 reason, pid, self.log_path)
         for q in self._queues.values():
-            q.put_nowait(("error", {"message": reason, "status": 500}))
+            q.put_nowait(("error", error_event("runner_failed", reason)))
 
     async def _watchdog(self, limit: float) -> None:
         """Kill a runner that has requests in flight and sends nothing for `limit` seconds
@@ -197,7 +219,8 @@ class RunnerProcess:
             raise EngineError(
                 f"the request is too large for the model runner: {exc.size} bytes encoded, "
                 f"over the limit of {ipc.MAX_FRAME} bytes per message", status=413,
-                kind="request_too_large") from None
+                kind="request_too_large", details={"size": exc.size, "limit": ipc.MAX_FRAME},
+            ) from None
         except (ValueError, RecursionError):
             raise EngineError("the request is nested too deeply to pass to the model runner",
                               status=400, kind="invalid_request") from None
@@ -221,41 +244,23 @@ class RunnerProcess:
                     await asyncio.wait_for(self.proc.wait(), 5)
             self._died(f"the model runner stopped: {self._why(exc)}")
 
-    async def generate(self, job: GenerateJob) -> AsyncIterator[Chunk | Done]:
-        """Stream one request; closing the iterator early cancels it in the runner."""
+    async def generate(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
+        """Stream one request (merged with its model's defaults): Started, Chunks, Done; an
+        error raises EngineError. Closing the iterator early cancels it in the runner."""
         req_id = f"r{next(_ids)}"
         q = self._track(req_id)
         finished = False
         try:
-            await self._send({"type": "generate", "id": req_id, "job": job.model_dump()})
+            await self._send({"type": "generate", "id": req_id, "request": req.model_dump()})
             while True:
                 kind, payload = await q.get()
                 if kind == "chunk":
-                    if isinstance(payload, str):
-                        yield Chunk(text=payload)
-                    elif isinstance(payload, dict):  # {"text", "tool_calls"?, "logprobs"?,
-                        lps = payload.get("logprobs")  # "thinking"?}
-                        calls = payload.get("tool_calls")
-                        yield Chunk(text=payload.get("text", ""),
-                                    thinking=payload.get("thinking"),
-                                    logprobs=[TokenLogprob.model_validate(e) for e in lps]
-                                    if lps is not None else None,
-                                    tool_calls=[ToolCall.model_validate(c) for c in calls]
-                                    if calls else None)
-                    else:
-                        text, lps = payload
-                        yield Chunk(text=text,
-                                    logprobs=[TokenLogprob.model_validate(e) for e in lps])
-                elif kind == "prompt_logprobs":
-                    yield Chunk(text="", prompt_logprobs=[TokenLogprob.model_validate(e)
-                                                          for e in payload])
-                elif kind == "done":
-                    finished = True
-                    yield Done(stats=Stats.model_validate(payload))
+                    yield decode_chunk(payload)
+                    continue
+                finished = kind in ("done", "error")  # (no cancel for a request that ended)
+                yield decode_event(kind, payload)
+                if finished:
                     return
-                else:
-                    finished = True
-                    raise EngineError(payload["message"], status=payload.get("status", 500))
         finally:
             self._queues.pop(req_id, None)
             if not finished and self.alive:
@@ -288,21 +293,21 @@ class RunnerProcess:
                 elif kind == "embedding":
                     return vectors + payload["embeddings"], payload["prompt_tokens"]
                 else:
-                    raise EngineError(payload["message"], status=payload.get("status", 500))
+                    raise EngineError.from_event(payload)
         finally:
             self._queues.pop(req_id, None)
 
-    async def count(self, job: GenerateJob) -> int:
-        """How many tokens `job`'s prompt renders to (nothing is generated)."""
+    async def count(self, req: ChatRequest) -> int:
+        """How many tokens `req`'s prompt renders to (nothing is generated)."""
         req_id = f"c{next(_ids)}"
         q = self._track(req_id)
         try:
-            await self._send({"type": "count", "id": req_id, "job": job.model_dump()})
+            await self._send({"type": "count", "id": req_id, "request": req.model_dump()})
             kind, payload = await q.get()
         finally:
             self._queues.pop(req_id, None)
         if kind != "count":
-            raise EngineError(payload["message"], status=payload.get("status", 500))
+            raise EngineError.from_event(payload)
         return int(payload["prompt_tokens"])
 
     async def stop(self) -> None:

@@ -1,32 +1,46 @@
 """Which models are loaded: load on first use, reuse while options match, unload when idle.
 
-States of a loaded model, in one line each:
-  busy     refs > 0: requests are using its runner; it is never unloaded
-  idle     refs == 0: unloaded when its keep-alive expires, or first when room is needed
+States of a model in the table, in one line each:
+  loading  its files are checked and its runner started, in a task of its own; requests for
+           it wait for that one load, and each gets its error if it fails
+  busy     loaded, refs > 0: requests are using its runner; it is never unloaded
+  idle     loaded, refs == 0: unloaded when its keep-alive expires, or first when room is needed
   dead     its runner died: dropped at the next lookup, and a fresh one is started
+
+The table needs no lock: each decision on it is taken between two awaits, so no other request
+sees it half changed, and hashing a model file or starting a runner holds nothing, so a
+request for a loaded model never waits on another model's load. One lock serialises making
+room (evicting idle models, reading free memory), and a loading model's estimate counts as
+used until it is loaded: two loads cannot both count the same free memory.
 
 A request whose load options (num_ctx, num_batch, num_thread) differ from a busy runner's
 waits until that runner is idle, then reloads it (Ollama's behaviour): a busy runner is
 never replaced, and clients that alternate options cannot start runners side by side.
-While such a request waits, new requests wait too (else it could starve).
+While such a request waits, new requests wait too (else it could starve), and the model's
+snapshot says `reload_pending`.
+
+Runners are made by `runner_factory` (RunnerProcess; the tests give a fake): the scheduler
+needs of one only what `Runner` lists.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmrun import bounds, config
-from llmrun.request import EngineError, Options
+from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Started
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
@@ -105,20 +119,59 @@ def parse_keep_alive(value: str | float | int | None) -> float:
     return math.inf if seconds < 0 else seconds
 
 
-@dataclass
+LOADING, READY = "loading", "ready"
+
+
+class Runner(Protocol):
+    """What the scheduler and the service need of a runner: RunnerProcess, or a test's fake."""
+
+    info: dict[str, Any]  # the runner's "ready" message: n_ctx_seq, sandbox, confined
+    load_seconds: float  # how long start() took
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def busy(self) -> int: ...  # requests in flight on it
+
+    async def start(self) -> None: ...  # returns once the model is loaded; EngineError if not
+
+    async def stop(self) -> None: ...
+
+    def generate(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]: ...
+
+    async def count(self, req: ChatRequest) -> int: ...
+
+    async def embed(self, inputs: list[str],
+                    truncate: bool) -> tuple[list[list[float]], int]: ...
+
+
+RunnerFactory = Callable[[RunnerSpec, Path], Runner]  # (spec, log file) -> a runner not started
+
+
+@dataclass(eq=False)
 class Loaded:
+    """A model in the table, loading or loaded (only this module reads it: others get
+    ModelState snapshots)."""
+
     name: str
     manifest: Manifest
     spec: RunnerSpec
-    runner: RunnerProcess
+    runner: Runner
+    state: str = LOADING
     refs: int = 0
     keep_alive: float = 300.0
     expires_at: float = math.inf
     last_used: float = field(default_factory=time.monotonic)
     unload_when_idle: bool = False  # `llmrun stop` or keep_alive 0 while requests ran
-    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while refs == 0
-    waiting: int = 0  # requests waiting for it to be idle (they count in the queue bound)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while loaded, refs == 0
+    waiting: int = 0  # requests waiting for its load or for it to be idle (in the queue bound)
     reloads_waiting: int = 0  # of them, with other load options: no new request joins it
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # its load ended, well or not
+    error: EngineError | None = None  # why its load failed
+    reserved: int = 0  # bytes counted as used while it loads (its estimate, once room was made)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # its runner was stopped
+    task: asyncio.Task[None] | None = None  # its load
 
 
 @dataclass
@@ -130,13 +183,46 @@ class Lease:
     manifest: Manifest  # the requested name's: its parameters, template and system apply,
     # even when the runner was loaded for another name with the same weights
 
+    @property
+    def runner(self) -> Runner:
+        return self.loaded.runner
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A loaded model as /api/ps, /health and the metrics show it (a snapshot)."""
+
+    name: str
+    manifest: Manifest
+    expires_at: str  # ISO 8601 UTC, as Ollama's /api/ps reports it
+    context_length: int
+    slots: int
+    slots_busy: int
+    sandbox: list[str]  # confinement layers the runner applied
+    confined: bool  # whether that is all of them
+    reload_pending: bool  # requests with other load options wait for it to be idle
+
+
+def _expires_at_iso(loaded: Loaded) -> str:
+    """When an idle model will be unloaded; a busy one, its keep-alive from now."""
+    busy = loaded.refs > 0
+    remaining = loaded.keep_alive if busy else loaded.expires_at - time.monotonic()
+    if math.isinf(remaining):
+        return "2318-01-01T00:00:00Z"  # "forever", far in the future as Ollama shows it
+    when = datetime.now(UTC) + timedelta(seconds=max(0.0, remaining))
+    return when.isoformat().replace("+00:00", "Z")
+
 
 class Scheduler:
-    def __init__(self, store: Store, logs: Path) -> None:
+    def __init__(self, store: Store, logs: Path, runner_factory: RunnerFactory = RunnerProcess,
+                 free_memory: Callable[[], int] = available_memory) -> None:
         self.store = store
         self.logs = logs
-        self.loaded: dict[str, Loaded] = {}  # by model_key
-        self._lock = asyncio.Lock()
+        self.runner_factory = runner_factory
+        self.free_memory = free_memory  # bytes that can be allocated now
+        self._models: dict[str, Loaded] = {}  # by model_key: loading and loaded
+        self._retiring: dict[str, list[Loaded]] = {}  # by model_key: runners being stopped
+        self._room = asyncio.Lock()  # held by one load at a time while it makes room
         self._reaper: asyncio.Task[None] | None = None
         self._verified: set[tuple[str, int, int]] = set()
 
@@ -159,6 +245,20 @@ class Scheduler:
             lora_paths=tuple(self.store.adapter_paths(manifest)),
         )
 
+    def models(self) -> list[ModelState]:
+        """The loaded models (not those still loading), as snapshots."""
+        return [self._snapshot(m) for m in self._models.values() if m.state == READY]
+
+    @staticmethod
+    def _snapshot(m: Loaded) -> ModelState:
+        info = m.runner.info
+        return ModelState(name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
+                          context_length=info.get("n_ctx_seq", m.spec.n_ctx),
+                          slots=m.spec.n_slots, slots_busy=m.runner.busy,
+                          sandbox=list(info.get("sandbox", [])),
+                          confined=bool(info.get("confined", False)),
+                          reload_pending=m.reloads_waiting > 0)
+
     @contextlib.asynccontextmanager
     async def use(self, name: str, options: Options,
                   keep_alive: str | float | None = None) -> AsyncIterator[Lease]:
@@ -167,7 +267,7 @@ class Scheduler:
             ttl = parse_keep_alive(keep_alive)
         except ValueError as exc:
             raise EngineError(str(exc), status=400, kind="invalid_request") from None
-        lease = await self._acquire(name, options)
+        lease = await self._acquire(name, options, ttl)
         loaded = lease.loaded
         try:
             yield lease
@@ -178,11 +278,11 @@ class Scheduler:
             if loaded.refs == 0:
                 loaded.idle.set()
                 loaded.expires_at = loaded.last_used + ttl
-                replaced = self.loaded.get(model_key(loaded.manifest)) is not loaded
+                replaced = self._models.get(model_key(loaded.manifest)) is not loaded
                 if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
-    async def _acquire(self, name: str, options: Options) -> Lease:
+    async def _acquire(self, name: str, options: Options, ttl: float) -> Lease:
         try:
             parsed, manifest = self.store.get(name)
         except ModelNotFound as exc:
@@ -192,26 +292,47 @@ class Scheduler:
                               kind="invalid_request") from None
         spec = self.spec_for(manifest, options)
         key = model_key(manifest)
+        load_seconds = 0.0
         while True:
-            async with self._lock:
-                current = self.loaded.get(key)
-                if current is not None and current.runner.alive and current.refs > 0 and (
-                        current.spec != spec or current.reloads_waiting):
+            current = self._models.get(key)
+            if current is not None and current.state == READY and current.runner.alive:
+                if current.spec == spec and not (current.refs and current.reloads_waiting):
+                    self._check_queue(current, parsed.short)
+                    current.refs += 1
+                    current.idle.clear()
+                    current.expires_at = math.inf
+                    return Lease(current, load_seconds, manifest)
+                if current.refs > 0:
                     # Busy, and either these load options differ or a request that needs
                     # other ones waits: wait until it is idle (as Ollama does) rather than
                     # start a second runner beside it; then the first waiter takes it, or
                     # reloads it with its own options.
                     self._check_queue(current, parsed.short)
-                    reload = int(current.spec != spec)
-                    current.waiting += 1
-                    current.reloads_waiting += reload
-                else:
-                    return await self._lease_or_load(current, parsed, manifest, spec, key)
-            try:
-                await current.idle.wait()
-            finally:
-                current.waiting -= 1
-                current.reloads_waiting -= reload
+                    await self._wait(current, current.idle, reload=current.spec != spec)
+                    continue
+            if current is None or current.state == READY:
+                # none, dead, or idle with other load options: (re)load it
+                current = self._begin_load(current, parsed, manifest, spec, key, ttl)
+            else:
+                self._check_queue(current, parsed.short)  # its load is under way: join it
+            await self._wait(current, current.settled, reload=False)
+            if current.error is not None:
+                raise copy.copy(current.error) from None  # each waiter gets its own
+            load_seconds = current.runner.load_seconds
+            if current.spec != spec:
+                # the waiters that asked for this load (woken with this one) lease first;
+                # this one then waits for them and reloads, rather than undo their load
+                await asyncio.sleep(0)
+
+    @staticmethod
+    async def _wait(loaded: Loaded, event: asyncio.Event, reload: bool) -> None:
+        loaded.waiting += 1
+        loaded.reloads_waiting += reload
+        try:
+            await event.wait()
+        finally:
+            loaded.waiting -= 1
+            loaded.reloads_waiting -= reload
 
     def _check_queue(self, current: Loaded, short: str) -> None:
         """Answer at once rather than let clients pile up behind a full queue."""
@@ -223,30 +344,61 @@ class Scheduler:
                 f"LLMRUN_MAX_QUEUE={config.max_queue()}); retry shortly",
                 status=503, kind="overloaded", retry_after=1)
 
-    async def _lease_or_load(self, current: Loaded | None, parsed: ModelName,
-                             manifest: Manifest, spec: RunnerSpec, key: str) -> Lease:
-        """Under the lock: a lease on `current` if it fits `spec`, else a fresh runner (in
-        place of `current` when that is idle or dead)."""
-        if current is not None and current.runner.alive and current.spec == spec:
-            self._check_queue(current, parsed.short)
-            current.refs += 1
-            current.idle.clear()
-            current.expires_at = math.inf
-            return Lease(current, 0.0, manifest)
-        if current is not None and current.refs == 0:
-            await self.unload(current)
-        elif current is not None:
-            # dead with requests still on it: they fail; it is dropped once they have
-            self.loaded.pop(key, None)
-        need = await asyncio.to_thread(self._check_files, parsed.short, manifest, spec)
-        await self._make_room(need)
-        runner = RunnerProcess(spec, self.logs / f"runner-{key[7:19]}.log")
-        await runner.start()
-        _warn_unconfined(runner.info)
-        loaded = Loaded(str(parsed), manifest, spec, runner, refs=1)
-        self.loaded[key] = loaded
+    def _begin_load(self, old: Loaded | None, parsed: ModelName, manifest: Manifest,
+                    spec: RunnerSpec, key: str, ttl: float) -> Loaded:
+        """A loading entry for `key` in the table, in place of `old` (idle or dead), and the
+        task that loads it. The load goes on if the request that began it goes away: others
+        may be waiting for it."""
+        if old is not None:
+            del self._models[key]
+        runner = self.runner_factory(spec, self.logs / f"runner-{key[7:19]}.log")
+        loaded = Loaded(str(parsed), manifest, spec, runner, keep_alive=ttl)
+        self._models[key] = loaded
+        # an idle or dead runner is stopped first; a dead one that requests still hold
+        # (they fail) is stopped when the last of them ends (see use)
+        retire = old if old is not None and old.refs == 0 else None
+        loaded.task = asyncio.create_task(self._load(loaded, key, parsed.short, retire))
+        return loaded
+
+    async def _load(self, loaded: Loaded, key: str, short: str, old: Loaded | None) -> None:
+        """Check the files, make room, start the runner; then wake who waits for it."""
+        try:
+            if old is not None:
+                await self.unload(old)
+            for retiring in list(self._retiring.get(key, [])):
+                await retiring.stopped.wait()  # never two runners for one model at once
+            need = await asyncio.to_thread(self._check_files, short, loaded.manifest,
+                                           loaded.spec)
+            await self._make_room(loaded, need)
+            await loaded.runner.start()
+        except BaseException as exc:
+            if self._models.get(key) is loaded:
+                del self._models[key]
+            if isinstance(exc, EngineError):
+                loaded.error = exc
+            elif isinstance(exc, Exception):
+                log.exception("loading %s failed", loaded.name)
+                loaded.error = EngineError(f"model '{short}' failed to load: {exc}")
+            else:  # cancelled: the daemon is shutting down
+                loaded.error = EngineError("the server is shutting down", status=503,
+                                           kind="overloaded")
+            loaded.settled.set()
+            with contextlib.suppress(Exception):
+                await loaded.runner.stop()
+            loaded.stopped.set()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        _warn_unconfined(loaded.runner.info)
+        loaded.state = READY
+        loaded.reserved = 0  # in use now: free memory says so
+        loaded.last_used = time.monotonic()
+        loaded.expires_at = loaded.last_used + loaded.keep_alive  # if no waiter takes it
+        loaded.idle.set()
+        loaded.settled.set()
         self._ensure_reaper()
-        return Lease(loaded, runner.load_seconds, manifest)
+        if loaded.unload_when_idle and not loaded.waiting:
+            await self.unload(loaded)
 
     def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> int:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
@@ -265,73 +417,89 @@ class Scheduler:
             raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
         return estimate_memory(info, manifest.size, spec)
 
-    async def _make_room(self, need: int) -> None:
-        """Unload idle models, least recently used first, until the model count is under
-        LLMRUN_MAX_LOADED_MODELS and `need` bytes fit in available memory."""
+    async def _make_room(self, loading: Loaded, need: int) -> None:
+        """Unload idle models, least recently used first, until the other models (loaded or
+        loading) are fewer than LLMRUN_MAX_LOADED_MODELS and `need` bytes fit in the free
+        memory less what the other loads reserved; then reserve `need`."""
         limit = config.max_loaded_models()
-        for key in [k for k, v in self.loaded.items() if not v.runner.alive and v.refs == 0]:
-            self.loaded.pop(key)
-        while len(self.loaded) >= limit or need > available_memory():
-            idle = [v for v in self.loaded.values() if v.refs == 0]
-            if not idle:
-                break
-            log.info("unloading %s to make room", min(idle, key=lambda v: v.last_used).name)
-            await self.unload(min(idle, key=lambda v: v.last_used))
-        avail = available_memory()
-        if need > avail:
-            raise EngineError(
-                f"model needs about {need / 2**30:.1f} GiB (weights and KV cache for "
-                f"LLMRUN_NUM_PARALLEL slots of num_ctx tokens) but only {avail / 2**30:.1f} GiB "
-                "is available; lower num_ctx or LLMRUN_NUM_PARALLEL, or stop other models",
-                status=507, kind="insufficient_memory")
+        async with self._room:
+            while True:
+                for dead in [v for v in self._models.values()
+                             if v.state == READY and v.refs == 0 and not v.runner.alive]:
+                    await self.unload(dead)
+                others = [v for v in self._models.values() if v is not loading]
+                avail = self.free_memory() - sum(v.reserved for v in others)
+                if len(others) < limit and need <= avail:
+                    break
+                idle = [v for v in others if v.state == READY and v.refs == 0 and not v.waiting]
+                if not idle:
+                    break
+                victim = min(idle, key=lambda v: v.last_used)
+                log.info("unloading %s to make room", victim.name)
+                await self.unload(victim)
+            if need > avail:
+                raise EngineError(
+                    f"model needs about {need / 2**30:.1f} GiB (weights and KV cache for "
+                    f"LLMRUN_NUM_PARALLEL slots of num_ctx tokens) but only "
+                    f"{max(avail, 0) / 2**30:.1f} GiB is available; lower num_ctx or "
+                    "LLMRUN_NUM_PARALLEL, or stop other models",
+                    status=507, kind="insufficient_memory")
+            loading.reserved = need
 
     async def unload(self, loaded: Loaded) -> None:
         key = model_key(loaded.manifest)
-        if self.loaded.get(key) is loaded:
-            del self.loaded[key]
-        await loaded.runner.stop()
+        if self._models.get(key) is loaded:
+            del self._models[key]
+        retiring = self._retiring.setdefault(key, [])
+        retiring.append(loaded)
+        try:
+            await loaded.runner.stop()
+        finally:
+            retiring.remove(loaded)
+            if not retiring and self._retiring.get(key) is retiring:
+                del self._retiring[key]
+            loaded.stopped.set()
 
     async def unload_name(self, name: str) -> bool:
         try:
             _, manifest = self.store.get(name)
         except (ModelNotFound, InvalidName):
             return False
-        loaded = self.loaded.get(model_key(manifest))
+        loaded = self._models.get(model_key(manifest))
         if loaded is None:
             return False
-        if loaded.refs == 0:
+        if loaded.state == READY and loaded.refs == 0:
             await self.unload(loaded)
         else:
-            loaded.unload_when_idle = True
+            loaded.unload_when_idle = True  # once its load and its requests are done
         return True
-
-    @staticmethod
-    def expires_at_iso(loaded: Loaded) -> str:
-        """When an idle model will be unloaded, as Ollama's /api/ps reports it."""
-        from datetime import UTC, datetime, timedelta
-
-        busy = loaded.refs > 0
-        remaining = loaded.keep_alive if busy else loaded.expires_at - time.monotonic()
-        if math.isinf(remaining):
-            return "2318-01-01T00:00:00Z"  # "forever", far in the future as Ollama shows it
-        when = datetime.now(UTC) + timedelta(seconds=max(0.0, remaining))
-        return when.isoformat().replace("+00:00", "Z")
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap())
 
     async def _reap(self) -> None:
-        while self.loaded:
+        while self._models:
             await asyncio.sleep(1.0)
-            now = time.monotonic()
-            for loaded in list(self.loaded.values()):
-                if loaded.refs == 0 and (loaded.expires_at <= now or not loaded.runner.alive):
-                    log.info("unloading %s (idle)", loaded.name)
-                    await self.unload(loaded)
+            await self.reap()
+
+    async def reap(self, now: float | None = None) -> None:
+        """Unload the idle models whose keep-alive has expired by `now`, and idle ones whose
+        runner died (the reaper's step, once a second)."""
+        now = time.monotonic() if now is None else now
+        for loaded in list(self._models.values()):
+            if self._models.get(model_key(loaded.manifest)) is loaded \
+                    and loaded.state == READY and loaded.refs == 0 and not loaded.waiting \
+                    and (loaded.expires_at <= now or not loaded.runner.alive):
+                log.info("unloading %s (idle)", loaded.name)
+                await self.unload(loaded)
 
     async def shutdown(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        await asyncio.gather(*(self.unload(v) for v in list(self.loaded.values())),
+        loads = [v.task for v in self._models.values() if v.state == LOADING and v.task]
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
+        await asyncio.gather(*(self.unload(v) for v in list(self._models.values())),
                              return_exceptions=True)

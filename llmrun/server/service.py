@@ -1,12 +1,15 @@
 """What every dialect calls: run a ChatRequest on the right model and stream the result.
 
-Dialects translate to `ChatRequest` and from `Chunk`/`Done`; this module merges the model's
-Modelfile defaults, holds the model through the scheduler for the whole stream, and stamps
-load and total durations on the final statistics.
+Dialects translate to `ChatRequest` and from `Started`/`Chunk`/`Done`; this module merges the
+model's Modelfile defaults into the request, holds the model through the scheduler for the
+whole stream (one lease, one runner request per call), and stamps load and total durations on
+the final statistics.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,11 +21,11 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
-    GenerateJob,
+    Started,
     Stats,
 )
 from llmrun.server.metrics import Metrics
-from llmrun.server.scheduler import Scheduler
+from llmrun.server.scheduler import Lease, ModelState, Scheduler
 from llmrun.store import Manifest, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -32,29 +35,16 @@ log = logging.getLogger(__name__)
 MAX_EMBED_INPUTS = 2048
 
 
-def build_job(req: ChatRequest, manifest: Manifest) -> GenerateJob:
-    """The runner's job for `req`: request options over the Modelfile's over llmrun's
-    defaults; the Modelfile's MESSAGEs before the conversation."""
-    return GenerateJob(
-        messages=[*manifest.messages, *req.messages],
-        prompt=req.prompt,
-        template=req.template or manifest.template,
-        system=manifest.system,
-        options=req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
-        format=req.format,
-        format_strict=req.format_strict,
-        grammar=req.grammar,
-        logprobs=req.logprobs,
-        tools=req.tools,
-        tool_choice=req.tool_choice,
-        parallel_tool_calls=req.parallel_tool_calls,
-        think=req.think,
-        think_required=req.think_required,
-        suffix=req.suffix,
-        context=req.context,
-        return_context=req.return_context,
-        prompt_logprobs=req.prompt_logprobs,
-    )
+def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
+    """`req` as the runner gets it: request options over the Modelfile's over llmrun's
+    defaults; the Modelfile's MESSAGEs before the conversation, its template unless the
+    request brings one, its SYSTEM as the default system prompt."""
+    return req.model_copy(update={
+        "messages": [*manifest.messages, *req.messages],
+        "template": req.template or manifest.template,
+        "system": manifest.system,
+        "options": req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
+    })
 
 
 def _log_done(model: str, s: Stats) -> None:
@@ -89,12 +79,32 @@ class Service:
             return frozenset()  # the lease reports the unknown model
         return frozenset(manifest.options().stop or [])
 
-    async def chat(self, req: ChatRequest) -> AsyncIterator[Chunk | Done]:
+    @contextlib.asynccontextmanager
+    async def _lease(self, req: ChatRequest) -> AsyncIterator[Lease]:
+        """The model `req` names, held through the scheduler for the block (counted)."""
+        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+            if self.metrics is not None:
+                self.metrics.leases.labels(lease.manifest.name).inc()
+            yield lease
+
+    def _runner_request(self, lease: Lease, kind: str) -> None:
+        """Count one request sent to a runner (generate, count or embed)."""
+        if self.metrics is not None:
+            self.metrics.runner_requests.labels(lease.manifest.name, kind).inc()
+
+    async def chat(self, req: ChatRequest, leased: asyncio.Event | None = None
+                   ) -> AsyncIterator[Started | Chunk | Done]:
+        """The request's events: Started (the prompt's size, once it has a slot), Chunks,
+        Done; an EngineError before Started means nothing was generated. `leased` is set
+        once the model is loaded and the request is on its way to the runner (a dialect
+        that must answer before the first token can tell a load from a queue)."""
         t0 = time.perf_counter()
         self.check(req)
-        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
-            job = build_job(req, lease.manifest)
-            async for event in lease.loaded.runner.generate(job):
+        async with self._lease(req) as lease:
+            if leased is not None:
+                leased.set()
+            self._runner_request(lease, "generate")
+            async for event in lease.runner.generate(merged(req, lease.manifest)):
                 if isinstance(event, Done):
                     event.stats.load_ns = int(lease.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
@@ -105,10 +115,11 @@ class Service:
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
-        the same job `chat` would send, so the count matches its `prompt_tokens`."""
+        the same request `chat` would send, so the count matches its `prompt_tokens`."""
         self.check(req)
-        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
-            return await lease.loaded.runner.count(build_job(req, lease.manifest))
+        async with self._lease(req) as lease:
+            self._runner_request(lease, "count")
+            return await lease.runner.count(merged(req, lease.manifest))
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:
@@ -118,10 +129,15 @@ class Service:
                               f"{self.max_embed_inputs} can be embedded in one request",
                               status=413, kind="request_too_large")
         t0 = time.perf_counter()
-        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
-            vectors, n_tokens = await lease.loaded.runner.embed(inputs, truncate)
+        async with self._lease(req) as lease:
+            self._runner_request(lease, "embed")
+            vectors, n_tokens = await lease.runner.embed(inputs, truncate)
             return (vectors, n_tokens, int(lease.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
+
+    def ps(self) -> list[ModelState]:
+        """The loaded models, as /api/ps shows them."""
+        return self.scheduler.models()
 
     async def unload(self, model: str) -> bool:
         """Unload `model` now if it is loaded and idle (or once its requests finish)."""
@@ -129,5 +145,5 @@ class Service:
 
     async def load(self, req: ChatRequest) -> float:
         """Load (or keep) the model without generating; returns seconds spent loading."""
-        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
+        async with self._lease(req) as lease:
             return lease.load_seconds

@@ -1,0 +1,21 @@
+"""What every dialect does with the service's event stream: `Started`, `Chunk`s, `Done`.
+
+`Started` (the prompt's size, once the request has a slot) matters to a dialect that reports
+usage before the answer (Anthropic's message_start); the others report it from `Done`'s
+statistics and only need the first event after it. Nothing here runs per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from llmrun.request import Chunk, Done, Started
+
+
+async def first_output(events: AsyncIterator[Started | Chunk | Done]) -> Chunk | Done:
+    """The first event after `Started`; an error before it raises EngineError, as reading
+    the stream would. The rest of `events` holds only Chunks and a Done."""
+    event = await anext(events)
+    while isinstance(event, Started):  # (it comes once, first)
+        event = await anext(events)
+    return event

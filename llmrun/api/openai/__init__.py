@@ -1,0 +1,40 @@
+"""OpenAI's API: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`.
+
+Streams are server-sent events (`data: {...}` frames ending with `data: [DONE]`); errors are
+`{"error": {"message", "type", "param", "code"}}`. Requests translate straight into the
+internal `ChatRequest`; `n` choices run as n concurrent requests (parallel sequences in the
+engine). llama.cpp sampling extras (`top_k`, `min_p`, `repeat_penalty`, `typical_p`,
+`repeat_last_n`, `num_ctx`) are accepted as extra body fields, as llama-server does.
+
+The modules, each leaning only on those before it: `errors` (the error shape), `wire` (the
+request bodies), `translate` (bodies into `ChatRequest`s), `stream` (running the choices and
+answering whole or as SSE), `handlers` (the routes).
+"""
+
+from __future__ import annotations
+
+from llmrun.api.openai.errors import ApiError, api_error, error, error_body, validation_error
+from llmrun.api.openai.handlers import model_object, router
+from llmrun.api.openai.stream import FINGERPRINT, FINISH_REASONS, Choices, sse
+from llmrun.api.openai.translate import chat_requests, completion_requests
+from llmrun.api.openai.wire import MAX_N, ChatCompletionBody, CompletionBody, EmbeddingBody
+
+__all__ = [
+    "FINGERPRINT",
+    "FINISH_REASONS",
+    "MAX_N",
+    "ApiError",
+    "ChatCompletionBody",
+    "Choices",
+    "CompletionBody",
+    "EmbeddingBody",
+    "api_error",
+    "chat_requests",
+    "completion_requests",
+    "error",
+    "error_body",
+    "model_object",
+    "router",
+    "sse",
+    "validation_error",
+]

@@ -1,0 +1,146 @@
+"""The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.openai.errors import ApiError, _invalid, api_error, error
+from llmrun.api.openai.stream import (
+    Choices,
+    _chat_collect,
+    _chat_stream,
+    _completion_collect,
+    _completion_stream,
+    _start,
+)
+from llmrun.api.openai.translate import chat_requests, completion_requests
+from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody
+from llmrun.request import ChatRequest, EngineError
+from llmrun.server.service import Service
+from llmrun.store import Manifest, StoreError
+
+# -- embeddings and models ------------------------------------------------------------------
+
+
+def _shorten(vector: list[float], dims: int) -> list[float]:
+    """Truncate to `dims` and renormalise (what `dimensions` asks for)."""
+    cut = vector[:dims]
+    norm = sum(x * x for x in cut) ** 0.5
+    return [x / norm for x in cut] if norm > 0 else cut
+
+
+def _base64(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def model_object(m: Manifest) -> dict[str, Any]:
+    owner = m.name.split("/")[1] if m.name.startswith("hf.co/") and m.name.count("/") >= 2 \
+        else "library"
+    return {"id": m.name, "object": "model", "created": int(m.modified_at.timestamp()),
+            "owned_by": owner}
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+async def _answer(request: Request, service: Service, reqs: list[ChatRequest], id_prefix: str,
+                  collect: Callable[[Choices, str, int], Awaitable[Response]],
+                  stream: Callable[[Choices, str, int], AsyncIterator[bytes]]) -> Response:
+    """Start every choice, then answer whole (`collect`) or as SSE (`stream`), both given the
+    running choices, the response id and its creation time."""
+
+    async def respond() -> Response:
+        started = await _start(service, reqs)
+        if isinstance(started, JSONResponse):
+            return started
+        cid, created = f"{id_prefix}-{secrets.token_hex(12)}", int(time.time())
+        if not reqs[0].stream:
+            return await collect(started, cid, created)
+        return StreamingResponse(stream(started, cid, created), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    # until the stream starts (or the whole answer is ready), a client that goes away cancels
+    # the work; after that, Starlette cancels the stream itself
+    return await unless_disconnected(request, respond())
+
+
+def router(service: Service) -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
+        body.log_extras()
+        try:
+            reqs = chat_requests(body)
+        except (ApiError, EngineError) as exc:
+            return api_error(exc)
+        except ValidationError as exc:
+            return _invalid(exc)
+
+        return await _answer(request, service, reqs, "chatcmpl",
+                             partial(_chat_collect, body, reqs),
+                             partial(_chat_stream, body, reqs))
+
+    @api.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody, request: Request) -> Response:
+        body.log_extras()
+        try:
+            prompts, reqs = completion_requests(body)
+        except (ApiError, EngineError) as exc:
+            return api_error(exc)
+        except ValidationError as exc:
+            return _invalid(exc)
+
+        return await _answer(request, service, reqs, "cmpl",
+                             partial(_completion_collect, body, prompts, reqs),
+                             partial(_completion_stream, body, prompts, reqs))
+
+    @api.post("/v1/embeddings", response_model=None)
+    async def embeddings(body: EmbeddingBody) -> Response:
+        body.log_extras()
+        raw = body.input
+        if isinstance(raw, list) and raw and not isinstance(raw[0], str):
+            return error(400, "inputs as token ids are not supported; send text", "input")
+        inputs = [raw] if isinstance(raw, str) else [str(x) for x in raw]
+        if not inputs or any(not x for x in inputs):
+            return error(400, "'input' must be a non-empty string or a list of them", "input")
+        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+        try:
+            vectors, n_tokens, _, _ = await service.embed(req, inputs, True)
+        except EngineError as exc:
+            return api_error(exc)
+        if body.dimensions:
+            vectors = [_shorten(v, body.dimensions) for v in vectors]
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _base64(v) if body.encoding_format == "base64" else v}
+                for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": body.model,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_object(m) for m in service.store.list()]}
+
+    @api.get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str) -> Response:
+        try:
+            _, manifest = service.store.get(model_id)
+        except StoreError as exc:
+            status = 400 if isinstance(exc, ValueError) else 404
+            return error(status, f"The model '{model_id}' does not exist" if status == 404
+                         else str(exc), "model",
+                         "model_not_found" if status == 404 else None)
+        return JSONResponse(model_object(manifest))
+
+    return api
