@@ -201,7 +201,7 @@ def test_system_string_and_blocks_with_cache_control(client: anthropic.Anthropic
 def test_system_role_message_is_folded_into_the_system_prompt(
         client: anthropic.Anthropic, daemon: Daemon) -> None:
     reminder = "Always answer in French."
-    folded = httpx.post(daemon.url + "/v1/messages/count_tokens", json={
+    folded = httpx.post(daemon.url + "/v1/messages/count_tokens", timeout=120, json={
         "model": MODEL, "system": [{"type": "text", "text": "Be brief."}],
         "messages": [{"role": "system", "content": [{"type": "text", "text": reminder}]},
                      *HI]}).json()["input_tokens"]
@@ -282,7 +282,7 @@ def test_claude_code_shaped_request(daemon: Daemon, verbose: bool) -> None:
                             temperature=0, tools=claude_code_tools(verbose))
     url = daemon.url + "/v1/messages?beta=true"
     n = httpx.post(daemon.url + "/v1/messages/count_tokens?beta=true", json=body,
-                   headers=CC_HEADERS).json()["input_tokens"]
+                   headers=CC_HEADERS, timeout=120).json()["input_tokens"]
     r = httpx.post(url, json=body, headers=CC_HEADERS, timeout=300)
     if n >= CTX:
         assert r.status_code == 400, r.text
@@ -305,7 +305,7 @@ def test_claude_code_prompt_over_the_context_is_a_clear_400(daemon: Daemon) -> N
                     "conventions; run the tests before you say you are done. ") * 120
     body = claude_code_body(instructions)
     n = httpx.post(daemon.url + "/v1/messages/count_tokens", json=body,
-                   headers=CC_HEADERS).json()["input_tokens"]
+                   headers=CC_HEADERS, timeout=120).json()["input_tokens"]
     assert n > CTX
     r = httpx.post(daemon.url + "/v1/messages?beta=true", json=body, headers=CC_HEADERS,
                    timeout=120)
@@ -327,7 +327,8 @@ def test_huge_max_tokens_and_claude_code_fields_without_tools(daemon: Daemon) ->
     msg = r.json()
     assert msg["stop_reason"] == "end_turn"  # max_tokens 32000 > context: not an error
     assert msg["content"][0]["text"].strip()
-    n = httpx.post(daemon.url + "/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    n = httpx.post(daemon.url + "/v1/messages/count_tokens", json=body,
+                   timeout=120).json()["input_tokens"]
     assert msg["usage"]["input_tokens"] + msg["usage"]["cache_read_input_tokens"] == n
 
 
@@ -725,24 +726,26 @@ def test_stream_pings_while_the_first_token_is_awaited(monkeypatch: pytest.Monke
     monkeypatch.setattr("llmrun.api.anthropic.PING_EVERY", 0.05)
     req = MessagesBody.model_validate({"model": MODEL, "max_tokens": 9, "messages": HI})
 
-    async def slow_first() -> Chunk | Done:
-        await asyncio.sleep(0.3)  # a long prompt being read
-        return Done(stats=Stats(prompt_tokens=7, finish_reason="stop"))
-
     async def nothing() -> AsyncIterator[Chunk | Done]:
         return
         yield
 
     async def frames() -> list[str]:
-        first = asyncio.ensure_future(slow_first())
+        # a long prompt being read: the first token comes once the third ping has been sent
+        # (an event, not a time, so a loaded event loop cannot make the count fall short)
+        first: asyncio.Future[Chunk | Done] = asyncio.get_running_loop().create_future()
         started = Started(prompt_tokens=7, n_ctx=CTX)
-        out = b"".join([f async for f in _stream(req, started, first, nothing())]).decode()
-        return [e for e, _ in sse_events(out)]
+        out: list[bytes] = []
+        async for frame in _stream(req, started, first, nothing()):
+            out.append(frame)
+            if sum(f.startswith(b"event: ping\n") for f in out) == 3 and not first.done():
+                first.set_result(Done(stats=Stats(prompt_tokens=7, finish_reason="stop")))
+        return [e for e, _ in sse_events(b"".join(out).decode())]
 
     names = asyncio.run(frames())
     assert names[0] == "message_start"
     pings = names[1:names.index("content_block_start")]
-    assert len(pings) >= 3 and set(pings) == {"ping"}
+    assert pings == ["ping"] * 3  # the first at once, then one each PING_EVERY
     assert names[-2:] == ["message_delta", "message_stop"]
 
 

@@ -7,7 +7,6 @@ exact outputs: a sequence decoded alone must match the same sequence decoded bes
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from llmrun.chat import templates
 from llmrun.engine.batcher import Engine, SeqParams
 from llmrun.engine.llama import Context, Model
+from tests.conftest import wait_until
 
 QUESTIONS = ["Why is the sky blue?", "Write a poem about cats.",
              "What is the capital of France?", "Explain photosynthesis in simple words."]
@@ -102,7 +102,8 @@ def test_alone_equals_batched_with_three_others(model: Model) -> None:
         together = together_h.wait(*rids)
         # and joining mid-flight: one starts, the others arrive while it is generating
         first = together_h.submit(QUESTIONS[0])
-        time.sleep(0.3)
+        with together_h.cond:
+            assert together_h.cond.wait_for(lambda: first in together_h.text, timeout=60)
         rest = [together_h.submit(q) for q in QUESTIONS[1:]]
         staggered = together_h.wait(first, *rest)
     finally:
@@ -157,9 +158,10 @@ def test_kv_cells_match_bookkeeping_after_mixed_requests(harness: Harness) -> No
         assert harness.cond.wait_for(lambda: all(r in harness.final for r in rids), timeout=180)
     reasons = {harness.final[r][1]["finish_reason"] for r in rids}
     assert "cancel" in reasons and "length" in reasons
-    time.sleep(0.1)
+    # the slots are the engine thread's: read them once it shows every one free
+    wait_until(lambda: all(slot.seq is None for slot in harness.engine.slots),
+               what="every slot free")
     for slot in harness.engine.slots:
-        assert slot.seq is None
         # the cells a slot holds are exactly the tokens it believes it holds
         assert harness.ctx.seq_pos_max(slot.seq_id) == len(slot.tokens) - 1
 

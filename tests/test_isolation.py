@@ -30,7 +30,7 @@ from llmrun.engine.runner import ModelHost
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
-from tests.conftest import Daemon, make_home
+from tests.conftest import Daemon, make_home, wait_until
 from tests.tinymodel import write_tiny_llama
 
 GREEDY = {"temperature": 0.0, "seed": 1}
@@ -330,7 +330,9 @@ def test_watchdog_restarts_a_runner_that_stops_responding(tmp_path: Path,
             **body, "stream": False, "options": {"num_predict": 4, **GREEDY}})
         assert again.status_code == 200, again.text
         assert again.json()["eval_count"] == 4
-        assert not stopped & _children(d.proc.pid)  # a fresh runner; the stopped one is gone
+        # a fresh runner; the stopped one is gone once the daemon has reaped it
+        wait_until(lambda: not stopped & _children(d.proc.pid),
+                   what="the stopped runner killed and reaped")
     finally:
         d.stop()
 

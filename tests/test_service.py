@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from llmrun.store import Store
-from tests.conftest import Daemon, make_home
+from tests.conftest import Daemon, make_home, wait_until
 from tests.tinymodel import write_tiny_llama
 
 
@@ -34,6 +34,11 @@ def loaded(url: str) -> list[str]:
     return [m["name"] for m in httpx.get(f"{url}/api/ps").json()["models"]]
 
 
+def busy(url: str) -> int:
+    """Requests the only loaded model is serving or has queued."""
+    return httpx.get(f"{url}/api/ps").json()["models"][0]["slots_busy"]
+
+
 def gen(url: str, model: str, **body: object) -> httpx.Response:
     return httpx.post(f"{url}/api/generate", timeout=120,
                       json={"model": model, "prompt": "hello", "stream": False,
@@ -45,14 +50,12 @@ def test_keep_alive_expiry_unloads(tmp_path: Path) -> None:
     try:
         assert gen(d.url, "a", keep_alive="1s").status_code == 200
         assert loaded(d.url) == ["a:latest"]
-        deadline = time.monotonic() + 10
-        while loaded(d.url) and time.monotonic() < deadline:
-            time.sleep(0.25)
-        assert loaded(d.url) == []
-        # negative keep_alive: stays loaded
+        wait_until(lambda: loaded(d.url) == [], what="unloaded once its 1 s keep-alive ended")
+        # negative keep_alive: loaded for good (that it then stays loaded is the scheduler's,
+        # tested with its clock in tests/test_scheduler.py; here, that -1 reaches it)
         assert gen(d.url, "a", keep_alive=-1).status_code == 200
-        time.sleep(2.5)
-        assert loaded(d.url) == ["a:latest"]
+        (model,) = httpx.get(f"{d.url}/api/ps").json()["models"]
+        assert model["expires_at"] == "2318-01-01T00:00:00Z"
     finally:
         d.stop()
 
@@ -83,27 +86,35 @@ def test_num_ctx_change_reloads(tmp_path: Path) -> None:
 
 
 def test_queue_overflow_is_503_at_once(tmp_path: Path, smollm2_path: Path) -> None:
+    """With one slot and a queue of one, a third request is refused while the first decodes
+    and the second waits. The first runs until the test hangs up, so the 503 came while both
+    were still running, however slow the machine."""
     d = Daemon(make_home(tmp_path, smollm2_path),
                env={"LLMRUN_NUM_PARALLEL": "1", "LLMRUN_MAX_QUEUE": "1"}).start()
     try:
         gen(d.url, "smollm2")  # loaded
-        long = {"prompt": "Write a long story about a dragon.",
-                "options": {"num_predict": 300, "temperature": 0}}
-        with ThreadPoolExecutor(2) as pool:
-            running = [pool.submit(gen, d.url, "smollm2", **long) for _ in range(2)]
-            deadline = time.monotonic() + 30
-            while httpx.get(f"{d.url}/api/ps").json()["models"][0]["slots_busy"] < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)  # until one decodes and one waits in the queue
-            t0 = time.monotonic()
-            r = gen(d.url, "smollm2", **long)
-            assert time.monotonic() - t0 < 2  # refused at once, not after waiting
-            assert r.status_code == 503
-            assert r.headers["retry-after"] == "1"
-            assert "server busy" in r.json()["error"]
-            results = [f.result() for f in running]
-        assert [x.status_code for x in results] == [200, 200]
-        assert all(x.json()["done"] and x.json()["eval_count"] > 0 for x in results)
+        # no end of turn before the context's end (2048 tokens): it runs until the test
+        # hangs up
+        endless = {"model": "smollm2", "prompt": "Write a long story about a dragon.",
+                   "format": {"type": "string", "minLength": 8000},
+                   "options": {"num_predict": 100000}}
+        with ThreadPoolExecutor(1) as pool:
+            with httpx.stream("POST", f"{d.url}/api/generate", json=endless,
+                              timeout=120) as decoding:
+                lines = decoding.iter_lines()  # (kept: an iterator collected closes the stream)
+                assert json.loads(next(lines))["done"] is False
+                queued = pool.submit(gen, d.url, "smollm2", options={"num_predict": 4})
+                wait_until(lambda: busy(d.url) == 2, what="one request decoding, one queued")
+                r = gen(d.url, "smollm2")
+                assert r.status_code == 503
+                assert r.headers["retry-after"] == "1"
+                assert "server busy" in r.json()["error"]
+                # refused at once, not after waiting: both are still there
+                assert busy(d.url) == 2 and not queued.done()
+            # hung up: the first is cancelled, and the one that waited is served
+            r = queued.result()
+        assert r.status_code == 200, r.text
+        assert r.json()["done"] is True and r.json()["eval_count"] == 4
     finally:
         d.stop()
 
@@ -146,7 +157,7 @@ def test_sigterm_during_stream_ends_cleanly(tmp_path: Path, smollm2_path: Path) 
             for line in it:
                 lines.append(line)
     # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM
-    assert d.proc.wait(30) in (0, -signal.SIGTERM)
+    assert d.proc.wait(60) in (0, -signal.SIGTERM)  # (bounds a hang: the grace is 10 s)
     assert "Application shutdown complete" in d.log.read_text()
     for line in lines:
         json.loads(line)  # every line that arrived is whole
@@ -298,10 +309,9 @@ def test_a_loaded_model_answers_while_another_loads(tmp_path: Path, smollm2_path
         assert gen(d.url, "smollm2").status_code == 200
         with ThreadPoolExecutor(1) as pool:
             loading = pool.submit(gen, d.url, "slow")
-            deadline = time.monotonic() + 60
-            while not entered.exists():  # until the slow runner waits at the gate
-                assert time.monotonic() < deadline and not loading.done()
-                time.sleep(0.05)
+            wait_until(lambda: entered.exists() or loading.done(),
+                       what="the slow runner waiting at the gate")
+            assert not loading.done()
             r = httpx.post(f"{d.url}/api/generate", timeout=60, json={
                 "model": "smollm2", "prompt": "hello", "stream": False,
                 "options": {"num_predict": 2}})
