@@ -1,25 +1,40 @@
 """Throughput and latency of a running llmrun daemon, against raw llama-cpp-python, in one run.
 
     llmrun bench smollm2 [--gguf PATH] [--levels 1,2,4,8] [--tokens 128]
+                         [--against http://127.0.0.1:8080 ...] [--api chat|openai]
     python scripts/bench.py --model smollm2 ...        (the same, against --url)
 
-For each concurrency level it sends that many streaming /api/chat requests at once (fixed
-prompts, greedy, fixed length) and reports aggregate generated tokens/s, time to first token
-(p50/p95) and inter-token latency. In the same run, on the same model file and thread count,
-it measures two baselines with the daemon idle:
+For each concurrency level it sends that many streaming requests at once (fixed prompts,
+greedy, fixed length) and reports aggregate generated tokens/s, the decode rate, time to first
+token (p50/p95) and inter-token latency. llmrun is asked over /api/chat (`--api chat`, the
+default) or its OpenAI endpoint (`--api openai`, the default with `--against`). `--against URL`
+(repeatable, or a comma list) sends the same load to another OpenAI-compatible server
+(llama-server, Ollama) over /v1/chat/completions, streaming, with `max_tokens`, `temperature:
+0`, `repeat_penalty: 1` and llama-server's `ignore_eos`, so every request decodes the full
+length there too; at each level the servers take turns. In the same run, on the same model
+file and thread count, it measures baselines with the daemon idle:
 
-  raw-1    llama-cpp-python's high-level `Llama` streaming one completion (what its own server
-           does per request; it serves one request at a time)
-  raw-N    a plain low-level loop decoding N sequences in one llama_decode per step (the
-           ceiling for batching on this machine, with no HTTP, IPC or scheduling)
+  raw-1       llama-cpp-python's high-level `Llama` streaming one completion (what its own
+              server does per request; it serves one request at a time)
+  raw decode  a plain low-level loop decoding N sequences in one llama_decode per step, timed
+              over the decode steps only (prefill excluded): the ceiling for batching on this
+              machine, with no HTTP, IPC or scheduling, and the reference of the ratios
+  raw-N       the same loop timed with its prefill (the prompts one after another), as before
 
-and prints ratios. The constrained run (`--constrained 1,4`) sends the same requests with a JSON
-schema in `format` (SCHEMA: records with bounded integers, a pattern and a format, longer than
-the token budget, so every request decodes its full length under the constraint), alternating
-with the unconstrained ones at the same level (median of 3 each), and reports their ratio. It
-also measures prefix reuse: TTFT of a second chat turn after a ~2,000-token first turn, while
-the other slots are busy. Numbers are noisy on small machines: compare ratios, not absolute
-values. Paste the printed table into docs/benchmarks.md.
+Two rates per server and level: `tok/s` is all generated tokens over the wall time of the level
+(prefill included, comparable to raw-N); `decode tok/s` counts each request's tokens after its
+first, over the time during which some request was between its first and its last token (the
+union of those intervals: at concurrency 8 with 4 slots, two waves), comparable to raw decode.
+At concurrency 1 that is (tokens - 1) / (last token - first token).
+
+The constrained run (`--constrained 1,4`) sends the same requests with a JSON schema in
+`format` (SCHEMA: records with bounded integers, a pattern and a format, longer than the token
+budget, so every request decodes its full length under the constraint), alternating with the
+unconstrained ones at the same level (median of 3 each; the --against servers take the same
+turns without a schema), and reports their ratio. It also measures prefix reuse: TTFT of a
+second chat turn after a ~2,000-token first turn, while the other slots are busy. Numbers are
+noisy on small machines: compare ratios, not absolute values. Paste the printed table into
+docs/benchmarks.md.
 
 The raw-1 baseline calls llama-cpp-python's high-level `Llama` directly: it is the thing being
 compared against, not a use of llama.cpp by llmrun (that goes through engine/llama.py).
@@ -31,13 +46,14 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -75,54 +91,110 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+Api = Literal["chat", "openai"]
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server under the load: llmrun over /api/chat or /v1, or another OpenAI-compatible
+    server (`--against`)."""
+    label: str
+    url: str
+    model: str
+    api: Api = "chat"
+
+
+def openai_base(url: str) -> str:
+    """`http://host:port` from a server's address as users write it (with or without /v1)."""
+    url = url.strip().rstrip("/")
+    return url[:-3].rstrip("/") if url.endswith("/v1") else url
+
+
 async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
                       tokens: int, messages: list[dict[str, str]] | None = None,
-                      fmt: dict[str, Any] | None = None) -> dict[str, float]:
-    body: dict[str, Any] = {
-        "model": model, "stream": True,
-        "messages": messages or [{"role": "user", "content": prompt}],
-        "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0}}
+                      fmt: dict[str, Any] | None = None,
+                      api: Api = "chat") -> dict[str, Any]:
+    """One streamed request; its TTFT, tokens, mean inter-token latency, the times of its
+    first and last token (perf_counter), and its text."""
+    messages = messages or [{"role": "user", "content": prompt}]
+    if api == "openai":
+        body: dict[str, Any] = {
+            "model": model, "stream": True, "messages": messages, "max_tokens": tokens,
+            "temperature": 0, "repeat_penalty": 1.0, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": model, "stream": True, "messages": messages,
+                "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0}}
+        path = "/api/chat"
     if fmt is not None:
         body["format"] = fmt
     t0 = time.perf_counter()
-    first = None
     stamps: list[float] = []
-    final: dict[str, object] = {}
+    count: float | None = None  # the server's own count of generated tokens
     text = []
-    async with client.stream("POST", "/api/chat", json=body) as r:
-        r.raise_for_status()
+    async with client.stream("POST", path, json=body) as r:
+        if r.status_code >= 400:
+            await r.aread()
+            raise RuntimeError(f"{r.url}: {r.status_code} {r.text[:200]}")
         async for line in r.aiter_lines():
-            if not line:
-                continue
-            obj = json.loads(line)
-            if "error" in obj:
-                raise RuntimeError(obj["error"])
             now = time.perf_counter()
-            if obj.get("done"):
-                final = obj
-                break
-            if obj["message"]["content"]:
-                text.append(obj["message"]["content"])
-                if first is None:
-                    first = now - t0
+            if api == "openai":
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    raise RuntimeError(str(obj["error"]))
+                if obj.get("usage"):
+                    count = float(obj["usage"].get("completion_tokens", 0))
+                choices = obj.get("choices") or [{}]
+                piece = (choices[0].get("delta") or {}).get("content") or ""
+            else:
+                if not line:
+                    continue
+                obj = json.loads(line)
+                if "error" in obj:
+                    raise RuntimeError(obj["error"])
+                if obj.get("done"):
+                    count = float(obj.get("eval_count", 0))
+                    break
+                piece = obj["message"]["content"]
+            if piece:
+                text.append(piece)
                 stamps.append(now)
     itl = [b - a for a, b in itertools.pairwise(stamps)]
-    return {"ttft": first or float("nan"), "tokens": float(final.get("eval_count", 0)),
+    return {"ttft": stamps[0] - t0 if stamps else float("nan"),
+            # a server that gives no count: one token per chunk, as llama-server streams them
+            "tokens": count if count is not None else float(len(stamps)),
             "itl": statistics.mean(itl) if itl else float("nan"),
-            "elapsed": time.perf_counter() - t0, "text": "".join(text)}  # type: ignore[dict-item]
+            "first": stamps[0] if stamps else t0, "last": stamps[-1] if stamps else t0,
+            "elapsed": time.perf_counter() - t0, "text": "".join(text)}
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """How long at least one of the intervals was open."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 _runs = iter(range(1, 1 << 30))
 
 
 async def level(url: str, model: str, n: int, tokens: int,
-                fmt: dict[str, Any] | None = None) -> dict[str, float]:
+                fmt: dict[str, Any] | None = None, api: Api = "chat") -> dict[str, float]:
     # a fresh tag per request, so no prompt is served from the prefix cache of an earlier run
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(
             one_request(client, model, f"(request {next(_runs)}) {PROMPTS[i % len(PROMPTS)]}",
-                        tokens, fmt=fmt) for i in range(n)))
+                        tokens, fmt=fmt, api=api) for i in range(n)))
         wall = time.perf_counter() - t0
     if fmt is not None:
         for r in results:  # a server that ignored `format` would make the ratio meaningless
@@ -130,7 +202,11 @@ async def level(url: str, model: str, n: int, tokens: int,
                 raise RuntimeError(f"the constrained run's answer is not the schema's JSON: "
                                    f"{str(r['text'])[:80]!r}")
     total = sum(r["tokens"] for r in results)
-    return {"tok_s": total / wall, "ttft_p50": pct([r["ttft"] for r in results], 0.5),
+    # decode: each request's tokens after its first, over the time some request was decoding
+    decoded = sum(max(0.0, r["tokens"] - 1) for r in results)
+    span = union_length([(r["first"], r["last"]) for r in results])
+    return {"tok_s": total / wall, "decode_tok_s": decoded / span if span > 0 else float("nan"),
+            "ttft_p50": pct([r["ttft"] for r in results], 0.5),
             "ttft_p95": pct([r["ttft"] for r in results], 0.95),
             "itl_ms": 1000 * statistics.mean(r["itl"] for r in results)}
 
@@ -171,8 +247,10 @@ def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
     return n / wall
 
 
-def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> float:
-    """A plain loop: prefill N prompts, then N tokens per llama_decode, greedy."""
+def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> tuple[float, float]:
+    """A plain loop: prefill N prompts, then N tokens per llama_decode, greedy, until each
+    sequence has `tokens`. Returns (tokens/s with the prefill in the wall time, tokens/s of
+    the decode steps alone: the tokens after each sequence's first over their time)."""
     from llmrun.chat import templates
     from llmrun.engine.llama import Batch, Context, Model, Sampler
 
@@ -180,7 +258,8 @@ def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> float:
     ctx = Context(model, n_ctx_seq=1024, n_seq=n_seq, n_batch=512, n_threads=threads)
     tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
     prompts = [model.tokenize(templates.render(tpl, [{"role": "user", "content": p}]),
-                              add_special=False) for p in PROMPTS[:n_seq]]
+                              add_special=False)
+               for p in itertools.islice(itertools.cycle(PROMPTS), n_seq)]
     samplers = [Sampler(model, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
                         repeat_last_n=0, repeat_penalty=1.0, presence_penalty=0.0,
                         frequency_penalty=0.0, seed=0) for _ in range(n_seq)]
@@ -192,24 +271,24 @@ def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> float:
         for i, t in enumerate(p):
             idx = batch.add(t, i, s, i == len(p) - 1)
         ctx.decode(batch)
-        nxt.append(ctx.sample(samplers[s], idx))
+        nxt.append(ctx.sample(samplers[s], idx))  # each sequence's first token
         pos.append(len(p))
-    generated = 0
-    for _ in range(tokens):
+    t_decode = time.perf_counter()
+    for _ in range(max(0, tokens - 1)):
         batch.clear()
         rows = [batch.add(nxt[s], pos[s], s, True) for s in range(n_seq)]
         ctx.decode(batch)
         for s in range(n_seq):
             nxt[s] = ctx.sample(samplers[s], rows[s])
             pos[s] += 1
-        generated += n_seq
-    wall = time.perf_counter() - t0
+    t_end = time.perf_counter()
     for sm in samplers:
         sm.close()
     batch.close()
     ctx.close()
     model.close()
-    return generated / wall
+    decode = n_seq * max(0, tokens - 1) / (t_end - t_decode) if tokens > 1 else float("nan")
+    return n_seq * tokens / (t_end - t0), decode
 
 
 @dataclass
@@ -218,30 +297,41 @@ class BenchResult:
     gguf: Path
     tokens: int
     threads: int
-    served: dict[int, dict[str, float]]
+    served: dict[int, dict[str, float]]  # llmrun's, by level
     raw1: float | None = None  # None: baselines not measured
-    rawn: dict[int, float] = field(default_factory=dict)
+    rawn: dict[int, float] = field(default_factory=dict)  # prefill in the wall time
+    raw_decode: dict[int, float] = field(default_factory=dict)  # decode steps only
     prefix: tuple[float, float] | None = None  # TTFT of turn 1 and turn 2
     constrained: dict[int, dict[str, float]] = field(default_factory=dict)  # with SCHEMA
+    label: str = "llmrun"  # llmrun's row, with the API it was asked over
+    against: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
     def table(self) -> str:
-        """The markdown table (and lines) that docs/benchmarks.md keeps."""
+        """The markdown table (and lines) that docs/benchmarks.md keeps: a row per level and
+        server, each against the same level's raw loops."""
         lines = [f"model {self.model} ({self.gguf.name}), {self.tokens} tokens per request, "
                  f"{self.threads} threads, {platform.processor() or platform.machine()}, "
                  f"{os.cpu_count()} cores",
-                 "| concurrency | llmrun tok/s | TTFT p50 s | TTFT p95 s | ITL ms | raw-N tok/s "
-                 "| llmrun / raw-N | llmrun / raw-1 | with schema tok/s | schema / plain |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
-        for n, s in self.served.items():
-            raw_n = self.rawn.get(n)
-            c = self.constrained.get(n)
-            lines.append(
-                f"| {n} | {s['tok_s']:.1f} | {s['ttft_p50']:.3f} | {s['ttft_p95']:.3f} | "
-                f"{s['itl_ms']:.1f} | {_num(raw_n)} | "
-                f"{_num(s['tok_s'] / raw_n if raw_n else None, 2)} | "
-                f"{_num(s['tok_s'] / self.raw1 if self.raw1 else None, 2)} | "
-                f"{_num(c['tok_s'] if c else None)} | "
-                f"{_num(c['tok_s'] / s['tok_s'] if c else None, 2)} |")
+                 "| concurrency | server | tok/s | decode tok/s | TTFT p50 s | TTFT p95 s "
+                 "| ITL ms | raw decode tok/s | decode / raw decode | raw-N tok/s "
+                 "| tok/s / raw-N | tok/s / raw-1 | with schema tok/s | schema / plain |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        servers = [(self.label, self.served), *self.against.items()]
+        for n in self.served:
+            raw_n, raw_d = self.rawn.get(n), self.raw_decode.get(n)
+            for label, by_level in servers:
+                s = by_level.get(n)
+                if s is None:
+                    continue
+                c = self.constrained.get(n) if by_level is self.served else None
+                lines.append(
+                    f"| {n} | {label} | {s['tok_s']:.1f} | {_num(s.get('decode_tok_s'))} | "
+                    f"{s['ttft_p50']:.3f} | {s['ttft_p95']:.3f} | {s['itl_ms']:.1f} | "
+                    f"{_num(raw_d)} | {_ratio(s.get('decode_tok_s'), raw_d)} | "
+                    f"{_num(raw_n)} | {_ratio(s['tok_s'], raw_n)} | "
+                    f"{_ratio(s['tok_s'], self.raw1)} | "
+                    f"{_num(c['tok_s'] if c else None)} | "
+                    f"{_ratio(c['tok_s'] if c else None, s['tok_s'])} |")
         if self.raw1 is not None:
             lines.append(f"\nraw-1 (llama-cpp-python high-level Llama, one stream): "
                          f"{self.raw1:.1f} tok/s")
@@ -258,35 +348,74 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return _num(a / b if a is not None and b else None, 2)
 
 
 def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, threads: int,
         baselines: bool = True, prefix: bool = True,
-        constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3) -> BenchResult:
-    """Measure the daemon at `url` serving `model`, then (with the daemon idle) the raw
-    baselines on `gguf`. At each level also in `constrained`, the load runs `rounds` times
-    without and with SCHEMA, alternating, and each side keeps its median run: a ratio of
-    two single runs on a shared machine would measure its neighbours."""
-    asyncio.run(level(url, model, 1, 8))  # load the model, warm caches
+        constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3,
+        api: Api = "chat", against: list[Server] | tuple[Server, ...] = ()) -> BenchResult:
+    """Measure the daemon at `url` serving `model` (over `api`), and the `against` servers
+    under the same load, then (with the daemon idle) the raw baselines on `gguf`. At each
+    level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
+    alternating, and each side keeps its median run: a ratio of two single runs on a shared
+    machine would measure its neighbours. The `against` servers take a turn after each
+    unconstrained llmrun run and keep their median too."""
+    asyncio.run(level(url, model, 1, 8, api=api))  # load the model, warm caches
+    for other in against:
+        asyncio.run(level(other.url, other.model, 1, 8, api=other.api))
     if any(n in constrained for n in levels):
         asyncio.run(level(url, model, 1, 8, fmt=SCHEMA))  # the tokenizer's view, once
-    result = BenchResult(model, gguf, tokens, threads, {})
+    result = BenchResult(model, gguf, tokens, threads, {},
+                         label=f"llmrun {'/v1' if api == 'openai' else '/api/chat'}",
+                         against={o.label: {} for o in against})
     for n in levels:
-        if n not in constrained:
-            result.served[n] = asyncio.run(level(url, model, n, tokens))
-            continue
-        plain, schema = [], []
-        for _ in range(max(1, rounds)):
-            plain.append(asyncio.run(level(url, model, n, tokens)))
-            schema.append(asyncio.run(level(url, model, n, tokens, fmt=SCHEMA)))
-        result.served[n], result.constrained[n] = _median_run(plain), _median_run(schema)
+        turns = max(1, rounds) if n in constrained else 1
+        plain: list[dict[str, float]] = []
+        schema: list[dict[str, float]] = []
+        others: dict[str, list[dict[str, float]]] = {o.label: [] for o in against}
+        for _ in range(turns):
+            plain.append(asyncio.run(level(url, model, n, tokens, api=api)))
+            for other in against:
+                others[other.label].append(
+                    asyncio.run(level(other.url, other.model, n, tokens, api=other.api)))
+            if n in constrained:
+                schema.append(asyncio.run(level(url, model, n, tokens, fmt=SCHEMA)))
+        result.served[n] = _median_run(plain)
+        if schema:
+            result.constrained[n] = _median_run(schema)
+        for label, runs in others.items():
+            result.against[label][n] = _median_run(runs)
     if prefix:
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
-        result.rawn = {n: raw_batched(gguf, n, tokens, threads) for n in levels}
+        for n in levels:
+            result.rawn[n], result.raw_decode[n] = raw_batched(gguf, n, tokens, threads)
     return result
+
+
+def against_servers(urls: list[str], model: str) -> list[Server]:
+    """Servers from `--against` values (each repeatable or a comma list), asked for `model`
+    over their OpenAI API; labelled by address."""
+    out: list[Server] = []
+    for value in urls:
+        for url in (u.strip() for u in value.split(",")):
+            if not url:
+                continue
+            if "://" not in url:
+                url = f"http://{url}"
+            base = openai_base(url)
+            out.append(Server(label=f"{base.split('://', 1)[1]} /v1", url=base, model=model,
+                              api="openai"))
+    labels = [s.label for s in out]
+    if len(set(labels)) != len(labels):
+        raise ValueError("--against: the same server twice")
+    return out
 
 
 def main() -> None:
@@ -300,12 +429,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--constrained", default="1,4",
                     help="levels that also run with a JSON schema (empty: none)")
+    ap.add_argument("--against", action="append", default=[],
+                    help="another OpenAI-compatible server under the same load (repeatable, "
+                         "or a comma list)")
+    ap.add_argument("--against-model", help="the model name sent to --against servers "
+                    "(default: --model)")
+    ap.add_argument("--api", choices=["chat", "openai"],
+                    help="how llmrun is asked (default: openai with --against, else chat)")
     args = ap.parse_args()
     gguf = args.gguf or store_path(args.model)
     levels = [int(x) for x in args.levels.split(",")]
     constrained = [int(x) for x in args.constrained.split(",") if x.strip()]
+    against = against_servers(args.against, args.against_model or args.model)
+    api = args.api or ("openai" if against else "chat")
     print(run(args.url, args.model, gguf, levels, args.tokens, args.threads,
-              constrained=constrained).table())
+              constrained=constrained, api=api, against=against).table())
 
 
 def store_path(model: str) -> Path:

@@ -1,5 +1,10 @@
 """The CLI's client for the daemon (httpx), and starting the daemon in the background.
 
+`probe` and `ps` are two small GETs made with the standard library's http.client, and httpx
+is imported only when a command streams or uploads: importing it and building its client (an
+SSL context) costs 0.1-0.3 s, more than `llmrun ps` may take in all (design.md, "Start-up
+time").
+
 Exceptions::
 
     ClientError
@@ -10,20 +15,20 @@ Exceptions::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
-
-import httpx
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any, Literal
 
 from llmrun import config
+
+if TYPE_CHECKING:
+    import httpx
 
 START_TIMEOUT = 60.0
 IDENTITY_HEADER = "x-llmrun-version"
@@ -68,16 +73,44 @@ class Client:
     def __init__(self, base_url: str | None = None) -> None:
         self.base_url = base_url or config.base_url()
         keys = config.api_keys()
-        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else None
-        self.http = httpx.Client(base_url=self.base_url, headers=headers,
-                                 timeout=httpx.Timeout(10.0, read=None))
+        self.headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    @cached_property
+    def http(self) -> httpx.Client:
+        """The httpx client, for streams, uploads and the POSTs; built on first use."""
+        import httpx
+
+        return httpx.Client(base_url=self.base_url, headers=self.headers or None,
+                            timeout=httpx.Timeout(10.0, read=None))
+
+    def _get(self, path: str, connect_timeout: float,
+             read_timeout: float | None) -> tuple[int, str | None, bytes]:
+        """GET `path` with the standard library: (status, the identity header, body). Raises
+        OSError or http.client.HTTPException when no HTTP answer comes back."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        url = urlsplit(self.base_url)
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = kind(url.hostname or "127.0.0.1", url.port, timeout=connect_timeout)
+        try:
+            conn.connect()
+            if conn.sock is not None:
+                conn.sock.settimeout(read_timeout)
+            conn.request("GET", url.path.rstrip("/") + path, headers=self.headers)
+            r = conn.getresponse()
+            return r.status, r.getheader(IDENTITY_HEADER), r.read()
+        finally:
+            conn.close()
 
     def probe(self) -> Literal["llmrun", "other", "down"]:
+        import http.client
+
         try:
-            r = self.http.get("/api/version", timeout=2.0)
-        except httpx.TransportError:
+            _, identity, _ = self._get("/api/version", 2.0, 2.0)
+        except (OSError, http.client.HTTPException):
             return "down"
-        return "llmrun" if IDENTITY_HEADER in r.headers else "other"
+        return "llmrun" if identity is not None else "other"
 
     def ensure_running(self) -> bool:
         """Make sure a daemon answers on LLMRUN_HOST; returns True if this call started it."""
@@ -87,6 +120,8 @@ class Client:
         if state == "other":
             raise NotLlmrun(f"{self.base_url} is answered by a server that is not llmrun; "
                             "stop it or point LLMRUN_HOST at another port")
+        from filelock import FileLock
+
         home = config.make_private(config.home())
         # The lock makes concurrent CLIs agree on one daemon: the first starts it, the
         # others wait here and then find it running.
@@ -129,17 +164,18 @@ class Client:
     def _raise_for(self, r: httpx.Response) -> None:
         if r.status_code < 400:
             return
-        r.read()
-        try:
-            message = r.json().get("error", r.text)
-        except ValueError:
-            message = r.text
-        raise APIError(r.status_code, str(message))
+        raise APIError(r.status_code, _error_message(r.read()))
 
     def ps(self) -> list[dict[str, Any]]:
-        r = self.http.get("/api/ps")
-        self._raise_for(r)
-        return list(r.json().get("models", []))
+        import http.client
+
+        try:
+            status, _, body = self._get("/api/ps", 10.0, None)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ClientError(f"cannot reach the daemon at {self.base_url}: {exc}") from None
+        if status >= 400:
+            raise APIError(status, _error_message(body))
+        return list(json.loads(body).get("models", []))
 
     def stop_model(self, model: str) -> None:
         r = self.http.post("/api/generate", json={"model": model, "keep_alive": 0}, timeout=None)
@@ -158,6 +194,8 @@ class Client:
     def upload_blob(self, path: Path) -> str:
         """Put a local file in the daemon's store as a blob (unless it is there already);
         returns its `sha256:<hex>`. The daemon hashes it again as it arrives."""
+        import hashlib
+
         h = hashlib.sha256()
         with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
@@ -207,6 +245,16 @@ class Client:
         if keep_alive is not None:
             body["keep_alive"] = keep_alive
         yield from self._ndjson("/api/chat", body)
+
+
+def _error_message(body: bytes) -> str:
+    """The daemon's `{"error": ...}` text, else the body itself."""
+    text = body.decode(errors="replace")
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return text
+    return str(obj.get("error", text)) if isinstance(obj, dict) else text
 
 
 def _new_log_text(log: Path, offset: int) -> str:

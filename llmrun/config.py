@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import platformdirs
-import yaml
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +88,8 @@ def cache_dir() -> Path:
 def _file_settings(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
+    import yaml  # here: most runs have no config.yaml, and every CLI command reads settings
+
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

@@ -215,16 +215,86 @@ def test_run_shows_a_thinking_models_thought(home_with_model: Path, smollm2_path
 
 
 def test_bench_prints_ratios_against_raw_llama_cpp(home_with_model: Path) -> None:
+    # --against the daemon's own OpenAI endpoint: one run asks llmrun both ways
+    host = os.environ["LLMRUN_HOST"]
     r = llmrun("bench", "smollm2", "--levels", "1,2", "--tokens", "4", "--no-prefix",
-               "--threads", "2")
+               "--threads", "2", "--api", "chat", "--against", f"http://{host}/v1")
     assert r.returncode == 0, r.stderr
-    rows = [line.split("|") for line in r.stdout.splitlines() if line.startswith("| ")]
-    assert [row[1].strip() for row in rows[1:]] == ["1", "2"]  # after the header row
-    for row in rows[1:]:
-        assert float(row[2]) > 0 and float(row[7]) > 0 and float(row[8]) > 0  # ratios
+    header, *rows = [[cell.strip() for cell in line.split("|")[1:-1]]
+                     for line in r.stdout.splitlines() if line.startswith("| ")]
+    col = {name: i for i, name in enumerate(header)}
+    assert [(row[col["concurrency"]], row[col["server"]]) for row in rows] == [
+        ("1", "llmrun /api/chat"), ("1", f"{host} /v1"),
+        ("2", "llmrun /api/chat"), ("2", f"{host} /v1")]
+    for row in rows:
+        for name in ("tok/s", "decode tok/s", "raw decode tok/s", "decode / raw decode",
+                     "raw-N tok/s", "tok/s / raw-N", "tok/s / raw-1"):
+            assert float(row[col[name]]) > 0, (name, row)
+    assert float(rows[0][col["schema / plain"]]) > 0  # llmrun at level 1, the default
+    assert rows[1][col["schema / plain"]] == "-"  # the other server gets no schema
     assert "raw-1 (llama-cpp-python high-level Llama" in r.stdout
     bad = llmrun("bench", "smollm2", "--levels", "x")
     assert bad.returncode == 1 and "--levels" in bad.stderr
+    bad = llmrun("bench", "smollm2", "--api", "grpc")
+    assert bad.returncode == 1 and "--api" in bad.stderr
+
+
+def _stream_of(api: str, pieces: list[str], count: int) -> bytes:
+    """A streamed answer as /api/chat (NDJSON) or /v1/chat/completions (SSE) sends it."""
+    if api == "chat":
+        lines = [{"message": {"role": "assistant", "content": p}, "done": False} for p in pieces]
+        lines.append({"message": {"role": "assistant", "content": ""}, "done": True,
+                      "eval_count": count})
+        return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    events = [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
+    events.append({"choices": [], "usage": {"completion_tokens": count}})
+    return b"".join(f"data: {json.dumps(x)}\n\n".encode() for x in events) + \
+        b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("api", ["chat", "openai"])
+def test_bench_reads_both_apis_streams(api: str) -> None:
+    import asyncio
+
+    import httpx
+
+    from llmrun import bench
+
+    seen: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append({"path": request.url.path, **json.loads(request.content)})
+        return httpx.Response(200, content=_stream_of(api, ["Once", " upon", "", " a"], 5))
+
+    async def one() -> dict[str, object]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer),
+                                     base_url="http://bench.test") as client:
+            return await bench.one_request(client, "m", "hi", 5, api=api)
+
+    r = asyncio.run(one())
+    assert r["text"] == "Once upon a" and r["tokens"] == 5.0  # the server's count wins
+    assert r["first"] <= r["last"]
+    body = seen[0]
+    if api == "openai":
+        assert body["path"] == "/v1/chat/completions" and body["max_tokens"] == 5
+        assert body["ignore_eos"] is True and body["temperature"] == 0
+        assert body["stream_options"] == {"include_usage": True}
+    else:
+        assert body["path"] == "/api/chat" and body["options"]["num_predict"] == 5
+
+
+def test_bench_decode_window_and_servers() -> None:
+    from llmrun import bench
+
+    # two waves of two requests: decoding for 2 s in all, not 4
+    assert bench.union_length([(0, 1), (0.5, 1), (2, 3), (2, 2.5)]) == 2.0
+    assert bench.union_length([]) == 0.0
+    servers = bench.against_servers(["http://127.0.0.1:8080/v1/,localhost:9000"], "m")
+    assert [(s.label, s.url, s.api) for s in servers] == [
+        ("127.0.0.1:8080 /v1", "http://127.0.0.1:8080", "openai"),
+        ("localhost:9000 /v1", "http://localhost:9000", "openai")]
+    with pytest.raises(ValueError, match="twice"):
+        bench.against_servers(["http://a:1", "http://a:1/v1"], "m")
 
 
 def test_home_and_files_are_private(home_with_model: Path) -> None:

@@ -1,16 +1,47 @@
-"""Shared bits of the command modules: consoles and a uniform way to fail."""
+"""Shared bits of the command modules: consoles and a uniform way to fail.
+
+Nothing heavy is imported at module level, here or in the command modules: `llmrun --help`,
+`list` and `ps` stay under 0.25 s (design.md, "Start-up time"), so rich's console, httpx and
+the store's modules load inside the commands that use them (tests/test_startup.py)."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import typer
-from rich.console import Console
 
 from llmrun.client import Client, ClientError, DaemonStartError
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console built on first use: importing rich.console costs tens of ms, which commands
+    that print nothing through it (or exit early) should not pay."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+console = cast("Console", _LazyConsole(stderr=False))
+err = cast("Console", _LazyConsole(stderr=True))
+
+
+def rich_console(c: Console) -> Console:
+    """The Console itself behind `console` or `err`, for rich objects that take one."""
+    return c.get() if isinstance(c, _LazyConsole) else c
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

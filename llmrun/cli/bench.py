@@ -27,9 +27,22 @@ def register(app: typer.Typer) -> None:
         constrained: str = typer.Option("1,4", help="Levels that also run with a JSON schema "
                                                     "in `format`, as a ratio to the same load "
                                                     "without (empty: none)"),
+        against: list[str] = typer.Option(None, "--against", metavar="URL",
+                                          help="Another OpenAI-compatible server (llama-server, "
+                                               "Ollama) to put under the same load, over "
+                                               "/v1/chat/completions (repeatable, or a comma "
+                                               "list)"),
+        against_model: str = typer.Option(None, help="The model name sent to the --against "
+                                                     "servers (default: MODEL)"),
+        api: str = typer.Option(None, help="How llmrun is asked: chat (/api/chat) or openai "
+                                           "(/v1/chat/completions; the default with --against, "
+                                           "so both are measured the same way)"),
     ) -> None:
-        """Measure tokens/s, time to first token and inter-token latency at each concurrency
-        level, with ratios against raw llama-cpp-python on the same file (docs/benchmarks.md)."""
+        """Measure tokens/s, decode rate, time to first token and inter-token latency at each
+        concurrency level, with ratios against raw llama-cpp-python on the same file, its
+        decode-only loop the reference (docs/benchmarks.md)."""
+        import httpx
+
         from llmrun import bench as b
         from llmrun.store import StoreError
 
@@ -44,12 +57,24 @@ def register(app: typer.Typer) -> None:
         except ValueError:
             fail(f"--constrained: expected numbers like 1,4, got {constrained!r}")
         try:
+            others = b.against_servers(against or [], against_model or model)
+        except ValueError as exc:
+            fail(str(exc))
+        if api not in (None, "chat", "openai"):
+            fail(f"--api: chat or openai, not {api!r}")
+        how: b.Api = "openai" if api == "openai" or (api is None and others) else "chat"
+        try:
             path = gguf or b.store_path(model)
         except StoreError as exc:
             fail(str(exc))
         client = connect()
-        err.print(f"[dim]measuring {model} at {client.base_url} (the daemon should be "
-                  "otherwise idle)...[/]")
-        result = b.run(client.base_url, model, path, counts, tokens, threads,
-                       baselines=baselines, prefix=prefix, constrained=with_schema)
+        err.print(f"[dim]measuring {model} at {client.base_url}"
+                  + "".join(f", and {o.url}" for o in others)
+                  + " (the servers should be otherwise idle)...[/]")
+        try:
+            result = b.run(client.base_url, model, path, counts, tokens, threads,
+                           baselines=baselines, prefix=prefix, constrained=with_schema,
+                           api=how, against=others)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            fail(f"the benchmark stopped: {exc}")
         typer.echo(result.table())  # plain: a table to paste, never wrapped

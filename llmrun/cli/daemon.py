@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import typer
-from rich.table import Table
 
 from llmrun.cli._common import console, fail, human_size
 from llmrun.client import Client, ClientError
@@ -50,6 +49,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def ps() -> None:
         """List the models loaded in the daemon."""
+        from rich.table import Table
+
         try:
             models = _client().ps()
         except ClientError as exc:

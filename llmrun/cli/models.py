@@ -6,23 +6,17 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
 
-from llmrun.cli._common import console, fail, human_size
+from llmrun.cli._common import console, fail, human_size, rich_console
 from llmrun.client import Client, ClientError
-from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, StoreError, modelfile
-from llmrun.store.gguf import GGUFError
+
+if TYPE_CHECKING:  # rich's progress and tables, and the store, load in the commands using them
+    from rich.progress import Progress, TaskID
+
+    from llmrun.store import Store
 
 
 def _ago(when: datetime) -> str:
@@ -34,8 +28,16 @@ def _ago(when: datetime) -> str:
     return "just now"
 
 
+def _store() -> Store:
+    from llmrun.store import Store
+
+    return Store()
+
+
 def _local_file(ref: str, base_dir: Path) -> Path | None:
     """The local file a FROM/ADAPTER line names, None for a model name or a digest."""
+    from llmrun.store import CreateError
+
     if ref.startswith(("sha256:", "sha256-", "@sha256:")):
         return None
     path = Path(ref).expanduser()
@@ -49,6 +51,8 @@ def _local_file(ref: str, base_dir: Path) -> Path | None:
 
 def _split(text: str) -> bool:
     """A split GGUF (`-00001-of-0000N`): its parts are imported by the local store."""
+    from llmrun.store import modelfile
+
     try:
         return bool(re.search(r"-\d{5}-of-\d{5}\.gguf$", modelfile.parse(text).from_))
     except modelfile.ModelfileError:
@@ -58,6 +62,8 @@ def _split(text: str) -> bool:
 def _upload_files(client: Client, text: str, base_dir: Path) -> dict[str, str]:
     """The /api/create body for Modelfile `text`: its FROM and ADAPTER files uploaded as
     blobs and named by digest."""
+    from llmrun.store import CreateError, modelfile
+
     try:
         mf = modelfile.parse(text)
     except modelfile.ModelfileError as exc:
@@ -95,8 +101,17 @@ class _Bar:
 
 
 def _progress() -> Progress:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                    TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=rich_console(console),
                     transient=True)
 
 
@@ -117,9 +132,11 @@ def register(app: typer.Typer) -> None:
                 fail(str(exc))
             console.print(f"pulled {name}")
             return
+        from llmrun.store import StoreError
+
         try:
             with _progress() as progress:
-                manifest = Store().pull(name, _Bar(progress))
+                manifest = _store().pull(name, _Bar(progress))
         except StoreError as exc:
             fail(str(exc))
         console.print(f"pulled {manifest.name} ({human_size(manifest.size)}, id {manifest.id})")
@@ -127,10 +144,12 @@ def register(app: typer.Typer) -> None:
     @app.command(name="list")
     def list_() -> None:
         """List the models in the store."""
+        from rich.table import Table
+
         table = Table(box=None, pad_edge=False, header_style="bold")
         for col in ("NAME", "ID", "SIZE", "MODIFIED"):
             table.add_column(col)
-        for m in Store().list():
+        for m in _store().list():
             table.add_row(m.name, m.id, human_size(m.size), _ago(m.modified_at))
         console.print(table)
 
@@ -139,7 +158,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def rm(names: list[str] = typer.Argument(..., help="Models to remove")) -> None:
         """Remove models (and their files, when no other model uses them)."""
-        store = Store()
+        from llmrun.store import InvalidName, ModelNotFound
+
+        store = _store()
         for name in names:
             try:
                 store.remove(name)
@@ -150,8 +171,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def cp(source: str, destination: str) -> None:
         """Copy a model under a new name (no file is duplicated)."""
+        from llmrun.store import InvalidName, StoreError
+
         try:
-            Store().copy(source, destination)
+            _store().copy(source, destination)
         except (StoreError, InvalidName) as exc:
             fail(str(exc))
         console.print(f"copied '{source}' to '{destination}'")
@@ -164,6 +187,8 @@ def register(app: typer.Typer) -> None:
                                      help="Quantize an F16/BF16/F32 model, e.g. Q4_K_M"),
     ) -> None:
         """Create a model from a Modelfile (FROM a GGUF file or another model)."""
+        from llmrun.store import CreateError, InvalidName, StoreError
+
         try:
             text = file.read_text()
         except OSError as exc:
@@ -184,7 +209,7 @@ def register(app: typer.Typer) -> None:
             return
         try:
             with _progress() as progress:
-                manifest = Store().create(name, text, file.resolve().parent, _Bar(progress),
+                manifest = _store().create(name, text, file.resolve().parent, _Bar(progress),
                                           quantize=quantize)
         except (CreateError, StoreError, InvalidName) as exc:
             fail(str(exc))
@@ -201,7 +226,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Everything, as JSON"),
     ) -> None:
         """Show a model's details, parameters, template and system prompt."""
-        store = Store()
+        from rich.table import Table
+
+        from llmrun.store import StoreError
+        from llmrun.store.gguf import GGUFError
+
+        store = _store()
         try:
             _, m = store.get(name)
             info = store.model_info(m)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from llmrun.cli._common import connect, err, fail
-from llmrun.cli.repl import Session, run_session
 from llmrun.client import APIError, Client, ClientError
-from llmrun.store import catalog, names
+
+if TYPE_CHECKING:
+    from llmrun.cli.repl import Session
 
 
 def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
@@ -62,6 +63,8 @@ def _print_stats(final: dict[str, Any]) -> None:
 
 
 def _not_found_hint(model: str) -> str:
+    from llmrun.store import catalog, names
+
     try:
         in_catalog = catalog.lookup(names.parse(model)) is not None
     except ValueError:
@@ -88,6 +91,8 @@ def register(app: typer.Typer) -> None:
                                            help="Do not print a thinking model's thought"),
     ) -> None:
         """Run a model: answer PROMPT, or chat interactively (also reads piped stdin)."""
+        from llmrun.cli.repl import Session, run_session
+
         options = {k: v for k, v in (("temperature", temperature), ("seed", seed),
                                      ("num_ctx", num_ctx)) if v is not None}
         text = " ".join(prompt or [])

