@@ -33,6 +33,13 @@ from fetch_test_models import models, test_models_dir  # noqa: E402
 
 T = TypeVar("T")
 
+# Runners (daemons started here, and the CLI's autostarted ones, inherit this) decode with one
+# thread: llama.cpp's threads meet at a spinning barrier several times per layer, so on a
+# 2-core machine with another busy process two threads ran 6x slower than one (6.7 vs 39.6
+# tok/s measured beside a CPU hog), and answers outlasted the tests' timeouts. One thread
+# slows only by the share of the core it gets.
+os.environ.setdefault("LLMRUN_NUM_THREADS", "1")
+
 # Fixtures that give a test a model file or the shared daemon: a test using one, directly or
 # through another fixture, is a `model` test.
 MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon"})

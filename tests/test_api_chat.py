@@ -31,7 +31,7 @@ def reference(smollm2_path: Path) -> tuple[str, int]:
     from llama_cpp import Llama
 
     # flash attention on, as the engine runs it (llama.cpp's "auto" picks it on CPU)
-    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True,
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=1, flash_attn=True,
                 verbose=False)
     text = templates.render(llm.metadata["tokenizer.chat_template"], QUESTION)
     prompt = llm.tokenize(text.encode(), add_bos=False, special=True)
@@ -227,7 +227,7 @@ def test_logprobs_match_plain_llama_cpp(api: httpx.Client, smollm2_path: Path) -
         # greedy: the sampled token is the most likely one
         assert e["top_logprobs"][0]["token"] == e["token"]
         assert e["top_logprobs"][0]["logprob"] == pytest.approx(e["logprob"])
-    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, logits_all=True,
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=1, logits_all=True,
                 flash_attn=True, verbose=False)
     text = templates.render(llm.metadata["tokenizer.chat_template"], QUESTION)
     prompt = llm.tokenize(text.encode(), add_bos=False, special=True)

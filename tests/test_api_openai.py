@@ -527,7 +527,7 @@ def test_echo_scores_the_prompt_like_plain_llama_cpp(client: openai.OpenAI,
     assert lp.token_logprobs[0] is None and lp.text_offset[0] == 0
     assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(lp.tokens)
 
-    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, logits_all=True,
+    llm = Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=1, logits_all=True,
                 flash_attn=True, verbose=False)
     tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
     assert [llm.detokenize([t]).decode() for t in tokens] == lp.tokens

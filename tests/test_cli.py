@@ -218,7 +218,7 @@ def test_bench_prints_ratios_against_raw_llama_cpp(home_with_model: Path) -> Non
     # --against the daemon's own OpenAI endpoint: one run asks llmrun both ways
     host = os.environ["LLMRUN_HOST"]
     r = llmrun("bench", "smollm2", "--levels", "1,2", "--tokens", "4", "--no-prefix",
-               "--threads", "2", "--api", "chat", "--against", f"http://{host}/v1")
+               "--threads", "1", "--api", "chat", "--against", f"http://{host}/v1")
     assert r.returncode == 0, r.stderr
     header, *rows = [[cell.strip() for cell in line.split("|")[1:-1]]
                      for line in r.stdout.splitlines() if line.startswith("| ")]

@@ -28,7 +28,7 @@ GREEDY = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, typical_p=1.0,
 class Harness:
     def __init__(self, model: Model, slots: int = 4, n_ctx: int = 1024) -> None:
         self.model = model
-        self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=2)
+        self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=1)
         self.text: dict[str, str] = {}
         self.final: dict[str, tuple[str, Any]] = {}
         self.started: dict[str, dict[str, Any]] = {}
@@ -66,7 +66,7 @@ class Harness:
 
     def wait(self, *rids: str) -> list[str]:
         with self.cond:
-            assert self.cond.wait_for(lambda: all(r in self.final for r in rids), timeout=120)
+            assert self.cond.wait_for(lambda: all(r in self.final for r in rids), timeout=300)
         for r in rids:
             assert self.final[r][0] == "done", self.final[r]
         return [self.text.get(r, "") for r in rids]
@@ -146,6 +146,9 @@ def test_prefix_reuse_second_turn(harness: Harness) -> None:
     assert reused.split()[:8] == again.split()[:8]
 
 
+# 200 requests: seconds on an idle machine, but llama.cpp's threads slow far more than the
+# machine does when other processes want the cores; the bounds below only catch a hang
+@pytest.mark.timeout(900)
 def test_kv_cells_match_bookkeeping_after_mixed_requests(harness: Harness) -> None:
     rids = []
     for i in range(200):
@@ -155,7 +158,7 @@ def test_kv_cells_match_bookkeeping_after_mixed_requests(harness: Harness) -> No
             harness.engine.cancel(rid)
         rids.append(rid)
     with harness.cond:
-        assert harness.cond.wait_for(lambda: all(r in harness.final for r in rids), timeout=180)
+        assert harness.cond.wait_for(lambda: all(r in harness.final for r in rids), timeout=600)
     reasons = {harness.final[r][1]["finish_reason"] for r in rids}
     assert "cancel" in reasons and "length" in reasons
     # the slots are the engine thread's: read them once it shows every one free

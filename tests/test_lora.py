@@ -87,7 +87,7 @@ def _last_logits(ctx: llama.Context, batch: llama.Batch, tokens: list[int]) -> n
 
 def test_adapter_changes_logits(files: Path) -> None:
     model = llama.Model(files / "tiny.gguf")
-    ctx = llama.Context(model, n_ctx_seq=64, n_seq=1, n_batch=32, n_threads=2)
+    ctx = llama.Context(model, n_ctx_seq=64, n_seq=1, n_batch=32, n_threads=1)
     batch = llama.Batch(32)
     lora = llama.LoraAdapter(model, files / "lora.gguf")
     try:
@@ -210,7 +210,7 @@ def test_refusals_keep_blobs_of_other_models(files: Path, tmp_path: Path) -> Non
 
 
 def _spec(files: Path, *loras: Path) -> RunnerSpec:
-    return RunnerSpec(model_paths=(files / "tiny.gguf",), n_ctx=64, n_slots=1, n_threads=2,
+    return RunnerSpec(model_paths=(files / "tiny.gguf",), n_ctx=64, n_slots=1, n_threads=1,
                       n_batch=32, lora_paths=loras)
 
 

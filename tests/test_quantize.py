@@ -43,7 +43,7 @@ def assert_runs(path: Path) -> None:
     try:
         tokens = model.tokenize("hello the world", add_special=True)
         assert tokens[0] == model.bos
-        ctx = llama.Context(model, n_ctx_seq=64, n_seq=1, n_batch=32, n_threads=2)
+        ctx = llama.Context(model, n_ctx_seq=64, n_seq=1, n_batch=32, n_threads=1)
         batch = llama.Batch(32)
         try:
             for i, tok in enumerate(tokens):
