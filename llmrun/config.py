@@ -39,7 +39,8 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_MAX_LOADED_MODELS", "2", "Models held in memory at once"),
     Setting("LLMRUN_MAX_QUEUE", "64", "Requests waiting for a slot before 503"),
     Setting("LLMRUN_CONTEXT_LENGTH", "4096", "Default context per request (num_ctx)"),
-    Setting("LLMRUN_NUM_THREADS", "0", "Decode threads per model (0 = all cores)"),
+    Setting("LLMRUN_NUM_THREADS", "0",
+            "Decode threads per model (0 = all cores, fewer while other processes use some)"),
     Setting("LLMRUN_API_KEYS", "", "Comma-separated keys required when set"),
     Setting("LLMRUN_ORIGINS", "", "Extra allowed browser origins, comma-separated"),
     Setting("LLMRUN_SANDBOX", "1",
@@ -172,9 +173,9 @@ def context_length() -> int:
     return max(16, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
 
 
-def num_threads() -> int:
-    n = _parsed("LLMRUN_NUM_THREADS", _positive_int)
-    return n or (os.cpu_count() or 1)
+def num_threads_fixed() -> int:
+    """LLMRUN_NUM_THREADS, or 0 when unset (every core, fewer while others keep cores busy)."""
+    return _parsed("LLMRUN_NUM_THREADS", _positive_int)
 
 
 def max_queue() -> int:

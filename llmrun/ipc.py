@@ -11,11 +11,12 @@ frame, an embedding reply) and fails the rest.
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import threading
 from typing import Any
+
+from llmrun import jsonio
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and --max-frame set it
@@ -42,7 +43,7 @@ class FrameTooLarge(ValueError):
 
 
 def encode(msg: dict[str, Any]) -> bytes:
-    body = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    body = jsonio.dumps(msg)
     if len(body) > 0xFFFFFFFF:  # the header cannot even state its length
         raise FrameTooLarge(len(body))
     return HEADER.pack(len(body)) + body
@@ -94,4 +95,4 @@ class SyncChannel:
 
     def recv(self) -> dict[str, Any]:
         n = decode_length(self._read_exact(HEADER.size))
-        return json.loads(self._read_exact(n))
+        return jsonio.loads(self._read_exact(n))

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
 from llmrun.api.validation import describe_validation_error
@@ -442,8 +443,8 @@ def usage(stats: Stats) -> dict[str, int]:
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return (f"event: {event}\ndata: "
-            f"{json.dumps({'type': event, **data}, ensure_ascii=False)}\n\n").encode()
+    return b"event: " + event.encode() + b"\ndata: " + jsonio.dumps({"type": event, **data}) \
+        + b"\n\n"
 
 
 async def _collect(body: MessagesBody, first: Chunk | Done,

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from llmrun import __version__, config
+from llmrun import __version__, config, jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
 from llmrun.chat import thinking
@@ -450,7 +450,7 @@ def _chunk_line(req: ChatRequest, chunk: Chunk, shape: Shape) -> bytes:
         obj["message"]["tool_calls"] = _tool_calls(chunk.tool_calls)
     if chunk.logprobs is not None:
         obj["logprobs"] = _logprobs(chunk)
-    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    return jsonio.dumps(obj) + b"\n"
 
 
 def _done_obj(req: ChatRequest, stats: Stats, shape: Shape, content: str = "",
@@ -493,7 +493,7 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
             if isinstance(event, Chunk):
                 yield _chunk_line(req, event, shape)
             else:
-                yield json.dumps(_done_obj(req, event.stats, shape)).encode() + b"\n"
+                yield jsonio.dumps(_done_obj(req, event.stats, shape)) + b"\n"
                 return
             event = await anext(rest, None)
     except EngineError as exc:

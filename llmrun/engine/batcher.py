@@ -46,6 +46,7 @@ from llguidance.numpy import fill_next_token_bitmask_par
 from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
+from llmrun.engine.threads import ThreadGovernor
 from llmrun.request import ChatRequest, error_event
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Engine:
     def __init__(self, model: Model, ctx: Context, *, n_ctx_seq: int, n_slots: int,
                  emit: Callable[[list[Event]], None],
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 governor: ThreadGovernor | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
@@ -145,6 +147,7 @@ class Engine:
         self.batch = Batch(ctx.n_batch)
         self.emit = emit
         self.on_fatal = on_fatal  # None: the exception ends the thread (and is logged)
+        self.governor = governor  # None: a fixed thread count
         self._last_emit = time.monotonic()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
@@ -281,6 +284,12 @@ class Engine:
         return sampler
 
     def _step(self) -> None:
+        if self.governor is not None:
+            n_threads = self.governor.advise()
+            if n_threads is not None:
+                log.info("decoding with %d threads (other processes use %.1f cores)",
+                         n_threads, self.governor.others)
+                self.ctx.set_threads(n_threads)
         batch = self.batch
         batch.clear()
         outputs: list[tuple[Sequence, int]] = []
@@ -496,7 +505,7 @@ class Engine:
         log_z = m + float(np.log(np.exp(logits - m, dtype=np.float64).sum()))
         entry: dict[str, Any] = {
             "token": piece.decode("utf-8", "replace"),
-            "logprob": float(logits[token]) - log_z,
+            "logprob": _finite(float(logits[token]) - log_z),
             "bytes": list(piece),
             "top": [],
         }
@@ -505,7 +514,7 @@ class Engine:
             best = np.argpartition(-logits, top)[:top]
             best = best[np.argsort(-logits[best])]
             entry["top"] = [(self.model.piece(int(t)).decode("utf-8", "replace"),
-                             float(logits[t]) - log_z) for t in best]
+                             _finite(float(logits[t]) - log_z)) for t in best]
         return entry
 
     def _finish(self, seq: Sequence, reason: str, events: list[Event]) -> None:
@@ -554,6 +563,12 @@ class Engine:
                 seq.sampler.close()
             events.append((seq.id, "error", error_event("internal", msg)))
         self.emit(events)
+
+
+def _finite(logprob: float) -> float:
+    """A logprob JSON can carry: a token the model rules out (a -inf logit) gets -9999.0, the
+    value OpenAI reports for such tokens (NaN and infinities are not JSON)."""
+    return logprob if logprob > -9999.0 else -9999.0
 
 
 def _describe(exc: BaseException) -> str:

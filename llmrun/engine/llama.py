@@ -305,6 +305,10 @@ class Context:
         batch.raw.n_tokens = batch.n
         return C.llama_decode(self.ptr, batch.raw)
 
+    def set_threads(self, n_threads: int) -> None:
+        """Decode (and prefill) with `n_threads` threads from the next decode on."""
+        C.llama_set_n_threads(self.ptr, n_threads, n_threads)
+
     def sample(self, sampler: Sampler, index: int, mask: np.ndarray | None = None) -> int:
         """Sample from the logits of batch row `index`, among the tokens `mask` allows when
         one is given (structured output); the sampler accepts the token."""

@@ -48,6 +48,7 @@ from llmrun.engine import constraint, sandbox
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
+from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import ChannelClosed, SyncChannel
 from llmrun.request import ChatRequest, error_event
 
@@ -96,14 +97,15 @@ class ModelHost:
     messages (server/runners.py's RunnerProcess is the daemon's handle on this process)."""
 
     def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
-                 n_slots: int, n_threads: int = 1) -> None:
+                 n_slots: int, n_threads: int = 1,
+                 governor: ThreadGovernor | None = None) -> None:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
-                             on_fatal=self._engine_failed)
+                             on_fatal=self._engine_failed, governor=governor)
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
@@ -441,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, required=True, help="context tokens per sequence")
     ap.add_argument("--slots", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--adaptive-threads", action="store_true",
+                    help="decode with fewer threads while other processes keep cores busy "
+                         "(--threads is the most)")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lora", type=lora_arg, action="append", default=[],
                     metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
@@ -452,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s runner %(levelname)s %(message)s")
     _die_with_parent()
     chan = SyncChannel(socket.socket(fileno=args.fd))
+    # before the sandbox: it reads /proc/stat, which the sandbox closes to new opens
+    governor = ThreadGovernor(args.threads) if args.adaptive_threads else None
     confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)])
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
@@ -469,9 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
-    log.info("loaded %s: ctx %d x %d slots, %d threads", args.model[0].name, n_ctx_seq,
-             args.slots, args.threads)
-    runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads)
+    log.info("loaded %s: ctx %d x %d slots, %s%d threads", args.model[0].name, n_ctx_seq,
+             args.slots, "at most " if governor else "", args.threads)
+    runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

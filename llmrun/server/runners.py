@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmrun import childenv, config, ipc
+from llmrun import childenv, config, ipc, jsonio
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -99,6 +99,8 @@ class RunnerSpec:
     n_threads: int
     n_batch: int = 512
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
+    # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
+    adaptive_threads: bool = False
 
 
 class RunnerProcess:
@@ -141,6 +143,8 @@ class RunnerProcess:
             cmd += ["--model", str(path)]
         for path in s.lora_paths:
             cmd += ["--lora", str(path)]
+        if s.adaptive_threads:
+            cmd.append("--adaptive-threads")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
@@ -208,7 +212,7 @@ class RunnerProcess:
         assert self._reader is not None
         header = await self._reader.readexactly(ipc.HEADER.size)
         body = await self._reader.readexactly(ipc.decode_length(header))
-        return json.loads(body)
+        return jsonio.loads(body)
 
     async def _send(self, msg: dict[str, Any]) -> None:
         if self._writer is None or not self.alive:
@@ -250,10 +254,25 @@ class RunnerProcess:
         req_id = f"r{next(_ids)}"
         q = self._track(req_id)
         finished = False
+        held: tuple[str, Any] | None = None  # taken from the queue while merging, not sent
         try:
             await self._send({"type": "generate", "id": req_id, "request": req.model_dump()})
             while True:
-                kind, payload = await q.get()
+                if held is None:
+                    kind, payload = await q.get()
+                else:
+                    (kind, payload), held = held, None
+                if kind == "chunk" and len(payload) == 1 and not q.empty():
+                    # The client reads slower than the model writes: the plain text waiting
+                    # goes out as one chunk, so the slower side pays once, not per token.
+                    parts = [payload["text"]]
+                    while not q.empty():
+                        item = q.get_nowait()
+                        if item[0] != "chunk" or len(item[1]) != 1:
+                            held = item
+                            break
+                        parts.append(item[1]["text"])
+                    payload = {"text": "".join(parts)}
                 if kind == "chunk":
                     yield decode_chunk(payload)
                     continue

@@ -230,12 +230,15 @@ class Scheduler:
         """The runner `options` ask for, with their load-time values capped (as Ollama
         does, quietly): num_ctx to the model's trained context, num_batch to
         bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
-        nothing, and each distinct spec would be another reload."""
+        nothing, and each distinct spec would be another reload. Without num_thread (or
+        LLMRUN_NUM_THREADS) the runner may use every core and uses fewer while other
+        processes keep some busy."""
         n_ctx = options.num_ctx or manifest.options().num_ctx or config.context_length()
         trained = manifest.details.context_length
         if trained:
             n_ctx = min(n_ctx, trained)
-        n_threads = min(options.num_thread or config.num_threads(), os.cpu_count() or 1)
+        fixed = options.num_thread or config.num_threads_fixed()
+        n_threads = min(fixed or os.cpu_count() or 1, os.cpu_count() or 1)
         return RunnerSpec(
             model_paths=tuple(self.store.model_paths(manifest)),
             n_ctx=n_ctx,
@@ -243,6 +246,7 @@ class Scheduler:
             n_threads=n_threads,
             n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
+            adaptive_threads=not fixed,
         )
 
     def models(self) -> list[ModelState]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from llmrun import __version__
+from llmrun import __version__, jsonio
 from llmrun.api.events import first_output
 from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error_body
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody
@@ -21,6 +21,7 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
+    Started,
     Stats,
     TokenLogprob,
     ToolCall,
@@ -41,7 +42,9 @@ FINGERPRINT = f"llmrun-{__version__}"
 class Choices:
     """n requests running concurrently; their events arrive on one queue, tagged with the
     choice's index. `start()` returns once every choice produced its first event, so errors
-    that come before any output can still be HTTP errors."""
+    that come before any output can still be HTTP errors. A single choice (nearly every
+    request) is read straight from its stream: no task and no queue between the runner's
+    events and the response, which would cost a task switch per token."""
 
     service: Service
     reqs: list[ChatRequest]
@@ -49,6 +52,7 @@ class Choices:
         default_factory=asyncio.Queue)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     buffered: list[tuple[int, Chunk | Done]] = field(default_factory=list)
+    single: AsyncIterator[Started | Chunk | Done] | None = None  # the one choice's stream
 
     async def _pump(self, index: int) -> None:
         events = self.service.chat(self.reqs[index])
@@ -63,6 +67,14 @@ class Choices:
             await events.aclose()
 
     async def start(self) -> None:
+        if len(self.reqs) == 1:
+            self.single = self.service.chat(self.reqs[0])
+            try:
+                self.buffered.append((0, await first_output(self.single)))
+            except BaseException:
+                await self.close()
+                raise
+            return
         self.tasks = [asyncio.create_task(self._pump(i)) for i in range(len(self.reqs))]
         waiting = set(range(len(self.reqs)))
         try:
@@ -82,6 +94,11 @@ class Choices:
         for item in self.buffered:
             yield item
         self.buffered = []
+        if self.single is not None:
+            if not done:
+                async for event in self.single:
+                    yield 0, event  # (Started came before the first output)
+            return
         while done < len(self.reqs):
             index, event = await self.queue.get()
             if isinstance(event, Exception):
@@ -91,6 +108,8 @@ class Choices:
 
     async def close(self) -> None:
         """Cancel what still runs (each choice's request is cancelled in the runner)."""
+        if self.single is not None:
+            await self.single.aclose()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -106,8 +125,8 @@ def _stats_total(stats: Sequence[Stats]) -> dict[str, Any]:
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
+    data = obj.encode() if isinstance(obj, str) else jsonio.dumps(obj)
+    return b"data: " + data + b"\n\n"
 
 
 async def _start(service: Service, reqs: list[ChatRequest]) -> Choices | JSONResponse:
