@@ -11,8 +11,9 @@ default) or its OpenAI endpoint (`--api openai`, the default with `--against`). 
 (repeatable, or a comma list) sends the same load to another OpenAI-compatible server
 (llama-server, Ollama) over /v1/chat/completions, streaming, with `max_tokens`, `temperature:
 0`, `repeat_penalty: 1` and llama-server's `ignore_eos`, so every request decodes the full
-length there too; at each level the servers take turns. In the same run, on the same model
-file and thread count, it measures baselines with the daemon idle:
+length there too; at each level the servers take turns, three runs each (median kept). In
+the same run, on the same model file and thread count, it measures baselines with the daemon
+idle:
 
   raw-1       llama-cpp-python's high-level `Llama` streaming one completion (what its own
               server does per request; it serves one request at a time)
@@ -363,8 +364,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
     under the same load, then (with the daemon idle) the raw baselines on `gguf`. At each
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
     alternating, and each side keeps its median run: a ratio of two single runs on a shared
-    machine would measure its neighbours. The `against` servers take a turn after each
-    unconstrained llmrun run and keep their median too."""
+    machine would measure its neighbours. With `against` servers every level runs `rounds`
+    times, each server taking a turn after each llmrun run, and each keeps its median."""
     asyncio.run(level(url, model, 1, 8, api=api))  # load the model, warm caches
     for other in against:
         asyncio.run(level(other.url, other.model, 1, 8, api=other.api))
@@ -374,7 +375,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
                          label=f"llmrun {'/v1' if api == 'openai' else '/api/chat'}",
                          against={o.label: {} for o in against})
     for n in levels:
-        turns = max(1, rounds) if n in constrained else 1
+        # a ratio of two single runs on a shared machine would measure its neighbours
+        turns = max(1, rounds) if n in constrained or against else 1
         plain: list[dict[str, float]] = []
         schema: list[dict[str, float]] = []
         others: dict[str, list[dict[str, float]]] = {o.label: [] for o in against}
