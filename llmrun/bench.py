@@ -23,10 +23,12 @@ idle:
   raw-N       the same loop timed with its prefill (the prompts one after another), as before
 
 Two rates per server and level: `tok/s` is all generated tokens over the wall time of the level
-(prefill included, comparable to raw-N); `decode tok/s` counts each request's tokens after its
-first, over the time during which some request was between its first and its last token (the
-union of those intervals: at concurrency 8 with 4 slots, two waves), comparable to raw decode.
-At concurrency 1 that is (tokens - 1) / (last token - first token).
+(prefill included, comparable to raw-N); `decode tok/s` is the output that arrived while every
+request was decoding (between the last first token and the first last token) over that
+window, comparable to raw decode, which decodes all N sequences together. At concurrency 1
+that is (tokens - 1) / (last token - first token). Where the requests never decoded together
+(more requests than slots: waves) it is each request's tokens after its first over the union
+of their decoding intervals.
 
 The constrained run (`--constrained 1,4`) sends the same requests with a JSON schema in
 `format` (SCHEMA: records with bounded integers, a pattern and a format, longer than the token
@@ -172,7 +174,26 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
             "tokens": count if count is not None else float(len(stamps)),
             "itl": statistics.mean(itl) if itl else float("nan"),
             "first": stamps[0] if stamps else t0, "last": stamps[-1] if stamps else t0,
+            "stamps": stamps,
             "elapsed": time.perf_counter() - t0, "text": "".join(text)}
+
+
+def decode_rate(results: list[dict[str, Any]]) -> float:
+    """Tokens per second while every request was decoding: the output that arrived between
+    the last first token and the first last token, over that window (so no request's prompt
+    being read, and no request that has finished, is in it), which is what the raw decode
+    loop measures. Each streamed chunk counts as one token (llmrun sends several in one only
+    when the reader falls behind, which can only lower this rate). Requests that never
+    decoded together (more requests than slots: waves) fall back to their tokens after the
+    first over the union of their decoding intervals."""
+    start = max(r["first"] for r in results)
+    end = min(r["last"] for r in results)
+    if end > start:
+        arrived = sum(1 for r in results for t in r["stamps"] if start < t <= end)
+        return arrived / (end - start)
+    span = union_length([(r["first"], r["last"]) for r in results])
+    decoded = sum(max(0.0, r["tokens"] - 1) for r in results)
+    return decoded / span if span > 0 else float("nan")
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -203,10 +224,7 @@ async def level(url: str, model: str, n: int, tokens: int,
                 raise RuntimeError(f"the constrained run's answer is not the schema's JSON: "
                                    f"{str(r['text'])[:80]!r}")
     total = sum(r["tokens"] for r in results)
-    # decode: each request's tokens after its first, over the time some request was decoding
-    decoded = sum(max(0.0, r["tokens"] - 1) for r in results)
-    span = union_length([(r["first"], r["last"]) for r in results])
-    return {"tok_s": total / wall, "decode_tok_s": decoded / span if span > 0 else float("nan"),
+    return {"tok_s": total / wall, "decode_tok_s": decode_rate(results),
             "ttft_p50": pct([r["ttft"] for r in results], 0.5),
             "ttft_p95": pct([r["ttft"] for r in results], 0.95),
             "itl_ms": 1000 * statistics.mean(r["itl"] for r in results)}
@@ -361,7 +379,7 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3,
         api: Api = "chat", against: list[Server] | tuple[Server, ...] = ()) -> BenchResult:
     """Measure the daemon at `url` serving `model` (over `api`), and the `against` servers
-    under the same load, then (with the daemon idle) the raw baselines on `gguf`. At each
+    under the same load, and (with the servers idle, in each turn) the raw loops on `gguf`. At each
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
     alternating, and each side keeps its median run: a ratio of two single runs on a shared
     machine would measure its neighbours. With `against` servers every level runs `rounds`
@@ -380,6 +398,7 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         plain: list[dict[str, float]] = []
         schema: list[dict[str, float]] = []
         others: dict[str, list[dict[str, float]]] = {o.label: [] for o in against}
+        raws: list[tuple[float, float]] = []
         for _ in range(turns):
             plain.append(asyncio.run(level(url, model, n, tokens, api=api)))
             for other in against:
@@ -387,6 +406,11 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
                     asyncio.run(level(other.url, other.model, n, tokens, api=other.api)))
             if n in constrained:
                 schema.append(asyncio.run(level(url, model, n, tokens, fmt=SCHEMA)))
+            if baselines:  # in the same turn: the machine's speed drifts between minutes
+                raws.append(raw_batched(gguf, n, tokens, threads))
+        if raws:
+            result.rawn[n] = statistics.median(r[0] for r in raws)
+            result.raw_decode[n] = statistics.median(r[1] for r in raws)
         result.served[n] = _median_run(plain)
         if schema:
             result.constrained[n] = _median_run(schema)
@@ -396,8 +420,6 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
-        for n in levels:
-            result.rawn[n], result.raw_decode[n] = raw_batched(gguf, n, tokens, threads)
     return result
 
 
@@ -436,6 +458,8 @@ def main() -> None:
                          "or a comma list)")
     ap.add_argument("--against-model", help="the model name sent to --against servers "
                     "(default: --model)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="turns at each level compared with another server or with a schema")
     ap.add_argument("--api", choices=["chat", "openai"],
                     help="how llmrun is asked (default: openai with --against, else chat)")
     args = ap.parse_args()
@@ -445,7 +469,7 @@ def main() -> None:
     against = against_servers(args.against, args.against_model or args.model)
     api = args.api or ("openai" if against else "chat")
     print(run(args.url, args.model, gguf, levels, args.tokens, args.threads,
-              constrained=constrained, api=api, against=against).table())
+              constrained=constrained, rounds=args.rounds, api=api, against=against).table())
 
 
 def store_path(model: str) -> Path:

@@ -8,9 +8,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-GGUF=${1:-$HOME/.cache/llmrun/test-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-shift || true
-[ "${1:-}" = "--" ] && shift
+GGUF=$HOME/.cache/llmrun/test-models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then GGUF=$1; shift; fi
+if [ "${1:-}" = "--" ]; then shift; fi
 THREADS=${THREADS:-$(nproc)}
 LS_PORT=${LS_PORT:-18080}
 LR_PORT=${LR_PORT:-18434}

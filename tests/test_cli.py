@@ -289,6 +289,13 @@ def test_bench_decode_window_and_servers() -> None:
     # two waves of two requests: decoding for 2 s in all, not 4
     assert bench.union_length([(0, 1), (0.5, 1), (2, 3), (2, 2.5)]) == 2.0
     assert bench.union_length([]) == 0.0
+    # together from 0.5 s to 1.0 s: the first request's tokens before 0.5 s do not count
+    a = {"first": 0.0, "last": 1.0, "tokens": 11.0, "stamps": [i / 10 for i in range(11)]}
+    b = {"first": 0.5, "last": 1.2, "tokens": 8.0, "stamps": [0.5 + i / 10 for i in range(8)]}
+    assert bench.decode_rate([a, b]) == pytest.approx((5 + 5) / 0.5)
+    assert bench.decode_rate([a]) == pytest.approx(10 / 1.0)
+    c = {"first": 2.0, "last": 3.0, "tokens": 11.0, "stamps": [2 + i / 10 for i in range(11)]}
+    assert bench.decode_rate([a, c]) == pytest.approx(20 / 2.0)  # waves: the union
     servers = bench.against_servers(["http://127.0.0.1:8080/v1/,localhost:9000"], "m")
     assert [(s.label, s.url, s.api) for s in servers] == [
         ("127.0.0.1:8080 /v1", "http://127.0.0.1:8080", "openai"),

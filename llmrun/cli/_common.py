@@ -49,6 +49,15 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell, as Ollama's `list` and `ps` print them: plain
+    text, because rich's table would double these commands' start-up time."""
+    cells = [header, *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
 def human_size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":

@@ -34,6 +34,8 @@ def register(app: typer.Typer) -> None:
                                                "list)"),
         against_model: str = typer.Option(None, help="The model name sent to the --against "
                                                      "servers (default: MODEL)"),
+        rounds: int = typer.Option(3, min=1, help="Turns at each level compared with another "
+                                                  "server or with a schema (median kept)"),
         api: str = typer.Option(None, help="How llmrun is asked: chat (/api/chat) or openai "
                                            "(/v1/chat/completions; the default with --against, "
                                            "so both are measured the same way)"),
@@ -74,7 +76,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = b.run(client.base_url, model, path, counts, tokens, threads,
                            baselines=baselines, prefix=prefix, constrained=with_schema,
-                           api=how, against=others)
+                           rounds=rounds, api=how, against=others)
         except (httpx.HTTPError, RuntimeError) as exc:
             fail(f"the benchmark stopped: {exc}")
         typer.echo(result.table())  # plain: a table to paste, never wrapped

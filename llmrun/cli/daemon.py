@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import typer
 
-from llmrun.cli._common import console, fail, human_size
+from llmrun.cli._common import fail, human_size, print_table
 from llmrun.client import Client, ClientError
 
 
@@ -49,21 +49,15 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def ps() -> None:
         """List the models loaded in the daemon."""
-        from rich.table import Table
-
         try:
             models = _client().ps()
         except ClientError as exc:
             fail(str(exc))
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "SANDBOX", "UNTIL"):
-            table.add_column(col)
-        for m in models:
-            table.add_row(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
-                          str(m.get("context_length", "")),
-                          f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
-                          _sandbox(m), _until(m.get("expires_at")))
-        console.print(table)
+        print_table(("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "SANDBOX", "UNTIL"),
+                    [(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
+                      str(m.get("context_length", "")),
+                      f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
+                      _sandbox(m), _until(m.get("expires_at"))) for m in models])
 
     @app.command()
     def stop(model: str = typer.Argument(..., help="Model to unload")) -> None:

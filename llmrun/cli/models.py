@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from llmrun.cli._common import console, fail, human_size, rich_console
+from llmrun.cli._common import console, fail, human_size, print_table, rich_console
 from llmrun.client import Client, ClientError
 
 if TYPE_CHECKING:  # rich's progress and tables, and the store, load in the commands using them
@@ -144,14 +144,9 @@ def register(app: typer.Typer) -> None:
     @app.command(name="list")
     def list_() -> None:
         """List the models in the store."""
-        from rich.table import Table
-
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("NAME", "ID", "SIZE", "MODIFIED"):
-            table.add_column(col)
-        for m in _store().list():
-            table.add_row(m.name, m.id, human_size(m.size), _ago(m.modified_at))
-        console.print(table)
+        print_table(("NAME", "ID", "SIZE", "MODIFIED"),
+                    [(m.name, m.id, human_size(m.size), _ago(m.modified_at))
+                     for m in _store().list()])
 
     app.command(name="ls", help="Alias of list.")(list_)
 
