@@ -68,7 +68,7 @@ def test_importing_the_cli_loads_nothing_heavy(tmp_path: Path) -> None:
 def test_help_loads_neither_the_store_nor_an_http_client(tmp_path: Path) -> None:
     modules, r = loaded(tmp_path, "--help")
     assert "list" in r.stdout and "ps" in r.stdout
-    assert heavy_in(modules, ("pydantic", "llmrun.store", "llmrun.request")) == []
+    assert heavy_in(modules, ("pydantic", "rich", "llmrun.store", "llmrun.request")) == []
 
 
 def test_list_reads_manifests_without_templates_or_the_hub(tmp_path: Path,
