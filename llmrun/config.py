@@ -173,6 +173,14 @@ def context_length() -> int:
     return max(16, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which a runner's threads can use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def num_threads_fixed() -> int:
     """LLMRUN_NUM_THREADS, or 0 when unset (every core, fewer while others keep cores busy)."""
     return _parsed("LLMRUN_NUM_THREADS", _positive_int)

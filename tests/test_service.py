@@ -248,7 +248,8 @@ def test_load_options_are_capped(tmp_path: Path) -> None:
         manifest, Options(num_ctx=10**7, num_batch=10**6, num_thread=10**4))
     assert spec.n_ctx == manifest.details.context_length  # the trained context
     assert spec.n_batch == 4096
-    assert spec.n_threads == os.cpu_count()
+    assert spec.n_threads == len(os.sched_getaffinity(0))  # the cores it may run on
+    assert not spec.adaptive_threads  # a count the request chose is kept
 
 
 def test_other_load_options_wait_for_the_busy_runner(daemon: Daemon) -> None:

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmrun import config
+
 # How long a measurement spans, and how old one may be before it says nothing about now.
 WINDOW_SECONDS = 1.0
 STALE_SECONDS = 5.0
@@ -66,13 +68,6 @@ class ProcCpu:
                          (int(own[11]) + int(own[12])) / self._tick)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may run on
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 class ThreadGovernor:
     """Advises a decode thread count between 1 and `max_threads` (see the module's doc)."""
 
@@ -80,7 +75,7 @@ class ThreadGovernor:
                  sample: Callable[[], CpuSample | None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_threads = max(1, max_threads)
-        self.cores = cores or _usable_cores()
+        self.cores = cores or config.usable_cores()
         self.threads = self.max_threads
         self.others = 0.0  # cores the rest of the machine took in the last window
         self._sample = sample or ProcCpu()

@@ -59,10 +59,15 @@ def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]
         yield start, piece
 
 
+def is_plain(payload: dict[str, Any]) -> bool:
+    """A chunk payload of text alone (nearly every token's): no logprobs, thought or calls."""
+    return len(payload) == 1
+
+
 def decode_chunk(payload: dict[str, Any]) -> Chunk:
-    """A chunk event's payload as a Chunk. Plain text (nearly every token) is built without
-    validating nested fields: this runs once per token of every stream."""
-    if len(payload) == 1:
+    """A chunk event's payload as a Chunk. Plain text is built without validating nested
+    fields: this runs once per token of every stream."""
+    if is_plain(payload):
         return Chunk(text=payload["text"])
     return Chunk.model_validate(payload)
 
@@ -262,13 +267,13 @@ class RunnerProcess:
                     kind, payload = await q.get()
                 else:
                     (kind, payload), held = held, None
-                if kind == "chunk" and len(payload) == 1 and not q.empty():
+                if kind == "chunk" and is_plain(payload) and not q.empty():
                     # The client reads slower than the model writes: the plain text waiting
                     # goes out as one chunk, so the slower side pays once, not per token.
                     parts = [payload["text"]]
                     while not q.empty():
                         item = q.get_nowait()
-                        if item[0] != "chunk" or len(item[1]) != 1:
+                        if item[0] != "chunk" or not is_plain(item[1]):
                             held = item
                             break
                         parts.append(item[1]["text"])

@@ -30,7 +30,6 @@ import contextlib
 import copy
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -238,7 +237,8 @@ class Scheduler:
         if trained:
             n_ctx = min(n_ctx, trained)
         fixed = options.num_thread or config.num_threads_fixed()
-        n_threads = min(fixed or os.cpu_count() or 1, os.cpu_count() or 1)
+        cores = config.usable_cores()  # the runner's governor counts the same cores
+        n_threads = min(fixed or cores, cores)
         return RunnerSpec(
             model_paths=tuple(self.store.model_paths(manifest)),
             n_ctx=n_ctx,
