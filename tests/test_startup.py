@@ -78,8 +78,37 @@ def test_list_reads_manifests_without_templates_or_the_hub(tmp_path: Path,
     Manifests(config.home() / "manifests").put(names.parse("smollm2"), manifest)
     modules, r = loaded(tmp_path, "list")
     assert r.returncode == 0, r.stderr
-    assert "smollm2:latest" in r.stdout
-    assert heavy_in(modules) == []
+    assert "smollm2:latest" in r.stdout and manifest.id in r.stdout
+    # no validation either: pydantic and the request models alone are ~0.25 s
+    assert heavy_in(modules, ("pydantic", "llmrun.request", "llmrun.store.store",
+                              "filelock")) == []
+
+
+def test_list_upgrades_manifests_of_older_versions(tmp_path: Path,
+                                                   _isolated_home: Path) -> None:
+    """A manifest written before it carried its digest, and a damaged file beside it: `list`
+    shows the model (validated, the damaged file skipped), stores the digest, and the next
+    `list` still needs the validated reader only because of the damaged file."""
+    root = config.home() / "manifests"
+    manifest = Manifest(name="old:latest", model=Layer(digest="sha256:" + "1" * 64, size=5))
+    path = Manifests(root).path(names.parse("old"))
+    path.parent.mkdir(parents=True)
+    path.write_text(manifest.model_dump_json())  # as versions before the stored digest did
+    modules, r = loaded(tmp_path, "list")
+    assert r.returncode == 0, r.stderr
+    assert "old:latest" in r.stdout and manifest.id in r.stdout
+    assert json.loads(path.read_bytes())["digest"] == manifest.digest
+    assert Manifests(root).get(names.parse("old")) == manifest  # same model, same id
+
+    modules, r = loaded(tmp_path, "list")
+    assert "old:latest" in r.stdout and heavy_in(modules, ("pydantic",)) == []
+
+    damaged = Manifests(root).path(names.parse("broken"))
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"name": "broken:latest", "digest": "')
+    modules, r = loaded(tmp_path, "list")
+    assert r.returncode == 0, r.stderr
+    assert "old:latest" in r.stdout and "broken" not in r.stdout
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import gguf as gguf_writer
 import numpy as np
 import pytest
 
-from llmrun.store import CreateError, InvalidName, ModelNotFound, Store
+from llmrun.store import CreateError, InvalidName, ModelNotFound, Store, listing
 
 
 def write_gguf(path: Path, *, arch: str = "llama", seed: float = 0.0) -> Path:
@@ -79,6 +79,18 @@ def test_create_and_list(store: Store, src: Path) -> None:
         "local", "local/library", "local/library/x", "local/library/x/latest",
     ]
     assert store.model_path(created) == store.home / "blobs" / f"sha256-{digest[7:]}"
+
+
+def test_fast_listing_agrees_with_the_validated_one(store: Store, src: Path) -> None:
+    """`llmrun list` reads manifests as plain JSON (store/listing.py): it must show what the
+    validated reader shows, newest first, for models with parameters, messages and copies."""
+    store.create("a", MODELFILE, base_dir=src)
+    store.create("b", MODELFILE + 'MESSAGE user """hi"""\n', base_dir=src)
+    store.copy("a", "ns/c:v1")
+    fast = listing.entries(store.home / "manifests")
+    assert fast is not None
+    assert [(e.name, e.id, e.size, e.modified_at) for e in fast] == [
+        (m.name, m.id, m.size, m.modified_at) for m in store.list()]
 
 
 def test_get(store: Store, src: Path) -> None:

