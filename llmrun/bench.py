@@ -11,7 +11,8 @@ default) or its OpenAI endpoint (`--api openai`, the default with `--against`). 
 (repeatable, or a comma list) sends the same load to another OpenAI-compatible server
 (llama-server, Ollama) over /v1/chat/completions, streaming, with `max_tokens`, `temperature:
 0`, `repeat_penalty: 1` and llama-server's `ignore_eos`, so every request decodes the full
-length there too; at each level the servers take turns, three runs each (median kept). In
+length there too; at each level the servers take turns (in alternating order), `--rounds`
+runs each (3 by default), each turn ending with the raw decode loop. In
 the same run, on the same model file and thread count, it measures baselines with the daemon
 idle:
 
@@ -28,7 +29,11 @@ request was decoding (between the last first token and the first last token) ove
 window, comparable to raw decode, which decodes all N sequences together. At concurrency 1
 that is (tokens - 1) / (last token - first token). Where the requests never decoded together
 (more requests than slots: waves) it is each request's tokens after its first over the union
-of their decoding intervals.
+of their decoding intervals. `decode / raw decode` is the median over the turns of each
+turn's ratio (the machine's speed drifts between minutes; within a turn it mostly cancels).
+
+The load comes from a small HTTP client of its own (`post_lines`, on httptools): it runs on
+the machine it measures, and httpx's streaming costs several times its CPU per token.
 
 The constrained run (`--constrained 1,4`) sends the same requests with a JSON schema in
 `format` (SCHEMA: records with bounded integers, a pattern and a format, longer than the token
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -54,11 +60,15 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import httpx
+import httptools
+
+from llmrun import jsonio
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper who finds a message in a bottle.",
@@ -113,7 +123,77 @@ def openai_base(url: str) -> str:
     return url[:-3].rstrip("/") if url.endswith("/v1") else url
 
 
-async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
+class _Response:
+    """httptools' callbacks for one response: its status, and its body as it arrives (with
+    the chunked transfer encoding already taken off)."""
+
+    def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.body = bytearray()
+        self.complete = False
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+async def post_lines(url: str, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """POST `body` as JSON and yield the streamed answer line by line as it arrives.
+
+    The load generator runs on the machine it measures, so its own CPU per token is taken
+    from the servers' decode threads: httpx's streaming layers cost ~0.4 ms of CPU per
+    token on a 2-core machine, several percent of the decode rate at concurrency 4. This is
+    one socket read and httptools' C parser (a dependency already, uvicorn's) per arrival,
+    the same client for every server. A status of 400 or more raises with the body."""
+    parts = urlsplit(url)
+    tls = parts.scheme == "https"
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            f"Connection: close\r\n\r\n").encode()
+    try:
+        reader, writer = await asyncio.open_connection(
+            parts.hostname, parts.port or (443 if tls else 80), ssl=tls or None)
+    except OSError as exc:
+        raise RuntimeError(f"{url}: cannot connect ({exc})") from exc
+    response = _Response()
+    parser = response.parser = httptools.HttpResponseParser(response)
+    try:
+        writer.write(head + payload)
+        pending = b""
+        while not response.complete:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            parser.feed_data(data)
+            if response.status >= 400:
+                continue  # the whole error body, then raise
+            if response.body:
+                *lines, pending = (pending + bytes(response.body)).split(b"\n")
+                response.body.clear()
+                for line in lines:
+                    yield line.rstrip(b"\r")
+        if response.status >= 400 or not response.status:
+            text = bytes(response.body).decode(errors="replace")[:200]
+            raise RuntimeError(f"{url}{path}: {response.status or 'no answer'} {text}")
+        if not response.complete:
+            raise RuntimeError(f"{url}{path}: the answer ended before its end")
+        if pending:
+            yield pending
+    except (OSError, httptools.HttpParserError) as exc:
+        raise RuntimeError(f"{url}{path}: {exc}") from exc
+    finally:
+        writer.close()
+
+
+async def one_request(url: str, model: str, prompt: str,
                       tokens: int, messages: list[dict[str, str]] | None = None,
                       fmt: dict[str, Any] | None = None,
                       api: Api = "chat") -> dict[str, Any]:
@@ -136,19 +216,16 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
     stamps: list[float] = []
     count: float | None = None  # the server's own count of generated tokens
     text = []
-    async with client.stream("POST", path, json=body) as r:
-        if r.status_code >= 400:
-            await r.aread()
-            raise RuntimeError(f"{r.url}: {r.status_code} {r.text[:200]}")
-        async for line in r.aiter_lines():
+    async with contextlib.aclosing(post_lines(url, path, body)) as lines:
+        async for line in lines:
             now = time.perf_counter()
             if api == "openai":
-                if not line.startswith("data:"):
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
-                obj = json.loads(data)
+                obj = jsonio.loads(data)
                 if "error" in obj:
                     raise RuntimeError(str(obj["error"]))
                 if obj.get("usage"):
@@ -158,7 +235,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str,
             else:
                 if not line:
                     continue
-                obj = json.loads(line)
+                obj = jsonio.loads(line)
                 if "error" in obj:
                     raise RuntimeError(obj["error"])
                 if obj.get("done"):
@@ -212,12 +289,11 @@ _runs = iter(range(1, 1 << 30))
 async def level(url: str, model: str, n: int, tokens: int,
                 fmt: dict[str, Any] | None = None, api: Api = "chat") -> dict[str, float]:
     # a fresh tag per request, so no prompt is served from the prefix cache of an earlier run
-    async with httpx.AsyncClient(base_url=url, timeout=None) as client:
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(
-            one_request(client, model, f"(request {next(_runs)}) {PROMPTS[i % len(PROMPTS)]}",
-                        tokens, fmt=fmt, api=api) for i in range(n)))
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(
+        one_request(url, model, f"(request {next(_runs)}) {PROMPTS[i % len(PROMPTS)]}",
+                    tokens, fmt=fmt, api=api) for i in range(n)))
+    wall = time.perf_counter() - t0
     if fmt is not None:
         for r in results:  # a server that ignored `format` would make the ratio meaningless
             if not str(r["text"]).startswith("["):
@@ -235,14 +311,13 @@ async def prefix_reuse(url: str, model: str, busy: int) -> tuple[float, float]:
     history = " ".join(f"Fact {i}: the number {i} is written {i * 7} in another base."
                        for i in range(150))
     turn1 = [{"role": "user", "content": history + "\nSummarise the facts briefly."}]
-    async with httpx.AsyncClient(base_url=url, timeout=None) as client:
-        others = [asyncio.create_task(one_request(client, model, PROMPTS[i], 256))
-                  for i in range(busy)]
-        first = await one_request(client, model, "", 32, turn1)
-        turn2 = [*turn1, {"role": "assistant", "content": str(first["text"])},
-                 {"role": "user", "content": "Now list the first three."}]
-        second = await one_request(client, model, "", 32, turn2)
-        await asyncio.gather(*others)
+    others = [asyncio.create_task(one_request(url, model, PROMPTS[i], 256))
+              for i in range(busy)]
+    first = await one_request(url, model, "", 32, turn1)
+    turn2 = [*turn1, {"role": "assistant", "content": str(first["text"])},
+             {"role": "user", "content": "Now list the first three."}]
+    second = await one_request(url, model, "", 32, turn2)
+    await asyncio.gather(*others)
     return first["ttft"], second["ttft"]
 
 
@@ -343,10 +418,12 @@ class BenchResult:
                 if s is None:
                     continue
                 c = self.constrained.get(n) if by_level is self.served else None
+                decode_ratio = (_num(s["decode_ratio"], 2) if "decode_ratio" in s
+                                else _ratio(s.get("decode_tok_s"), raw_d))
                 lines.append(
                     f"| {n} | {label} | {s['tok_s']:.1f} | {_num(s.get('decode_tok_s'))} | "
                     f"{s['ttft_p50']:.3f} | {s['ttft_p95']:.3f} | {s['itl_ms']:.1f} | "
-                    f"{_num(raw_d)} | {_ratio(s.get('decode_tok_s'), raw_d)} | "
+                    f"{_num(raw_d)} | {decode_ratio} | "
                     f"{_num(raw_n)} | {_ratio(s['tok_s'], raw_n)} | "
                     f"{_ratio(s['tok_s'], self.raw1)} | "
                     f"{_num(c['tok_s'] if c else None)} | "
@@ -361,9 +438,15 @@ class BenchResult:
         return "\n".join(lines)
 
 
-def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
-    """The run with the median throughput (its latencies come with it)."""
-    return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
+def _summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median throughput (its latencies come with it), with the median
+    decode rate and the median of the decode rate's ratios to the raw loop of the same turn
+    (a ratio within a turn cancels the machine's drift between turns)."""
+    out = dict(sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2])
+    out["decode_tok_s"] = statistics.median(r["decode_tok_s"] for r in runs)
+    if all("decode_ratio" in r for r in runs):
+        out["decode_ratio"] = statistics.median(r["decode_ratio"] for r in runs)
+    return out
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -383,7 +466,7 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
     alternating, and each side keeps its median run: a ratio of two single runs on a shared
     machine would measure its neighbours. With `against` servers every level runs `rounds`
-    times, each server taking a turn after each llmrun run, and each keeps its median."""
+    turns, the servers in alternating order, and each keeps its median (`_summary`)."""
     asyncio.run(level(url, model, 1, 8, api=api))  # load the model, warm caches
     for other in against:
         asyncio.run(level(other.url, other.model, 1, 8, api=other.api))
@@ -399,23 +482,33 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         schema: list[dict[str, float]] = []
         others: dict[str, list[dict[str, float]]] = {o.label: [] for o in against}
         raws: list[tuple[float, float]] = []
-        for _ in range(turns):
-            plain.append(asyncio.run(level(url, model, n, tokens, api=api)))
-            for other in against:
-                others[other.label].append(
-                    asyncio.run(level(other.url, other.model, n, tokens, api=other.api)))
+        for turn in range(turns):
+            # the servers take turns in alternating order, so neither always follows the
+            # raw loop (or the other) when the machine's speed drifts
+            order = [None, *against] if turn % 2 == 0 else [*against, None]
+            this_turn = []
+            for other in order:
+                if other is None:
+                    plain.append(asyncio.run(level(url, model, n, tokens, api=api)))
+                    this_turn.append(plain[-1])
+                else:
+                    others[other.label].append(
+                        asyncio.run(level(other.url, other.model, n, tokens, api=other.api)))
+                    this_turn.append(others[other.label][-1])
             if n in constrained:
                 schema.append(asyncio.run(level(url, model, n, tokens, fmt=SCHEMA)))
             if baselines:  # in the same turn: the machine's speed drifts between minutes
                 raws.append(raw_batched(gguf, n, tokens, threads))
+                for r in this_turn:
+                    r["decode_ratio"] = r["decode_tok_s"] / raws[-1][1]
         if raws:
             result.rawn[n] = statistics.median(r[0] for r in raws)
             result.raw_decode[n] = statistics.median(r[1] for r in raws)
-        result.served[n] = _median_run(plain)
+        result.served[n] = _summary(plain)
         if schema:
-            result.constrained[n] = _median_run(schema)
+            result.constrained[n] = _summary(schema)
         for label, runs in others.items():
-            result.against[label][n] = _median_run(runs)
+            result.against[label][n] = _summary(runs)
     if prefix:
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if baselines:

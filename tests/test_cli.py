@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -252,35 +253,91 @@ def _stream_of(api: str, pieces: list[str], count: int) -> bytes:
         b"data: [DONE]\n\n"
 
 
+async def _serve_once(response: bytes, seen: list[dict[str, object]],
+                      pieces: int = 7) -> asyncio.Server:
+    """A one-connection HTTP server on a free port: records the request, then writes
+    `response` in `pieces` writes cut anywhere (inside a line, a chunk header, a header)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        seen.append({"path": head.split(b" ")[1].decode(),
+                     **json.loads(await reader.readexactly(length))})
+        step = max(1, len(response) // pieces)
+        for i in range(0, len(response), step):
+            writer.write(response[i:i + step])
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def _chunked(body: bytes, size: int = 13) -> bytes:
+    out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for i in range(0, len(body), size):
+        part = body[i:i + size]
+        out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
 @pytest.mark.parametrize("api", ["chat", "openai"])
-def test_bench_reads_both_apis_streams(api: str) -> None:
-    import asyncio
-
-    import httpx
-
+@pytest.mark.parametrize("framing", ["chunked", "length"])
+def test_bench_reads_both_apis_streams(api: str, framing: str) -> None:
+    """bench's own HTTP client (httptools, lighter than httpx on the machine it measures):
+    lines cut across reads and chunks, both transfer framings, the server's count."""
     from llmrun import bench
 
+    body = _stream_of(api, ["Once", " upon", "", " a"], 5)
+    response = _chunked(body) if framing == "chunked" else (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     seen: list[dict[str, object]] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append({"path": request.url.path, **json.loads(request.content)})
-        return httpx.Response(200, content=_stream_of(api, ["Once", " upon", "", " a"], 5))
-
     async def one() -> dict[str, object]:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer),
-                                     base_url="http://bench.test") as client:
-            return await bench.one_request(client, "m", "hi", 5, api=api)
+        server = await _serve_once(response, seen)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await bench.one_request(f"http://127.0.0.1:{port}", "m", "hi", 5, api=api)
 
     r = asyncio.run(one())
     assert r["text"] == "Once upon a" and r["tokens"] == 5.0  # the server's count wins
     assert r["first"] <= r["last"]
-    body = seen[0]
+    body_seen = seen[0]
     if api == "openai":
-        assert body["path"] == "/v1/chat/completions" and body["max_tokens"] == 5
-        assert body["ignore_eos"] is True and body["temperature"] == 0
-        assert body["stream_options"] == {"include_usage": True}
+        assert body_seen["path"] == "/v1/chat/completions" and body_seen["max_tokens"] == 5
+        assert body_seen["ignore_eos"] is True and body_seen["temperature"] == 0
+        assert body_seen["stream_options"] == {"include_usage": True}
     else:
-        assert body["path"] == "/api/chat" and body["options"]["num_predict"] == 5
+        assert body_seen["path"] == "/api/chat" and body_seen["options"]["num_predict"] == 5
+
+
+def test_bench_client_reports_errors() -> None:
+    """An error status raises with the server's words; so do a refused connection and an
+    answer cut off before its end."""
+    from llmrun import bench
+
+    async def against(response: bytes) -> str:
+        server = await _serve_once(response, [])
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            with pytest.raises(RuntimeError) as info:
+                await bench.one_request(f"http://127.0.0.1:{port}", "m", "hi", 5)
+        return str(info.value)
+
+    error = b'{"error": "model not found"}'
+    assert "404" in asyncio.run(against(
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(error), error)))
+    assert "model not found" in asyncio.run(against(
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(error), error)))
+    assert "no answer" in asyncio.run(against(b""))
+    cut = _chunked(_stream_of("chat", ["Once", " upon"], 2))[:-20]
+    assert "ended before its end" in asyncio.run(against(cut))
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RuntimeError, match="cannot connect"):
+        asyncio.run(bench.one_request(f"http://127.0.0.1:{port}", "m", "hi", 5))
 
 
 def test_bench_decode_window_and_servers() -> None:
@@ -302,6 +359,13 @@ def test_bench_decode_window_and_servers() -> None:
         ("localhost:9000 /v1", "http://localhost:9000", "openai")]
     with pytest.raises(ValueError, match="twice"):
         bench.against_servers(["http://a:1", "http://a:1/v1"], "m")
+    # each turn's ratio to its own raw loop, then the median: a slow turn (the machine
+    # drifting) moves neither the ratio nor the decode rate kept
+    runs = [{"tok_s": t, "decode_tok_s": d, "decode_ratio": d / raw}
+            for t, d, raw in ((90, 100, 105), (40, 50, 52), (95, 99, 110))]
+    kept = bench._summary(runs)
+    assert kept["tok_s"] == 90 and kept["decode_tok_s"] == 99
+    assert kept["decode_ratio"] == pytest.approx(100 / 105)
 
 
 def test_home_and_files_are_private(home_with_model: Path) -> None:
