@@ -428,6 +428,11 @@ class BenchResult:
                     f"{_ratio(s['tok_s'], self.raw1)} | "
                     f"{_num(c['tok_s'] if c else None)} | "
                     f"{_ratio(c['tok_s'] if c else None, s['tok_s'])} |")
+        for label, by_level in self.against.items():
+            paired = ", ".join(f"{n}: {_num(s.get('llmrun_over'), 2)}"
+                               for n, s in by_level.items())
+            lines.append(f"\n{self.label} decode tok/s / {label}'s, the median of each turn's "
+                         f"ratio, by concurrency: {paired}")
         if self.raw1 is not None:
             lines.append(f"\nraw-1 (llama-cpp-python high-level Llama, one stream): "
                          f"{self.raw1:.1f} tok/s")
@@ -509,6 +514,9 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
             result.constrained[n] = _summary(schema)
         for label, runs in others.items():
             result.against[label][n] = _summary(runs)
+            # the direct comparison: turn by turn, the two servers a minute apart at most
+            result.against[label][n]["llmrun_over"] = statistics.median(
+                a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(plain, runs, strict=True))
     if prefix:
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if baselines:

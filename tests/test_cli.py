@@ -366,6 +366,13 @@ def test_bench_decode_window_and_servers() -> None:
     kept = bench._summary(runs)
     assert kept["tok_s"] == 90 and kept["decode_tok_s"] == 99
     assert kept["decode_ratio"] == pytest.approx(100 / 105)
+    row = {"tok_s": 90.0, "decode_tok_s": 99.0, "ttft_p50": 0.1, "ttft_p95": 0.2,
+           "itl_ms": 10.0, "decode_ratio": 0.97}
+    table = bench.BenchResult("m", Path("m.gguf"), 96, 2, {1: row}, raw_decode={1: 102.0},
+                              against={"ls /v1": {1: {**row, "llmrun_over": 1.03}}}).table()
+    assert "| 1 | llmrun | 90.0 | 99.0 |" in table and "| 0.97 |" in table
+    assert "llmrun decode tok/s / ls /v1's, the median of each turn's ratio" in table
+    assert table.rstrip().endswith("1: 1.03")
 
 
 def test_home_and_files_are_private(home_with_model: Path) -> None:
