@@ -55,6 +55,20 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_MAX_STOP", "16", "Most stop strings in one request"),
     Setting("LLMRUN_RATE_LIMIT", "0",
             "Requests per minute per API key (or client address), 429 past it; 0 = off"),
+    Setting("LLMRUN_KV_CACHE_TYPE", "f16",
+            "KV cache element type: f16, q8_0 (about half the memory) or q4_0 (about a "
+            "quarter); a Modelfile's or request's kv_cache_type wins"),
+    Setting("LLMRUN_FLASH_ATTENTION", "auto",
+            "Flash attention: auto (where the backend has it), on or off; a Modelfile's or "
+            "request's flash_attention wins"),
+    Setting("LLMRUN_PROMPT_CACHE_SIZE", "4GiB",
+            "Disk kept for the KV state of long prompts (agents' system prompts and tools), "
+            "so a later session, a restarted daemon or a reloaded model reads them at once; "
+            "0 = off"),
+    Setting("LLMRUN_PROMPT_CACHE_RAM", "512MiB",
+            "Of those states, how much each loaded model also keeps in memory"),
+    Setting("LLMRUN_PROMPT_CACHE_MIN_TOKENS", "1024",
+            "Prompt tokens a request must read before its state is kept"),
     Setting("LLMRUN_WATCHDOG", "300s",
             "A runner with requests in flight that reports nothing for this long is "
             "restarted and its requests fail"),
@@ -277,3 +291,35 @@ def watchdog_seconds() -> float:
 
 def api_keys() -> list[str]:
     return [k.strip() for k in raw("LLMRUN_API_KEYS").split(",") if k.strip()]
+
+
+def prompt_cache_size() -> int:
+    """Bytes of prompt states on disk, all models together; 0: no prompt cache."""
+    return _parsed("LLMRUN_PROMPT_CACHE_SIZE", parse_size)
+
+
+def prompt_cache_ram() -> int:
+    return _parsed("LLMRUN_PROMPT_CACHE_RAM", parse_size)
+
+
+def prompt_cache_min_tokens() -> int:
+    return max(1, _parsed("LLMRUN_PROMPT_CACHE_MIN_TOKENS", _positive_int))
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        text = value.strip().lower()
+        text = {"true": "on", "1": "on", "false": "off", "0": "off"}.get(text, text) \
+            if "on" in allowed else text
+        if text not in allowed:
+            raise ValueError(value)
+        return text
+    return parse
+
+
+def kv_cache_type() -> str:
+    return _parsed("LLMRUN_KV_CACHE_TYPE", _choice("f16", "q8_0", "q4_0"))
+
+
+def flash_attention() -> str:
+    return _parsed("LLMRUN_FLASH_ATTENTION", _choice("auto", "on", "off"))

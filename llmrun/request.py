@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Options(BaseModel):
@@ -26,6 +26,10 @@ class Options(BaseModel):
     num_thread: int | None = Field(None, ge=0)
     num_gpu: int | None = None
     use_mmap: bool | None = None
+    # the KV cache's element type (quantized halves or quarters its memory) and flash
+    # attention, as Ollama's OLLAMA_KV_CACHE_TYPE and OLLAMA_FLASH_ATTENTION
+    kv_cache_type: str | None = Field(None, pattern="^(f16|q8_0|q4_0)$")
+    flash_attention: str | None = Field(None, pattern="^(auto|on|off)$")
     # per request
     num_keep: int | None = None
     seed: int | None = None
@@ -41,12 +45,23 @@ class Options(BaseModel):
     frequency_penalty: float | None = None
     stop: list[str] | None = None
 
+    @field_validator("kv_cache_type", "flash_attention", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str):
+            value = value.strip().lower()
+            return {"true": "on", "1": "on", "false": "off", "0": "off"}.get(value, value)
+        return value
+
     def merged_over(self, base: Options) -> Options:
         """These options, with unset fields taken from `base`."""
         return base.model_copy(update=self.model_dump(exclude_none=True))
 
 
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap")
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap", "kv_cache_type",
+                "flash_attention")
 
 # Ollama's defaults for what a request and the Modelfile leave unset.
 DEFAULT_OPTIONS = Options(

@@ -14,6 +14,12 @@ if [ "${1:-}" = "--" ]; then shift; fi
 THREADS=${THREADS:-$(nproc)}
 LS_PORT=${LS_PORT:-18080}
 LR_PORT=${LR_PORT:-18434}
+for port in "$LS_PORT" "$LR_PORT"; do  # a server left from an earlier run would be measured
+  if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+    echo "port $port already answers: stop that server first (or set LS_PORT / LR_PORT)" >&2
+    exit 1
+  fi
+done
 SERVER=$("$ROOT/scripts/build_llama_server.sh")
 WORK=$(mktemp -d)
 pids=()

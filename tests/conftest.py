@@ -39,6 +39,10 @@ T = TypeVar("T")
 # tok/s measured beside a CPU hog), and answers outlasted the tests' timeouts. One thread
 # slows only by the share of the core it gets.
 os.environ.setdefault("LLMRUN_NUM_THREADS", "1")
+# The prompt cache is off unless a test turns it on: a state saved by one test's long prompt
+# would make another's "cold" request a restored one (and its memory tier would count in
+# every memory estimate).
+os.environ.setdefault("LLMRUN_PROMPT_CACHE_SIZE", "0")
 
 # Fixtures that give a test a model file or the shared daemon: a test using one, directly or
 # through another fixture, is a `model` test.

@@ -16,6 +16,7 @@ import pytest
 from llmrun.chat import templates
 from llmrun.engine.batcher import Engine, SeqParams
 from llmrun.engine.llama import Context, Model
+from llmrun.engine.promptcache import PromptCache
 from tests.conftest import wait_until
 
 QUESTIONS = ["Why is the sky blue?", "Write a poem about cats.",
@@ -26,15 +27,19 @@ GREEDY = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, typical_p=1.0,
 
 
 class Harness:
-    def __init__(self, model: Model, slots: int = 4, n_ctx: int = 1024) -> None:
+    def __init__(self, model: Model, slots: int = 4, n_ctx: int = 1024,
+                 flash_attn: bool | None = None, prompt_cache: PromptCache | None = None) -> None:
         self.model = model
-        self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=1)
+        self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=1,
+                           flash_attn=flash_attn)
         self.text: dict[str, str] = {}
+        self.logprobs: dict[str, list[Any]] = {}
         self.final: dict[str, tuple[str, Any]] = {}
         self.started: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, list[str]] = {}  # each request's event kinds, in order
         self.cond = threading.Condition()
-        self.engine = Engine(model, self.ctx, n_ctx_seq=n_ctx, n_slots=slots, emit=self._emit)
+        self.engine = Engine(model, self.ctx, n_ctx_seq=n_ctx, n_slots=slots, emit=self._emit,
+                             prompt_cache=prompt_cache)
         self.engine.start()
         self.template = model.chat_template() or ""
         self._n = 0
@@ -45,6 +50,7 @@ class Harness:
                 self.kinds.setdefault(rid, []).append(kind)
                 if kind == "chunk":
                     self.text[rid] = self.text.get(rid, "") + payload["text"]
+                    self.logprobs.setdefault(rid, []).extend(payload.get("logprobs", []))
                 elif kind == "started":
                     self.started[rid] = payload
                 else:
@@ -55,13 +61,22 @@ class Harness:
         return self.model.tokenize(templates.render(self.template, messages), add_special=False)
 
     def submit(self, question: str | list[dict[str, str]], max_tokens: int = 48,
-               **sampling: Any) -> str:
+               logprobs: int | None = None, **sampling: Any) -> str:
         self._n += 1
         rid = f"r{self._n}"
         messages = [{"role": "user", "content": question}] if isinstance(question, str) \
             else question
-        params = SeqParams(sampling={**GREEDY, **sampling}, max_tokens=max_tokens)
+        params = SeqParams(sampling={**GREEDY, **sampling}, max_tokens=max_tokens,
+                           logprobs=logprobs)
         self.engine.submit(rid, self.tokens(messages), params)
+        return rid
+
+    def submit_tokens(self, prompt: list[int], max_tokens: int = 24,
+                      logprobs: int | None = None, save_at: int | None = None) -> str:
+        self._n += 1
+        rid = f"r{self._n}"
+        self.engine.submit(rid, prompt, SeqParams(sampling=GREEDY, max_tokens=max_tokens,
+                                                  logprobs=logprobs, save_at=save_at))
         return rid
 
     def wait(self, *rids: str) -> list[str]:

@@ -39,8 +39,8 @@ from pathlib import Path
 from llmrun.engine import sandbox
 from llmrun.engine.llama import Batch, Context, Model, Sampler  # imported first, as in runner
 
-model_path, victim, elsewhere, other_pid = sys.argv[1:5]
-confinement = sandbox.confine(read=[Path(model_path)])
+model_path, victim, elsewhere, other_pid, cache = sys.argv[1:6]
+confinement = sandbox.confine(read=[Path(model_path)], read_write=[Path(cache)] if cache else [])
 
 model = Model(Path(model_path))  # parsed inside the confinement
 ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=2)
@@ -84,6 +84,17 @@ attempts = {
     "thread": lambda: threading.Thread(target=lambda: None).start(),
     "socketpair": socket.socketpair,  # how a runner talks to the daemon: still allowed
 }
+if cache:  # the prompt cache's directory: its files are written, renamed and removed
+    def cache_cycle():
+        tmp = os.path.join(cache, ".kv-tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(b"state")
+        os.replace(tmp, os.path.join(cache, "a.kv"))
+        os.utime(os.path.join(cache, "a.kv"))
+        assert open(os.path.join(cache, "a.kv"), "rb").read() == b"state"
+        os.unlink(os.path.join(cache, "a.kv"))
+    attempts["cache_cycle"] = cache_cycle
+    attempts["rename_into_cache"] = lambda: os.rename(victim, os.path.join(cache, "stolen"))
 results = {}
 for name, attempt in attempts.items():
     try:
@@ -99,8 +110,16 @@ print(json.dumps({"applied": confinement.applied, "missing": confinement.missing
 DENIED = ("EPERM", "EACCES")  # seccomp answers EPERM, Landlock EACCES
 
 
+@pytest.mark.parametrize("with_cache", [False, True], ids=["no-writes", "prompt-cache"])
 def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
-        smollm2_path: Path, tmp_path: Path) -> None:
+        smollm2_path: Path, tmp_path: Path, with_cache: bool) -> None:
+    """Without a prompt cache a runner writes nothing; with one, only inside its directory
+    (Landlock alone keeps it there: seccomp must then allow writes)."""
+    cache = tmp_path / "prompt-cache"
+    if with_cache:
+        if not landlock_available():
+            pytest.skip("without Landlock a runner keeps its prompt states in memory")
+        cache.mkdir()
     victim = tmp_path / "bashrc"
     victim.write_text("keep me\n")
     elsewhere = tmp_path / "elsewhere"
@@ -108,7 +127,8 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         out = subprocess.run([sys.executable, "-c", RUNNER_PROBE, str(smollm2_path),
-                              str(victim), str(elsewhere), str(bystander.pid)],
+                              str(victim), str(elsewhere), str(bystander.pid),
+                              str(cache) if with_cache else ""],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         report = json.loads(out.stdout.splitlines()[-1])
@@ -130,6 +150,9 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
     assert results["kill_self"] == results["thread"] == results["socketpair"] == "ok"
     if landlock_available():  # files outside the model and the Python installation
         assert results["read_elsewhere"] == "EACCES"
+    if with_cache:
+        assert results["cache_cycle"] == "ok" and list(cache.iterdir()) == []
+        assert results["rename_into_cache"] in DENIED
 
 
 QUANTIZER_PROBE = """

@@ -85,6 +85,44 @@ def test_num_ctx_change_reloads(tmp_path: Path) -> None:
         d.stop()
 
 
+def test_kv_cache_types_answer_and_shrink_the_estimate(tmp_path: Path,
+                                                      smollm2_path: Path) -> None:
+    """issue 15: LLMRUN_KV_CACHE_TYPE, the Modelfile's and the request's kv_cache_type. A
+    q8_0 and a q4_0 cache still answer the question; /api/ps shows each runner's type and a
+    memory estimate that shrinks with it; flash attention off falls back to f16 (llama.cpp
+    cannot quantize the V cache without it)."""
+    home = make_home(tmp_path / "home", smollm2_path)
+    Store(home).create("smol-q4", f"FROM {smollm2_path}\nPARAMETER kv_cache_type q4_0\n")
+    d = Daemon(home, env={"LLMRUN_KV_CACHE_TYPE": "q8_0", "LLMRUN_MAX_LOADED_MODELS": "1"})
+    d.start()
+    try:
+        seen: dict[str, tuple[int, str]] = {}
+        for label, model, options in (
+                ("q8_0", "smollm2", {}),  # the environment's
+                ("f16", "smollm2", {"kv_cache_type": "f16"}),  # the request's
+                ("q4_0", "smol-q4", {}),  # the Modelfile's
+                ("off", "smollm2", {"flash_attention": "off"})):
+            r = httpx.post(f"{d.url}/api/chat", timeout=300, json={
+                "model": model, "stream": False, "messages": [
+                    {"role": "user", "content": "What is the capital of France?"}],
+                "options": {"temperature": 0, "num_predict": 24, **options}})
+            assert r.status_code == 200, r.text
+            (m,) = httpx.get(f"{d.url}/api/ps").json()["models"]
+            seen[label] = (m["size"], m["kv_cache_type"], m["flash_attention"])
+            assert "Paris" in r.json()["message"]["content"], (label, r.json())
+        assert seen["q8_0"][1:] == ("q8_0", "auto") and seen["q4_0"][1] == "q4_0"
+        assert seen["f16"][1] == "f16" and seen["off"][1:] == ("f16", "off")
+        assert seen["q4_0"][0] < seen["q8_0"][0] < seen["f16"][0] == seen["off"][0]
+        # the estimate counts the KV cache's bytes: 2048 tokens x 2 slots x 30 layers x
+        # 2 x 3 heads x 64, at 2 bytes (f16) and 34/32 (q8_0)
+        kv_f16 = 2048 * 2 * 30 * 2 * 3 * 64 * 2
+        assert seen["f16"][0] - seen["q8_0"][0] == pytest.approx(kv_f16 * (1 - 34 / 64), rel=0.01)
+        log = (home / "logs").glob("*.log")
+        assert any("KV q4_0" in p.read_text() for p in log)
+    finally:
+        d.stop()
+
+
 def test_queue_overflow_is_503_at_once(tmp_path: Path, smollm2_path: Path) -> None:
     """With one slot and a queue of one, a third request is refused while the first decodes
     and the second waits. The first runs until the test hangs up, so the 503 came while both

@@ -303,7 +303,11 @@ def router(service: Service) -> APIRouter:
             entry = model_entry(m.manifest)
             entry["name"] = entry["model"] = m.name
             entry["expires_at"] = m.expires_at
+            # as Ollama: what the loaded model takes (weights, KV cache, buffers), estimated
+            entry["size"] = m.memory or entry["size"]
             entry["size_vram"] = 0
+            entry["kv_cache_type"] = m.kv_cache_type
+            entry["flash_attention"] = m.flash_attention
             entry["context_length"] = m.context_length
             entry["slots"] = m.slots
             entry["slots_busy"] = m.slots_busy

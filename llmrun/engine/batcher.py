@@ -46,6 +46,7 @@ from llguidance.numpy import fill_next_token_bitmask_par
 from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
+from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.request import ChatRequest, error_event
 
@@ -60,6 +61,9 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_
 # After a step that produced no events (a long prompt being read), the engine still emits an
 # empty list at most this often, so the daemon's watchdog tells slow progress from a hang.
 HEARTBEAT_SECONDS = 1.0
+# A saved prompt state is loaded only when it covers at least this many tokens more than the
+# slot already holds (and a 64th of its own length: loading costs in proportion to it).
+RESTORE_MIN_GAIN = 64
 
 
 @dataclass
@@ -82,6 +86,9 @@ class SeqParams:
     # top k), sent as chunks with `prompt_logprobs` before any output; the prompt is then
     # evaluated whole (cached cells carry no logits)
     prompt_logprobs: int | None = None
+    # keep the prompt's state when this many of its tokens are in the slot (a message
+    # boundary, engine/promptcache.py); None: at the end of the prompt
+    save_at: int | None = None
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
@@ -139,7 +146,8 @@ class Engine:
     def __init__(self, model: Model, ctx: Context, *, n_ctx_seq: int, n_slots: int,
                  emit: Callable[[list[Event]], None],
                  on_fatal: Callable[[BaseException], None] | None = None,
-                 governor: ThreadGovernor | None = None) -> None:
+                 governor: ThreadGovernor | None = None,
+                 prompt_cache: PromptCache | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
@@ -148,6 +156,7 @@ class Engine:
         self.emit = emit
         self.on_fatal = on_fatal  # None: the exception ends the thread (and is logged)
         self.governor = governor  # None: a fixed thread count
+        self.prompt_cache = prompt_cache  # None: prefixes live only in the slots
         self._last_emit = time.monotonic()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
@@ -257,6 +266,8 @@ class Engine:
             n = 0
         if n == len(seq.prompt):
             n -= 1  # the last prompt token must be evaluated to get logits to sample from
+        if self.prompt_cache is not None and seq.params.prompt_logprobs is None:
+            n = self._restore(seq, slot, n)
         if n > 0 and not self.ctx.seq_rm(slot.seq_id, n, -1):
             n = 0  # this memory cannot drop a tail (recurrent models): start the slot over
         if n == 0:
@@ -268,6 +279,48 @@ class Engine:
         seq.slot = slot
         seq.t_start = time.perf_counter()
         slot.seq = seq
+
+    def _restore(self, seq: Sequence, slot: Slot, n: int) -> int:
+        """Load the saved state sharing the longest prefix with `seq`'s prompt into `slot`
+        when it covers clearly more than the slot's own `n` tokens; the tokens `slot` then
+        holds of the prompt (its old content is gone once a state is loaded)."""
+        assert self.prompt_cache is not None
+        hit = self.prompt_cache.best(seq.prompt, whole=self.model.n_swa > 0)
+        if hit is None:
+            return n
+        m = min(hit.n, len(seq.prompt) - 1)
+        # loading costs in proportion to the whole saved state; reading a token, far more
+        if m - n < max(RESTORE_MIN_GAIN, len(hit.entry.tokens) // 64):
+            return n
+        data = self.prompt_cache.load(hit.entry)
+        if data is None:
+            return n
+        self.ctx.seq_rm(slot.seq_id, -1, -1)
+        slot.tokens.clear()
+        if not self.ctx.state_seq_set(slot.seq_id, data):
+            self.prompt_cache.drop(hit.entry)
+            return 0
+        if m < len(hit.entry.tokens) and not self.ctx.seq_rm(slot.seq_id, m, -1):
+            self.ctx.seq_rm(slot.seq_id, -1, -1)  # cannot cut it back (recurrent memory)
+            return 0
+        slot.tokens.extend(hit.entry.tokens[:m].tolist())
+        log.info("request %s: %d prompt tokens restored from the prompt cache", seq.id, m)
+        return m
+
+    def _save_point(self, seq: Sequence) -> int:
+        """How many prompt tokens `seq`'s slot holds when its state is to be kept."""
+        at = seq.params.save_at
+        return at if at is not None and 0 < at < len(seq.prompt) else len(seq.prompt)
+
+    def _save_prompt(self, seq: Sequence) -> None:
+        """Keep the state of a long prompt, read up to its save point (the slot holds exactly
+        that many of its tokens now), unless it was mostly cached or is kept already."""
+        cache, slot = self.prompt_cache, seq.slot
+        assert cache is not None and slot is not None
+        tokens = slot.tokens
+        if len(tokens) - seq.cached < cache.min_tokens or cache.covers(tokens):
+            return
+        cache.add(list(tokens), self.ctx.state_seq_get(slot.seq_id))
 
     def _sampler(self, seq: Sequence) -> Sampler:
         p = seq.params
@@ -312,10 +365,13 @@ class Engine:
                 break
             slot = seq.slot
             assert slot is not None
-            chunk = seq.pending[:budget]
+            base = len(slot.tokens)
+            size = budget
+            if self.prompt_cache is not None and base < self._save_point(seq):
+                size = min(size, self._save_point(seq) - base)  # end a chunk at the point
+            chunk = seq.pending[:size]
             del seq.pending[: len(chunk)]
             last = len(chunk) - 1
-            base = len(slot.tokens)
             score = seq.params.prompt_logprobs is not None
             for i, tok in enumerate(chunk):
                 final = i == last and not seq.pending
@@ -332,6 +388,13 @@ class Engine:
         if rc != 0:
             self._decode_failed(rc)
             return
+        if self.prompt_cache is not None:
+            for seq in prefilling:
+                if seq.slot is not None and len(seq.slot.tokens) == self._save_point(seq):
+                    try:
+                        self._save_prompt(seq)
+                    except Exception:  # a cache that fails costs speed, never the answer
+                        log.exception("prompt cache: saving a prompt failed")
         events: list[Event] = []
         now = time.perf_counter()
         if scored:

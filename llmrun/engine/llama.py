@@ -78,6 +78,9 @@ class Model:
         self.vocab = C.llama_model_get_vocab(ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(ptr)
+        # sliding-window attention (Gemma 3): most layers see only the last n_swa positions,
+        # and a saved sequence state keeps only those: it resumes exactly at its end only
+        self.n_swa: int = C.llama_model_n_swa(ptr)
         self.add_bos: bool = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.size: int = C.llama_model_size(ptr)
         self.n_params: int = C.llama_model_n_params(ptr)
@@ -257,12 +260,16 @@ class Sampler:
             self.ptr = None
 
 
+# KV cache element types (llama.cpp's ggml types); a quantized V cache needs flash attention.
+KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
+
+
 class Context:
     """A llama context holding the KV cache for `n_seq` sequences of up to `n_ctx_seq` each."""
 
     def __init__(self, model: Model, *, n_ctx_seq: int, n_seq: int, n_batch: int,
                  n_threads: int, flash_attn: bool | None = None,
-                 embeddings: bool = False) -> None:
+                 embeddings: bool = False, kv_type: str = "f16") -> None:
         params = C.llama_context_default_params()
         # One KV stream per sequence, n_ctx_seq cells each (so every request gets its whole
         # num_ctx, as in Ollama). Not a unified pool: there a sequence's cells land wherever
@@ -278,6 +285,9 @@ class Context:
         params.n_threads_batch = n_threads
         params.kv_unified = False
         params.no_perf = True
+        if kv_type not in KV_TYPES:
+            raise LlamaError(f"unknown KV cache type {kv_type!r}; accepted: {', '.join(KV_TYPES)}")
+        params.type_k = params.type_v = KV_TYPES[kv_type]
         if embeddings:
             # One pooled vector per sequence. Generative models declare no pooling; mean
             # pooling is what a caller of /api/embed expects from them.
@@ -330,6 +340,31 @@ class Context:
         if not ptr:
             raise LlamaError("this context produced no pooled embedding")
         return np.ctypeslib.as_array(ptr, shape=(C.llama_model_n_embd(self.model.ptr),)).copy()
+
+    def state_seq_get(self, seq: int) -> bytearray:
+        """The state of sequence `seq` (its K/V cells with their positions) as bytes that
+        state_seq_set can load into any sequence of a context like this one."""
+        size = C.llama_state_seq_get_size(self.ptr, seq)
+        data = bytearray(size)
+        if size:
+            n = C.llama_state_seq_get_data(
+                self.ptr, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
+            if n != size:
+                raise LlamaError(f"llama.cpp wrote {n} of {size} bytes of a sequence state")
+        return data
+
+    def state_seq_set(self, seq: int, data: bytearray) -> bool:
+        """Load a state from state_seq_get into sequence `seq`, which must be empty; False
+        when llama.cpp refuses it (another model or layout, damaged), the sequence then
+        empty."""
+        if not data:
+            return False
+        n = C.llama_state_seq_set_data(
+            self.ptr, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq)
+        if n != len(data):
+            self.seq_rm(seq, -1, -1)
+            return False
+        return True
 
     def seq_pos_max(self, seq: int) -> int:
         """Largest position held for `seq`, -1 when it holds none."""

@@ -45,9 +45,10 @@ from typing import Any
 from llmrun import config, ipc
 from llmrun.chat import templates, thinking, tools
 from llmrun.engine import constraint, sandbox
-from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
+from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import ChannelClosed, SyncChannel
 from llmrun.request import ChatRequest, error_event
@@ -98,14 +99,17 @@ class ModelHost:
 
     def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
                  n_slots: int, n_threads: int = 1,
-                 governor: ThreadGovernor | None = None) -> None:
+                 governor: ThreadGovernor | None = None,
+                 prompt_cache: PromptCache | None = None) -> None:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
-                             on_fatal=self._engine_failed, governor=governor)
+                             on_fatal=self._engine_failed, governor=governor,
+                             prompt_cache=prompt_cache)
+        self.prompt_cache = prompt_cache
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
@@ -272,6 +276,27 @@ class ModelHost:
             tokens = self._after_context(req.context, tokens)
         return tokens, text
 
+    def _boundary(self, req: ChatRequest, plan: tools.ToolPlan | None,
+                  prompt: list[int]) -> int | None:
+        """How many tokens of `prompt` come before its last user message: what a new session
+        with the same system prompt and tools, or the next turn, shares with it, so where its
+        state is kept (engine/promptcache.py). None for a raw prompt, or when the template
+        cannot render the conversation without that message."""
+        if req.prompt is not None or req.suffix is not None or req.context:
+            return None
+        users = [i for i, m in enumerate(req.messages) if m.role == "user"]
+        if not users:
+            return None
+        head = req.model_copy(update={"messages": req.messages[:users[-1]]})
+        try:
+            tokens, _ = self.render(head, plan)
+        except Exception:  # a template that needs a user message, say: no boundary
+            return None
+        n = common_prefix(tokens, prompt)
+        # a short head is not worth a state of its own: the whole prompt's is kept instead
+        assert self.prompt_cache is not None
+        return n if n >= self.prompt_cache.min_tokens else None
+
     def _fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
         """Prefix-suffix-middle order with the model's FIM tokens, as llama-server builds it."""
         fim = self.model.fim_tokens()
@@ -333,6 +358,8 @@ class ModelHost:
             if inside or req.think is not False:
                 params.constrain_after = pair[1].encode()
                 params.think_open = None if inside else pair[0].encode()
+        if self.prompt_cache is not None and len(prompt) >= self.prompt_cache.min_tokens:
+            params.save_at = self._boundary(req, plan, prompt)
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
         if pair is not None:
@@ -384,6 +411,8 @@ class ModelHost:
             log.exception("the message loop failed")
             self._die(ipc.EXIT_SERVE_FAILED, f"its message loop failed ({type(exc).__name__})")
         self.engine.stop()
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()  # the states still being written
 
     def _serve(self) -> None:
         """Read the daemon's messages until it closes the channel or says shutdown."""
@@ -418,9 +447,10 @@ def lora_arg(text: str) -> tuple[Path, float]:
     return Path(text), 1.0
 
 
-def _confine(files: list[Path]) -> tuple[dict[str, Any], str]:
+def _confine(files: list[Path], writable: Path | None = None) -> tuple[dict[str, Any], str]:
     """Confine this process before llama.cpp reads a byte of the model files (`files`, the
-    only ones it may still open besides the Python installation and system libraries).
+    only ones it may still open besides the Python installation and system libraries), and
+    the prompt-cache directory `writable`, the only place it may write.
 
     Returns the sandbox fields of the ready info and, in LLMRUN_SANDBOX=strict mode when a
     layer could not be applied, why the runner must not go on (else "")."""
@@ -428,11 +458,30 @@ def _confine(files: list[Path]) -> tuple[dict[str, Any], str]:
     if mode == "off":
         log.warning("sandbox: off (LLMRUN_SANDBOX=0): this runner is not confined")
         return {"sandbox": [], "confined": False, "sandbox_missing": ["off (LLMRUN_SANDBOX=0)"]}, ""
-    result = sandbox.confine(read=files)
+    result = sandbox.confine(read=files, read_write=[writable] if writable else [])
     log.info("sandbox: %s", ", ".join(result.applied))
     for why in (*result.missing, *result.unavailable):
         log.warning("sandbox: not applied: %s", why)
     return result.info(), result.refusal() if mode == "strict" else ""
+
+
+def _prompt_cache_dir(args: argparse.Namespace) -> Path | None:
+    """Where this runner may keep prompt states on disk: the directory it was given, if the
+    sandbox can keep its writes inside it (else the states stay in memory)."""
+    if args.prompt_cache is None or args.prompt_cache_size <= 0:
+        return None
+    if config.sandbox_mode() != "off":
+        try:
+            sandbox.landlock_abi()
+        except OSError as exc:
+            log.warning("prompt cache: in memory only: without Landlock (%s) the sandbox "
+                        "could not keep the runner's writes inside %s", exc.strerror,
+                        args.prompt_cache)
+            return None
+    if not args.prompt_cache.is_dir():
+        log.warning("prompt cache: in memory only: %s is not a directory", args.prompt_cache)
+        return None
+    return args.prompt_cache
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +498,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lora", type=lora_arg, action="append", default=[],
                     metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
+    ap.add_argument("--kv-type", choices=["f16", "q8_0", "q4_0"], default="f16",
+                    help="KV cache element type")
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--prompt-cache", type=Path, metavar="DIR",
+                    help="keep the KV state of long prompts in DIR (engine/promptcache.py)")
+    ap.add_argument("--prompt-cache-key", default="",
+                    help="the model and load settings DIR's states belong to")
+    ap.add_argument("--prompt-cache-size", type=int, default=0,
+                    help="bytes of states on disk at most (0: no prompt cache)")
+    ap.add_argument("--prompt-cache-ram", type=int, default=0,
+                    help="bytes of states kept in memory at most")
+    ap.add_argument("--prompt-cache-min", type=int, default=1024,
+                    help="tokens a prompt must add before its state is kept")
     ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
@@ -459,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     chan = SyncChannel(socket.socket(fileno=args.fd))
     # before the sandbox: it reads /proc/stat, which the sandbox closes to new opens
     governor = ThreadGovernor(args.threads) if args.adaptive_threads else None
-    confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)])
+    cache_dir = _prompt_cache_dir(args)
+    confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)], cache_dir)
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
         return 1
@@ -467,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         model = Model(args.model)
         n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
         ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=args.slots,
-                      n_batch=args.batch, n_threads=args.threads)
+                      n_batch=args.batch, n_threads=args.threads, kv_type=args.kv_type,
+                      flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
         if args.lora:
             loras = [LoraAdapter(model, path) for path, _ in args.lora]
             ctx.set_loras(loras, [scale for _, scale in args.lora])
@@ -476,9 +540,20 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
-    log.info("loaded %s: ctx %d x %d slots, %s%d threads", args.model[0].name, n_ctx_seq,
-             args.slots, "at most " if governor else "", args.threads)
-    runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor)
+    log.info("loaded %s: ctx %d x %d slots, %s%d threads, KV %s, flash attention %s",
+             args.model[0].name, n_ctx_seq, args.slots, "at most " if governor else "",
+             args.threads, args.kv_type, args.flash_attn)
+    prompt_cache = None
+    if args.prompt_cache_size > 0:
+        try:
+            prompt_cache = PromptCache(cache_dir, args.prompt_cache_key,
+                                       max_bytes=args.prompt_cache_size,
+                                       ram_bytes=args.prompt_cache_ram,
+                                       min_tokens=args.prompt_cache_min, n_vocab=model.n_vocab)
+        except OSError as exc:
+            log.warning("prompt cache: off (%s)", exc)
+    runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
+                       prompt_cache)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

@@ -37,6 +37,7 @@ from llmrun.request import (
     Stats,
     error_event,
 )
+from llmrun.server import promptcache
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
@@ -106,6 +107,11 @@ class RunnerSpec:
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
     # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
     adaptive_threads: bool = False
+    kv_type: str = "f16"  # engine/llama.py KV_TYPES
+    flash_attention: str = "auto"  # auto, on, off
+    prompt_cache_size: int = 0  # bytes on disk for prompt states, all models; 0: none
+    prompt_cache_ram: int = 0  # bytes of them this runner keeps in memory
+    prompt_cache_min: int = 1024  # prompt tokens read before a state is kept
 
 
 class RunnerProcess:
@@ -150,6 +156,18 @@ class RunnerProcess:
             cmd += ["--lora", str(path)]
         if s.adaptive_threads:
             cmd.append("--adaptive-threads")
+        cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention]
+        if s.prompt_cache_size > 0:
+            name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.kv_type,
+                                   s.flash_attention)
+            try:
+                directory = promptcache.prepare(name, s.prompt_cache_size)
+                cmd += ["--prompt-cache", str(directory)]
+            except OSError as exc:  # the runner keeps states in memory only
+                log.warning("prompt cache: cannot use %s on disk: %s", name, exc)
+            cmd += ["--prompt-cache-key", name, "--prompt-cache-size", str(s.prompt_cache_size),
+                    "--prompt-cache-ram", str(s.prompt_cache_ram),
+                    "--prompt-cache-min", str(s.prompt_cache_min)]
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,

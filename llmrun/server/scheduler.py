@@ -82,8 +82,13 @@ def available_memory() -> int:
     return 1 << 62  # unknown: do not refuse on a guess
 
 
+# bytes per KV cache element: q8_0 and q4_0 store 32 values in 34 and 18 bytes
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
 def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) -> int:
-    """Weights + f16 KV cache for every slot's full context + a compute-buffer allowance."""
+    """Weights + the KV cache (of its element type) for every slot's full context + the
+    prompt states it may keep in memory + a compute-buffer allowance."""
     n_layer = int(info.arch_value("block_count", 0) or 0)
     n_embd = int(info.arch_value("embedding_length", 0) or 0)
     n_head = int(info.arch_value("attention.head_count", 1) or 1)
@@ -91,8 +96,9 @@ def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) 
     n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else n_head)
     k_len = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)) or 0)
     v_len = int(info.arch_value("attention.value_length", k_len) or 0)
-    kv = 2 * n_layer * n_head_kv * (k_len + v_len) * spec.n_ctx * spec.n_slots
-    return weights + kv + (256 << 20)
+    kv = n_layer * n_head_kv * (k_len + v_len) * spec.n_ctx * spec.n_slots
+    kv = int(kv * KV_BYTES[spec.kv_type])
+    return weights + kv + spec.prompt_cache_ram + (256 << 20)
 
 
 def parse_keep_alive(value: str | float | int | None) -> float:
@@ -169,6 +175,7 @@ class Loaded:
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # its load ended, well or not
     error: EngineError | None = None  # why its load failed
     reserved: int = 0  # bytes counted as used while it loads (its estimate, once room was made)
+    memory: int = 0  # its estimate (weights, KV cache, prompt states in memory, buffers)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # its runner was stopped
     task: asyncio.Task[None] | None = None  # its load
 
@@ -200,6 +207,9 @@ class ModelState:
     sandbox: list[str]  # confinement layers the runner applied
     confined: bool  # whether that is all of them
     reload_pending: bool  # requests with other load options wait for it to be idle
+    memory: int = 0  # bytes it is estimated to take (Ollama's /api/ps `size`)
+    kv_cache_type: str = "f16"
+    flash_attention: str = "auto"
 
 
 def _expires_at_iso(loaded: Loaded) -> str:
@@ -236,6 +246,16 @@ class Scheduler:
         trained = manifest.details.context_length
         if trained:
             n_ctx = min(n_ctx, trained)
+        flash = options.flash_attention or manifest.options().flash_attention \
+            or config.flash_attention()
+        kv_type = options.kv_cache_type or manifest.options().kv_cache_type \
+            or config.kv_cache_type()
+        if kv_type != "f16" and flash == "off":
+            # llama.cpp cannot quantize the V cache without flash attention (Ollama, too,
+            # falls back to f16 then)
+            log.warning("KV cache type %s needs flash attention, which is off: using f16",
+                        kv_type)
+            kv_type = "f16"
         fixed = options.num_thread or config.num_threads_fixed()
         cores = config.usable_cores()  # the runner's governor counts the same cores
         n_threads = min(fixed or cores, cores)
@@ -247,6 +267,11 @@ class Scheduler:
             n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
             adaptive_threads=not fixed,
+            kv_type=kv_type,
+            flash_attention=flash,
+            prompt_cache_size=config.prompt_cache_size(),
+            prompt_cache_ram=config.prompt_cache_ram() if config.prompt_cache_size() else 0,
+            prompt_cache_min=config.prompt_cache_min_tokens(),
         )
 
     def models(self) -> list[ModelState]:
@@ -261,7 +286,8 @@ class Scheduler:
                           slots=m.spec.n_slots, slots_busy=m.runner.busy,
                           sandbox=list(info.get("sandbox", [])),
                           confined=bool(info.get("confined", False)),
-                          reload_pending=m.reloads_waiting > 0)
+                          reload_pending=m.reloads_waiting > 0, memory=m.memory,
+                          kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention)
 
     @contextlib.asynccontextmanager
     async def use(self, name: str, options: Options,
@@ -373,6 +399,7 @@ class Scheduler:
                 await retiring.stopped.wait()  # never two runners for one model at once
             need = await asyncio.to_thread(self._check_files, short, loaded.manifest,
                                            loaded.spec)
+            loaded.memory = need
             await self._make_room(loaded, need)
             await loaded.runner.start()
         except BaseException as exc:

@@ -1,0 +1,351 @@
+"""KV states of long prompts, kept past their slot and their runner (issue 15).
+
+A coding agent sends the same ~20k tokens of system prompt and tools with every request. The
+slots' own prefix reuse (engine/batcher.py) helps only while the runner that read them lives
+and no other conversation took the slot; this cache keeps the state of every long prompt the
+engine has read (llama.cpp's per-sequence state: the K/V cells of that sequence), so a later
+request whose prompt starts the same way, in this runner or in one started next week, loads
+it and reads only the rest.
+
+Where a state is taken: at the message boundary a later request will diverge from (the
+runner passes the position before the conversation's last user message, so a new session
+with the same system prompt and tools, or the next turn, shares all of it), else at the end
+of the prompt. On most models a state also serves a prompt that shares only part of it: it
+is loaded and cut back to the shared part. Not on models with sliding-window attention
+(Gemma 3): a saved state keeps only the last window of those layers (llama.cpp's format),
+so it resumes exactly at its end only (`best(whole=True)`; measured: cut back by one token,
+logits move by 0.4; at its end, bit-identical), which is why the boundary matters.
+
+Two tiers: the states saved or loaded lately stay in memory (`ram_bytes`), and every state
+goes to a file in `directory` (one per prompt, `<sha256 of its tokens>.kv`, written by a
+thread of its own, atomically, mode 0600), the least recently used removed past `max_bytes`.
+The directory belongs to one model and one set of load settings (the daemon names it by
+their hash, server/runners.py), so a state is never offered to a context it does not fit; a
+file is still checked whole before use (format, key, tokens, size, SHA-256 of the state) and
+one that fails is removed with a log line, and llama.cpp checks the state's layout again.
+
+File format: `LLMRUNKV`, a 4-byte little-endian header length, a JSON header (`version`,
+`key`, `n_tokens`, `state_size`, `state_sha256`), the tokens as little-endian int32, the state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("llmrun.runner")
+
+MAGIC = b"LLMRUNKV"
+VERSION = 1
+SUFFIX = ".kv"
+MAX_HEADER = 4096
+
+
+@dataclass
+class Entry:
+    tokens: np.ndarray  # int32
+    digest: str  # sha256 of the tokens: the file's name
+    size: int  # bytes of state
+    data: bytearray | None = None  # in memory (the RAM tier), or None: on disk only
+    on_disk: bool = False
+
+
+@dataclass(frozen=True)
+class Hit:
+    entry: Entry
+    n: int  # tokens of the prompt the state covers
+
+
+def token_digest(tokens: np.ndarray) -> str:
+    return hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest()
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+class PromptCache:
+    """The states of prompts of at least `min_tokens`, in memory and under `directory`
+    (None: memory only). Used by the engine thread; files are written by a thread of its
+    own. `key` names the model and load settings; a file with another key is not used."""
+
+    def __init__(self, directory: Path | None, key: str, *, max_bytes: int, ram_bytes: int,
+                 min_tokens: int, n_vocab: int) -> None:
+        self.directory = directory
+        self.key = key
+        self.max_bytes = max_bytes
+        self.ram_bytes = ram_bytes
+        self.min_tokens = min_tokens
+        self.n_vocab = n_vocab
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self._writes: queue.SimpleQueue[tuple[Entry, bytearray] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        if directory is not None:
+            self._scan()
+            self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                            name="llmrun-prompt-cache")
+            self._writer.start()
+
+    # -- lookups (engine thread) ----------------------------------------------------------
+
+    def best(self, prompt: list[int], whole: bool = False) -> Hit | None:
+        """The saved state sharing the longest prefix with `prompt`, and that length; with
+        `whole`, only states that are all a prefix of `prompt` (a model with sliding-window
+        attention resumes a state exactly at its end only)."""
+        if not self._entries or len(prompt) < self.min_tokens:
+            return None
+        p = np.asarray(prompt, dtype=np.int32)
+        with self._lock:
+            entries = list(self._entries.values())
+        best: Hit | None = None
+        for e in entries:
+            n = common_prefix(e.tokens, p)
+            if whole and n < len(e.tokens):
+                continue
+            if best is None or n > best.n:
+                best = Hit(e, n)
+        return best if best is not None and best.n > 0 else None
+
+    def load(self, entry: Entry) -> bytearray | None:
+        """The state of `entry` (from memory, else its file, checked whole); None when it
+        cannot be had (the file is then removed)."""
+        with self._lock:
+            if entry.digest in self._entries:
+                self._entries.move_to_end(entry.digest)
+            data = entry.data
+        if data is not None:
+            return data
+        data = self._read(entry) if self.directory is not None else None
+        if data is None:
+            self._forget(entry, remove=True)
+            return None
+        self._remember(entry, data)
+        if self.directory is not None:
+            # the file's time orders the next runner's least-recently-used list
+            with contextlib.suppress(OSError):
+                os.utime(self._path(entry.digest))
+        return data
+
+    def drop(self, entry: Entry) -> None:
+        """Forget a state llama.cpp refused (and remove its file)."""
+        log.warning("prompt cache: llama.cpp refused the state of a %d-token prefix; removed",
+                    len(entry.tokens))
+        self._forget(entry, remove=True)
+
+    # -- saving (engine thread) -----------------------------------------------------------
+
+    def covers(self, prompt: list[int]) -> bool:
+        """Whether a saved state already holds all of `prompt`."""
+        hit = self.best(prompt)
+        return hit is not None and hit.n == len(prompt)
+
+    def add(self, tokens: list[int], state: bytearray) -> None:
+        arr = np.asarray(tokens, dtype=np.int32)
+        entry = Entry(arr, token_digest(arr), len(state))
+        to_disk = self.directory is not None and entry.size <= self.max_bytes
+        if not to_disk and entry.size > self.ram_bytes:
+            return  # no tier can hold it
+        with self._lock:
+            self._entries[entry.digest] = entry
+        self._remember(entry, state)
+        if to_disk:
+            self._writes.put((entry, state))  # the writer holds the bytes until written
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let the writer finish the states already handed to it."""
+        if self._writer is not None and self._writer.is_alive():
+            self._writes.put(None)
+            self._writer.join(timeout)
+
+    # -- memory tier ----------------------------------------------------------------------
+
+    def _remember(self, entry: Entry, data: bytearray) -> None:
+        """Keep `data` in memory for `entry`, letting the least recently used go past the
+        budget (those with no file behind them are forgotten)."""
+        if len(data) > self.ram_bytes:
+            return
+        with self._lock:
+            entry.data = data
+            in_ram = [e for e in self._entries.values() if e.data is not None]
+            used = sum(e.size for e in in_ram)
+            for e in in_ram:  # least recently used first
+                if used <= self.ram_bytes:
+                    break
+                if e is entry:
+                    continue
+                used -= e.size
+                e.data = None
+                if self.directory is None:
+                    del self._entries[e.digest]
+
+    def _forget(self, entry: Entry, remove: bool) -> None:
+        with self._lock:
+            self._entries.pop(entry.digest, None)
+            entry.data = None
+        if remove and self.directory is not None:
+            try:
+                self._path(entry.digest).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("prompt cache: cannot remove %s: %s", entry.digest[:12], exc)
+
+    # -- files ----------------------------------------------------------------------------
+
+    def _path(self, digest: str) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{digest}{SUFFIX}"
+
+    def _header(self, entry: Entry, state_sha256: str) -> bytes:
+        head = json.dumps({"version": VERSION, "key": self.key, "n_tokens": len(entry.tokens),
+                           "state_size": entry.size, "state_sha256": state_sha256}).encode()
+        return MAGIC + struct.pack("<I", len(head)) + head
+
+    def _scan(self) -> None:
+        """Index the files a previous runner left: their tokens, oldest used first. What is
+        not ours or not whole is removed (a write that died leaves a temporary file)."""
+        assert self.directory is not None
+        found: list[tuple[float, Entry]] = []
+        for path in self.directory.iterdir():
+            if path.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < time.time() - 60:
+                        path.unlink()  # a temporary file of a write that died
+                continue
+            if not path.name.endswith(SUFFIX):
+                continue
+            try:
+                with path.open("rb") as fh:
+                    tokens, size, _ = self._read_header(fh)
+                    if path.stat().st_size != fh.tell() + size:
+                        raise ValueError("its size does not match its header")
+            except (OSError, ValueError) as exc:
+                log.warning("prompt cache: ignoring and removing %s: %s", path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            digest = token_digest(tokens)
+            if path.name != f"{digest}{SUFFIX}":
+                log.warning("prompt cache: removing %s: its name is not its tokens' digest",
+                            path.name)
+                path.unlink(missing_ok=True)
+                continue
+            found.append((path.stat().st_mtime, Entry(tokens, digest, size, on_disk=True)))
+        for _, entry in sorted(found, key=lambda x: x[0]):
+            self._entries[entry.digest] = entry
+        if found:
+            log.info("prompt cache: %d saved prompts (%s tokens at most) in %s", len(found),
+                     max(len(e.tokens) for _, e in found), self.directory)
+
+    def _read_header(self, fh: object) -> tuple[np.ndarray, int, str]:
+        def read(n: int) -> bytes:
+            data: bytes = fh.read(n)  # type: ignore[attr-defined]
+            if len(data) != n:
+                raise ValueError("cut short")
+            return data
+
+        if read(len(MAGIC)) != MAGIC:
+            raise ValueError("not a prompt-cache file")
+        (n,) = struct.unpack("<I", read(4))
+        if n > MAX_HEADER:
+            raise ValueError("header too large")
+        head = json.loads(read(n))
+        if not isinstance(head, dict) or head.get("version") != VERSION:
+            raise ValueError("another format version")
+        if head.get("key") != self.key:
+            raise ValueError("saved for another model or other load settings")
+        n_tokens, size, sha = head.get("n_tokens"), head.get("state_size"), \
+            head.get("state_sha256")
+        if not (type(n_tokens) is int and 0 < n_tokens <= 1 << 24 and type(size) is int
+                and size > 0 and isinstance(sha, str)):
+            raise ValueError("a header field is missing or out of range")
+        tokens = np.frombuffer(read(4 * n_tokens), dtype="<i4").astype(np.int32)
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ValueError("a token is outside the vocabulary")
+        return tokens, size, sha
+
+    def _read(self, entry: Entry) -> bytearray | None:
+        path = self._path(entry.digest)
+        try:
+            with path.open("rb") as fh:
+                tokens, size, sha = self._read_header(fh)
+                if size != entry.size or not np.array_equal(tokens, entry.tokens):
+                    raise ValueError("it changed since it was indexed")
+                data = bytearray(size)
+                if fh.readinto(data) != size or fh.read(1):
+                    raise ValueError("its state is not the size its header says")
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise ValueError("its state does not match its checksum")
+        except (OSError, ValueError) as exc:
+            log.warning("prompt cache: ignoring and removing %s: %s", path.name, exc)
+            return None
+        return data
+
+    def _write_loop(self) -> None:
+        while (item := self._writes.get()) is not None:
+            entry, data = item
+            if entry.digest not in self._entries:
+                continue  # dropped before its turn
+            try:
+                self._write(entry, data)
+            except OSError as exc:
+                log.warning("prompt cache: cannot save a %d-token prompt: %s",
+                            len(entry.tokens), exc)
+                with self._lock:
+                    self._entries.pop(entry.digest, None)
+                continue
+            with self._lock:
+                entry.on_disk = True
+            self._trim_files()
+
+    def _write(self, entry: Entry, data: bytearray) -> None:
+        assert self.directory is not None
+        head = self._header(entry, hashlib.sha256(data).hexdigest())
+        fd, tmp = tempfile.mkstemp(prefix=".kv-", dir=self.directory)  # 0600
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(head)
+                fh.write(entry.tokens.astype("<i4").tobytes())
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self._path(entry.digest))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        log.info("prompt cache: saved a %d-token prompt (%.1f MB)", len(entry.tokens),
+                 len(data) / 1e6)
+
+    def _trim_files(self) -> None:
+        """Least recently used files out until the directory is within `max_bytes`."""
+        with self._lock:
+            on_disk = [e for e in self._entries.values() if e.on_disk]
+            used = sum(e.size for e in on_disk)
+            gone = []
+            for e in on_disk:
+                if used <= self.max_bytes:
+                    break
+                used -= e.size
+                gone.append(e)
+                del self._entries[e.digest]
+                e.data = None
+        for e in gone:
+            try:
+                self._path(e.digest).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("prompt cache: cannot remove %s: %s", e.digest[:12], exc)

@@ -1,0 +1,73 @@
+"""The daemon's side of the prompt cache (the states themselves: engine/promptcache.py).
+
+Each model and set of load settings that shape its KV cache (weights, adapters, context per
+sequence, KV type, flash attention) has its own directory under LLMRUN_HOME/prompt-cache,
+named by their hash: a runner only ever sees states that fit its context, and the sandbox
+lets it write there and nowhere else. A runner keeps its own directory within the budget;
+before one starts, the daemon removes other directories, least recently used first, until
+all of them together fit it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from llmrun import config
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # engine/promptcache.py's file format and the state layout it expects
+
+
+def key(model_paths: tuple[Path, ...], lora_paths: tuple[Path, ...], n_ctx: int,
+        kv_type: str = "f16", flash_attention: str = "auto") -> str:
+    """The name of the directory for these load settings (model files are named by their
+    digest in the store, so their paths stand for their content)."""
+    body = json.dumps({"format": FORMAT, "model": [str(p) for p in model_paths],
+                       "lora": [str(p) for p in lora_paths], "n_ctx": n_ctx,
+                       "kv_type": kv_type, "flash_attention": flash_attention}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def prepare(name: str, budget: int) -> Path:
+    """The directory for key `name`, made (0700), with the others trimmed to the budget."""
+    root = config.make_private(config.home() / "prompt-cache")
+    directory = config.make_private(root / name)
+    _make_room(root, directory, budget)
+    return directory
+
+
+def _usage(directory: Path) -> tuple[int, float]:
+    """Bytes in `directory` and when it was last used (its newest file)."""
+    size, newest = 0, 0.0
+    for f in directory.iterdir():
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        size += st.st_size
+        newest = max(newest, st.st_mtime)
+    return size, newest
+
+
+def _make_room(root: Path, keep: Path, budget: int) -> None:
+    others = []
+    total = 0
+    for d in root.iterdir():
+        if not d.is_dir():
+            continue
+        size, newest = _usage(d)
+        total += size
+        if d != keep:
+            others.append((newest, size, d))
+    for _, size, d in sorted(others):
+        if total <= budget:
+            break
+        log.info("prompt cache: removing %s (%.1f MB) to stay within %d MB", d.name,
+                 size / 1e6, budget // 1_000_000)
+        shutil.rmtree(d, ignore_errors=True)
+        total -= size
