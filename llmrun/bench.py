@@ -196,7 +196,7 @@ async def post_lines(url: str, path: str, body: dict[str, Any]) -> AsyncIterator
 async def one_request(url: str, model: str, prompt: str,
                       tokens: int, messages: list[dict[str, str]] | None = None,
                       fmt: dict[str, Any] | None = None,
-                      api: Api = "chat") -> dict[str, Any]:
+                      api: Api = "chat", options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed request; its TTFT, tokens, mean inter-token latency, the times of its
     first and last token (perf_counter), and its text."""
     messages = messages or [{"role": "user", "content": prompt}]
@@ -208,13 +208,15 @@ async def one_request(url: str, model: str, prompt: str,
         path = "/v1/chat/completions"
     else:
         body = {"model": model, "stream": True, "messages": messages,
-                "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0}}
+                "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0,
+                            **(options or {})}}
         path = "/api/chat"
     if fmt is not None:
         body["format"] = fmt
     t0 = time.perf_counter()
     stamps: list[float] = []
     count: float | None = None  # the server's own count of generated tokens
+    prompt_tokens = 0  # and of the prompt's (/api/chat)
     text = []
     async with contextlib.aclosing(post_lines(url, path, body)) as lines:
         async for line in lines:
@@ -240,6 +242,7 @@ async def one_request(url: str, model: str, prompt: str,
                     raise RuntimeError(obj["error"])
                 if obj.get("done"):
                     count = float(obj.get("eval_count", 0))
+                    prompt_tokens = int(obj.get("prompt_eval_count", 0))
                     break
                 piece = obj["message"]["content"]
             if piece:
@@ -252,7 +255,8 @@ async def one_request(url: str, model: str, prompt: str,
             "itl": statistics.mean(itl) if itl else float("nan"),
             "first": stamps[0] if stamps else t0, "last": stamps[-1] if stamps else t0,
             "stamps": stamps,
-            "elapsed": time.perf_counter() - t0, "text": "".join(text)}
+            "elapsed": time.perf_counter() - t0, "text": "".join(text),
+            "prompt_tokens": prompt_tokens}
 
 
 def decode_rate(results: list[dict[str, Any]]) -> float:
@@ -319,6 +323,37 @@ async def prefix_reuse(url: str, model: str, busy: int) -> tuple[float, float]:
     second = await one_request(url, model, "", 32, turn2)
     await asyncio.gather(*others)
     return first["ttft"], second["ttft"]
+
+
+async def _post(url: str, path: str, body: dict[str, Any]) -> None:
+    async with contextlib.aclosing(post_lines(url, path, body)) as lines:
+        async for _ in lines:
+            pass
+
+
+async def prompt_cache(url: str, model: str, n_tokens: int) -> tuple[float, float, int]:
+    """TTFT of a chat whose system prompt is ~`n_tokens` long, read cold, and of a new
+    session with the same system prompt after the model was unloaded (keep_alive 0), so its
+    runner is a new one: the prompt cache's disk tier. Each is measured with the model
+    loaded first by a short request. Returns (cold, restored, the prompt's tokens)."""
+    tag = os.urandom(6).hex()  # no state of an earlier run can match
+    line = "Tool {i}: reads the file at `path` and returns lines `start` to `end` ({tag}). "
+    system = "".join(line.format(i=i, tag=tag) for i in range(n_tokens // 24 + 1))
+    options = {"num_ctx": n_tokens * 2 + 1024}
+    quick = {"model": model, "prompt": "hi", "stream": False,
+             "options": {**options, "num_predict": 1}}
+
+    async def session(question: str) -> dict[str, Any]:
+        await _post(url, "/api/generate", {"model": model, "keep_alive": 0})  # unload
+        await _post(url, "/api/generate", quick)  # and load again, on a new runner
+        return await one_request(url, model, "", 1, [
+            {"role": "system", "content": system}, {"role": "user", "content": question}],
+            options=options)
+
+    # one token: the time to the answer's end is the time to its first token
+    cold = await session("Say hi.")
+    restored = await session("What can you do?")
+    return cold["elapsed"], restored["elapsed"], int(cold["prompt_tokens"])
 
 
 def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
@@ -396,6 +431,8 @@ class BenchResult:
     rawn: dict[int, float] = field(default_factory=dict)  # prefill in the wall time
     raw_decode: dict[int, float] = field(default_factory=dict)  # decode steps only
     prefix: tuple[float, float] | None = None  # TTFT of turn 1 and turn 2
+    # prompt cache: cold TTFT, restored TTFT (a new runner), the prompt's tokens
+    cache: tuple[float, float, int] | None = None
     constrained: dict[int, dict[str, float]] = field(default_factory=dict)  # with SCHEMA
     label: str = "llmrun"  # llmrun's row, with the API it was asked over
     against: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
@@ -436,6 +473,11 @@ class BenchResult:
         if self.raw1 is not None:
             lines.append(f"\nraw-1 (llama-cpp-python high-level Llama, one stream): "
                          f"{self.raw1:.1f} tok/s")
+        if self.cache is not None:
+            cold, restored, n = self.cache
+            lines.append(f"prompt cache: a {n}-token system prompt, TTFT {cold:.2f} s cold, "
+                         f"{restored:.2f} s in a new session after the model was unloaded "
+                         f"({100 * restored / cold:.1f}% of cold)")
         if self.prefix is not None:
             t1, t2 = self.prefix
             lines.append(f"prefix reuse with 3 other streams busy: turn-1 TTFT {t1:.2f} s, "
@@ -465,7 +507,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, threads: int,
         baselines: bool = True, prefix: bool = True,
         constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3,
-        api: Api = "chat", against: list[Server] | tuple[Server, ...] = ()) -> BenchResult:
+        api: Api = "chat", against: list[Server] | tuple[Server, ...] = (),
+        cache_tokens: int = 0) -> BenchResult:
     """Measure the daemon at `url` serving `model` (over `api`), and the `against` servers
     under the same load, and (with the servers idle, in each turn) the raw loops on `gguf`. At each
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
@@ -519,6 +562,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
                 a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(plain, runs, strict=True))
     if prefix:
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
+    if cache_tokens > 0:
+        result.cache = asyncio.run(prompt_cache(url, model, cache_tokens))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
     return result

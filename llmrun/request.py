@@ -30,6 +30,12 @@ class Options(BaseModel):
     # attention, as Ollama's OLLAMA_KV_CACHE_TYPE and OLLAMA_FLASH_ATTENTION
     kv_cache_type: str | None = Field(None, pattern="^(f16|q8_0|q4_0)$")
     flash_attention: str | None = Field(None, pattern="^(auto|on|off)$")
+    # when the prompt or the output outgrows num_ctx (None, false: a clear error; the output
+    # stops with "length"): `truncate` drops the oldest turns, keeping the system prompt and
+    # the last user turn; `shift` drops the oldest half of the context after num_keep
+    # tokens and goes on generating (as Ollama's request fields of those names)
+    truncate: bool | None = None
+    shift: bool | None = None
     # per request
     num_keep: int | None = None
     seed: int | None = None
@@ -171,6 +177,17 @@ class Stats(BaseModel):
     finish_reason: FinishReason = "stop"
     stop_sequence: str | None = None  # the stop string that ended generation, if one did
     context: list[int] | None = None  # prompt + output token ids, when the request asked
+    truncated_messages: int = 0  # oldest messages dropped to fit num_ctx (`truncate`)
+    truncated_tokens: int = 0  # the prompt tokens they took
+    shifted_tokens: int = 0  # context tokens dropped while generating (`shift`)
+
+    def context_notes(self) -> dict[str, int]:
+        """What was dropped to fit the context, for a response to say so (every dialect adds
+        these to its usage; absent when nothing was)."""
+        notes = {"truncated_messages": self.truncated_messages,
+                 "truncated_tokens": self.truncated_tokens,
+                 "shifted_tokens": self.shifted_tokens}
+        return {k: v for k, v in notes.items() if v}
 
 
 class TokenLogprob(BaseModel):

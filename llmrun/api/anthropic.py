@@ -439,7 +439,8 @@ def usage(stats: Stats) -> dict[str, int]:
     return {"input_tokens": stats.prompt_tokens - cached,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
-            "output_tokens": stats.completion_tokens}
+            "output_tokens": stats.completion_tokens,
+            **stats.context_notes()}
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:

@@ -75,6 +75,8 @@ class ChatBody(BaseModel):
     think: bool | str | None = None
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
+    truncate: bool | None = None  # when the prompt outgrows num_ctx: drop the oldest turns
+    shift: bool | None = None  # when the output fills num_ctx: shift it and go on
 
 
 class GenerateBody(BaseModel):
@@ -93,6 +95,7 @@ class GenerateBody(BaseModel):
     think: bool | str | None = None
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
+    shift: bool | None = None  # when the output fills num_ctx: shift it and go on
 
 
 class EmbedBody(BaseModel):
@@ -142,6 +145,13 @@ def parse_options(raw: dict[str, Any] | None) -> Options:
         raise EngineError(f"invalid options.{field}: {first['msg']}", status=400) from None
 
 
+def _with_fit(options: Options, truncate: bool | None, shift: bool | None) -> Options:
+    """The request's `truncate` and `shift` fields over its options (and so over the
+    Modelfile's PARAMETERs of those names)."""
+    fit = {k: v for k, v in (("truncate", truncate), ("shift", shift)) if v is not None}
+    return options.model_copy(update=fit) if fit else options
+
+
 def stats_fields(stats: Stats) -> dict[str, Any]:
     return {
         "done_reason": DONE_REASONS.get(stats.finish_reason, stats.finish_reason),
@@ -151,6 +161,7 @@ def stats_fields(stats: Stats) -> dict[str, Any]:
         "prompt_eval_duration": stats.prompt_ns,
         "eval_count": stats.completion_tokens,
         "eval_duration": stats.generate_ns,
+        **stats.context_notes(),
     }
 
 
@@ -213,7 +224,7 @@ def router(service: Service) -> APIRouter:
                 model=body.model,
                 messages=[_message(m) for m in body.messages],
                 tools=[_tool(t) for t in body.tools or []],
-                options=parse_options(body.options),
+                options=_with_fit(parse_options(body.options), body.truncate, body.shift),
                 stream=body.stream,
                 keep_alive=body.keep_alive,
                 format=body.format or None,
@@ -251,7 +262,7 @@ def router(service: Service) -> APIRouter:
                 think=_think(body.think),
                 think_required=bool(body.think),
                 template=body.template or None,
-                options=parse_options(body.options),
+                options=_with_fit(parse_options(body.options), None, body.shift),
                 stream=body.stream,
                 keep_alive=body.keep_alive,
                 format=body.format or None,

@@ -24,6 +24,11 @@ def register(app: typer.Typer) -> None:
                                        help="Also measure raw llama-cpp-python, for ratios"),
         prefix: bool = typer.Option(True, "--prefix/--no-prefix",
                                     help="Also measure second-turn TTFT (prefix reuse)"),
+        prompt_cache: int = typer.Option(0, metavar="TOKENS",
+                                         help="Also measure a new session's TTFT, on a new "
+                                              "runner, for a system prompt of about TOKENS "
+                                              "against reading it cold (the prompt cache; "
+                                              "the model needs twice that context)"),
         constrained: str = typer.Option("1,4", help="Levels that also run with a JSON schema "
                                                     "in `format`, as a ratio to the same load "
                                                     "without (empty: none)"),
@@ -74,7 +79,8 @@ def register(app: typer.Typer) -> None:
         try:
             result = b.run(client.base_url, model, path, counts, tokens, threads,
                            baselines=baselines, prefix=prefix, constrained=with_schema,
-                           rounds=rounds, api=how, against=others)
+                           rounds=rounds, api=how, against=others,
+                           cache_tokens=prompt_cache)
         except RuntimeError as exc:
             fail(f"the benchmark stopped: {exc}")
         typer.echo(result.table())  # plain: a table to paste, never wrapped

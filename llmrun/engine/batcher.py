@@ -61,6 +61,9 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_
 # After a step that produced no events (a long prompt being read), the engine still emits an
 # empty list at most this often, so the daemon's watchdog tells slow progress from a hang.
 HEARTBEAT_SECONDS = 1.0
+# With `shift` and no num_predict, generation still ends after this many contexts' worth of
+# tokens: a request cannot hold its slot forever.
+SHIFT_LIMIT = 10
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
@@ -89,6 +92,11 @@ class SeqParams:
     # keep the prompt's state when this many of its tokens are in the slot (a message
     # boundary, engine/promptcache.py); None: at the end of the prompt
     save_at: int | None = None
+    # a full context drops its oldest half after `keep` tokens and generation goes on,
+    # rather than ending with "length" (Ollama's `shift`)
+    shift: bool = False
+    keep: int = 0
+    truncated: tuple[int, int] = (0, 0)  # (messages, tokens) the runner dropped to fit
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
@@ -98,7 +106,8 @@ class SeqParams:
         return cls(sampling={k: getattr(o, k) for k in SAMPLING_KEYS},
                    max_tokens=o.num_predict if o.num_predict is not None else -1,
                    stops=list(o.stop or []), logprobs=req.logprobs,
-                   context=req.return_context, prompt_logprobs=req.prompt_logprobs, **engine)
+                   context=req.return_context, prompt_logprobs=req.prompt_logprobs,
+                   shift=bool(o.shift), keep=max(0, o.num_keep or 0), **engine)
 
 
 @dataclass
@@ -128,6 +137,8 @@ class Sequence:
     # params.constrain_after; "maybe": the first token may open a thought (params.think_open)
     gate: str | None = None
     tail: bytes = b""  # the last bytes generated while gate is "after" (marker search)
+    shifted: int = 0  # context tokens dropped by shifts
+    kept: int = 0  # of them, the head that stayed in place
 
 
 class ConstraintError(ValueError):
@@ -522,10 +533,34 @@ class Engine:
             # the grammar is complete and allows nothing more: end here rather than decode a
             # step only to sample the EOS the mask would force
             self._finish(seq, "stop", events)
-        elif seq.generated == seq.params.max_tokens or len(seq.slot.tokens) + 1 >= self.n_ctx_seq:
+        elif self._at_length(seq):
             self._finish(seq, "length", events)
         else:
             seq.next_token = token
+
+    def _at_length(self, seq: Sequence) -> bool:
+        """Whether `seq` has generated all it may: its num_predict, or a full context that
+        it may not (or cannot) shift."""
+        assert seq.slot is not None
+        if seq.generated in (seq.params.max_tokens, SHIFT_LIMIT * self.n_ctx_seq):
+            return True
+        full = len(seq.slot.tokens) + 1 >= self.n_ctx_seq
+        return full and not (seq.params.shift and self._shift(seq))
+
+    def _shift(self, seq: Sequence) -> bool:
+        """Make room in a full context: drop the older half of what follows the first
+        `keep` tokens and move the rest back (llama.cpp shifts their positions); False when
+        this memory cannot."""
+        slot = seq.slot
+        assert slot is not None
+        keep = min(max(seq.params.keep, 1 if self.model.add_bos else 0), len(slot.tokens) // 2)
+        discard = (len(slot.tokens) - keep) // 2
+        if discard <= 0 or not self.ctx.shift(slot.seq_id, keep, discard):
+            return False
+        del slot.tokens[keep:keep + discard]
+        seq.shifted += discard
+        seq.kept = keep
+        return True
 
     @staticmethod
     def _await_marker(seq: Sequence, piece: bytes) -> None:
@@ -589,6 +624,10 @@ class Engine:
         if seq.pending:
             # cancelled mid-prompt: the slot's cells hold a prefix of this prompt; keep it
             seq.pending = []
+        if seq.shifted:
+            # moved keys are not what a fresh read gives: later requests reuse the head only
+            self.ctx.seq_rm(seq.slot.seq_id, seq.kept, -1)
+            del seq.slot.tokens[seq.kept:]
         seq.slot.seq = None
         if seq.sampler is not None:
             seq.sampler.close()
@@ -610,6 +649,9 @@ class Engine:
             "generate_ns": int((end - first) * 1e9),
             "finish_reason": reason,
             "stop_sequence": seq.text.matched if seq.text is not None else None,
+            "truncated_messages": seq.params.truncated[0],
+            "truncated_tokens": seq.params.truncated[1],
+            "shifted_tokens": seq.shifted,
         }
 
     def _decode_failed(self, rc: int) -> None:

@@ -334,6 +334,16 @@ class Context:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.memory, seq, p0, p1))
 
+    def shift(self, seq: int, keep: int, discard: int) -> bool:
+        """Drop positions keep..keep+discard-1 of `seq` and move the later ones back by
+        `discard` (llama.cpp re-rotates their keys); False when this memory cannot shift."""
+        if not C.llama_memory_can_shift(self.memory):
+            return False
+        if not self.seq_rm(seq, keep, keep + discard):
+            return False
+        C.llama_memory_seq_add(self.memory, seq, keep + discard, -1, -discard)
+        return True
+
     def embedding(self, seq: int) -> np.ndarray:
         """The pooled embedding of sequence `seq` after a decode (a copy)."""
         ptr = C.llama_get_embeddings_seq(self.ptr, seq)

@@ -276,21 +276,60 @@ class ModelHost:
             tokens = self._after_context(req.context, tokens)
         return tokens, text
 
+    def _truncate(self, req: ChatRequest, plan: tools.ToolPlan | None, prompt: list[int],
+                  text: str) -> tuple[ChatRequest, list[int], str, tuple[int, int]]:
+        """`req` without its oldest turns, as few as make it fit the context (Ollama's
+        `truncate`): system messages and the last user turn always stay; a turn goes whole
+        (a user message and what answered it), so no tool result loses its call. Returns
+        the request, its prompt and text, and (messages, tokens) dropped; the request as it
+        was when dropping every earlier turn is not enough."""
+        if req.prompt is not None or req.suffix is not None:
+            return req, prompt, text, (0, 0)
+        history = [i for i, m in enumerate(req.messages) if m.role != "system"]
+        users = [i for i in history if req.messages[i].role == "user"]
+        starts = [i for i in users if i > history[0]] if history else []  # turns after the first
+
+        def without(k: int) -> ChatRequest:
+            """`req` less every non-system message before the k-th later turn's start."""
+            cut = starts[k - 1]
+            kept = [m for i, m in enumerate(req.messages) if m.role == "system" or i >= cut]
+            return req.model_copy(update={"messages": kept})
+
+        lo, hi = 1, len(starts)  # the fewest turns to drop, by bisection: renders are costly
+        best: tuple[ChatRequest, list[int], str] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = without(mid)
+            tokens, rendered = self.render(candidate, plan)
+            if len(tokens) < self.n_ctx_seq:
+                best, hi = (candidate, tokens, rendered), mid - 1
+            else:
+                lo = mid + 1
+        if best is None:
+            return req, prompt, text, (0, 0)
+        short, tokens, rendered = best
+        dropped = len(req.messages) - len(short.messages)
+        log.info("truncated the prompt: %d oldest messages (%d tokens) dropped to fit %d",
+                 dropped, len(prompt) - len(tokens), self.n_ctx_seq)
+        return short, tokens, rendered, (dropped, len(prompt) - len(tokens))
+
     def _boundary(self, req: ChatRequest, plan: tools.ToolPlan | None,
                   prompt: list[int]) -> int | None:
-        """How many tokens of `prompt` come before its last user message: what a new session
-        with the same system prompt and tools, or the next turn, shares with it, so where its
-        state is kept (engine/promptcache.py). None for a raw prompt, or when the template
-        cannot render the conversation without that message."""
+        """How many tokens of `prompt` come before the text of its last user message: what a
+        new session with the same system prompt and tools, or the next turn, shares with it,
+        so where its state is kept (engine/promptcache.py). Found by rendering the request
+        with that text left out, not the messages before it: some templates (Gemma's) write
+        the system prompt inside the first user turn. None for a raw prompt."""
         if req.prompt is not None or req.suffix is not None or req.context:
             return None
         users = [i for i, m in enumerate(req.messages) if m.role == "user"]
         if not users:
             return None
-        head = req.model_copy(update={"messages": req.messages[:users[-1]]})
+        messages = list(req.messages)
+        messages[users[-1]] = messages[users[-1]].model_copy(update={"content": ""})
         try:
-            tokens, _ = self.render(head, plan)
-        except Exception:  # a template that needs a user message, say: no boundary
+            tokens, _ = self.render(req.model_copy(update={"messages": messages}), plan)
+        except Exception:  # a template that refuses an empty message: no boundary
             return None
         n = common_prefix(tokens, prompt)
         # a short head is not worth a state of its own: the whole prompt's is kept instead
@@ -337,6 +376,9 @@ class ModelHost:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
             matcher = self._matcher(req, plan)
+            truncated = (0, 0)
+            if len(prompt) >= self.n_ctx_seq and req.options.truncate:
+                req, prompt, text, truncated = self._truncate(req, plan, prompt, text)
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
@@ -348,7 +390,7 @@ class ModelHost:
                 prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
             return
         params = SeqParams.of(
-            req, matcher=matcher,
+            req, matcher=matcher, truncated=truncated,
             pieces=self.control_pieces() if plan is not None or pair is not None else {})
         if matcher is not None and pair is not None:
             # The thought stays free; the constraint starts with the answer: after the end

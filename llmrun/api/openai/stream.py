@@ -121,7 +121,8 @@ def _stats_total(stats: Sequence[Stats]) -> dict[str, Any]:
     completion = sum(s.completion_tokens for s in stats)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens if stats else 0}}
+            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens if stats else 0},
+            **(stats[0].context_notes() if stats else {})}
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
