@@ -235,9 +235,13 @@ class Client:
     def chat(self, model: str, messages: list[dict[str, Any]],
              options: dict[str, Any] | None = None,
              keep_alive: str | None = None,
-             think: bool | None = None) -> Iterator[dict[str, Any]]:
-        """Stream /api/chat; yields each NDJSON object; raises APIError on an error line."""
+             think: bool | None = None,
+             progress: bool = False) -> Iterator[dict[str, Any]]:
+        """Stream /api/chat; yields each NDJSON object; raises APIError on an error line.
+        `progress`: a long prompt's reading comes first, as `prompt_progress` objects."""
         body: dict[str, Any] = {"model": model, "messages": messages, "stream": True}
+        if progress:
+            body["return_progress"] = True
         if options:
             body["options"] = options
         if think is not None:

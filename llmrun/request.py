@@ -134,6 +134,7 @@ class ChatRequest(BaseModel):
     messages: list[Message]
     options: Options = Field(default_factory=Options)
     stream: bool = True
+    progress: bool = False  # a long prompt's reading reported as Progress events
     keep_alive: str | float | None = None
     format: Format = None
     # False when the client asked for non-strict output (OpenAI json_schema or tools without
@@ -195,6 +196,15 @@ class TokenLogprob(BaseModel):
     logprob: float | None  # None: a prompt's first token (nothing comes before it)
     bytes: list[int]
     top: list[tuple[str, float]] = Field(default_factory=list)
+
+
+class Progress(BaseModel):
+    """A long prompt being read, after each step that read part of it (only to requests that
+    asked: `ChatRequest.progress`)."""
+
+    total: int  # the prompt's tokens
+    cached: int  # of them, those the slot or the prompt cache held
+    processed: int  # of them, those in the slot now (cached included)
 
 
 class Started(BaseModel):

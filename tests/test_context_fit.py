@@ -105,3 +105,31 @@ def test_a_modelfile_default_applies_in_the_other_dialects(small: Daemon) -> Non
         m = an.messages.create(model="fits", system=SYSTEM, messages=messages[1:],  # type: ignore[arg-type]
                                max_tokens=8)
     assert m.usage.model_dump()["truncated_messages"] >= 2
+
+
+def test_a_long_prompt_reports_its_progress_when_asked(small: Daemon) -> None:
+    """`return_progress` (llama-server's name): the stream opens once the prompt has a slot
+    and says how far its reading is after each step (num_batch 128: a ~400-token prompt
+    takes four), then the answer; without it, no such line."""
+    import json
+
+    def lines(text: str, **extra: Any) -> list[dict[str, Any]]:
+        messages = [{"role": "user", "content": "Summarise: " + text * 70}]
+        with httpx.stream("POST", small.url + "/api/chat", timeout=300, json={
+                "model": "smollm2", "messages": messages, "stream": True,
+                "options": {"num_batch": 128, "num_predict": 4}, **extra}) as r:
+            assert r.status_code == 200
+            return [json.loads(line) for line in r.iter_lines() if line]
+
+    got = lines("the tide comes in. ", return_progress=True)
+    progress = [x["prompt_progress"] for x in got if "prompt_progress" in x]
+    assert len(progress) >= 2
+    total = progress[0]["total"]
+    assert total > 300 and all(p["total"] == total for p in progress)
+    done = [p["processed"] for p in progress]
+    assert done == sorted(done) and done[-1] < total
+    first_text = next(i for i, x in enumerate(got) if "prompt_progress" not in x)
+    assert all("prompt_progress" not in x for x in got[first_text:])
+    assert got[-1]["done"] is True
+    # (another prompt: the first is in the slot now, and would be read in one step)
+    assert not any("prompt_progress" in x for x in lines("the wind goes out. "))

@@ -26,6 +26,7 @@ from llmrun.request import (
     EngineError,
     Message,
     Options,
+    Progress,
     Started,
     Stats,
     Think,
@@ -77,6 +78,7 @@ class ChatBody(BaseModel):
     top_logprobs: int = Field(0, ge=0, le=20)
     truncate: bool | None = None  # when the prompt outgrows num_ctx: drop the oldest turns
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
+    return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
 
 
 class GenerateBody(BaseModel):
@@ -96,6 +98,7 @@ class GenerateBody(BaseModel):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
+    return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
 
 
 class EmbedBody(BaseModel):
@@ -226,6 +229,7 @@ def router(service: Service) -> APIRouter:
                 tools=[_tool(t) for t in body.tools or []],
                 options=_with_fit(parse_options(body.options), body.truncate, body.shift),
                 stream=body.stream,
+                progress=body.stream and body.return_progress,
                 keep_alive=body.keep_alive,
                 format=body.format or None,
                 format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
@@ -264,6 +268,7 @@ def router(service: Service) -> APIRouter:
                 template=body.template or None,
                 options=_with_fit(parse_options(body.options), None, body.shift),
                 stream=body.stream,
+                progress=body.stream and body.return_progress,
                 keep_alive=body.keep_alive,
                 format=body.format or None,
                 format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
@@ -484,7 +489,9 @@ async def _respond(req: ChatRequest, events: AsyncIterator[Started | Chunk | Don
     if not req.stream:
         return await unless_disconnected(request, _first_then_collect(req, events, shape))
     try:
-        first = await first_output(events)
+        # with `return_progress` the stream opens once the prompt has a slot, to say how
+        # far its reading is; else with the first token
+        first = await anext(events) if req.progress else await first_output(events)
     except EngineError as exc:
         return error(exc.status, exc.message, exc.retry_after)
     return StreamingResponse(_ndjson(req, first, events, shape),
@@ -500,13 +507,18 @@ async def _first_then_collect(req: ChatRequest, events: AsyncIterator[Started | 
     return await _collect(req, first, events, shape)
 
 
-async def _ndjson(req: ChatRequest, first: Chunk | Done,
-                  rest: AsyncIterator[Chunk | Done], shape: Shape) -> AsyncIterator[bytes]:
-    event: Chunk | Done | None = first
+async def _ndjson(req: ChatRequest, first: Started | Progress | Chunk | Done,
+                  rest: AsyncIterator[Started | Progress | Chunk | Done],
+                  shape: Shape) -> AsyncIterator[bytes]:
+    event: Started | Progress | Chunk | Done | None = first
     try:
         while event is not None:
             if isinstance(event, Chunk):
                 yield _chunk_line(req, event, shape)
+            elif isinstance(event, Progress):
+                yield jsonio.dumps(_progress_obj(req, event, shape)) + b"\n"
+            elif isinstance(event, Started):
+                pass
             else:
                 yield jsonio.dumps(_done_obj(req, event.stats, shape)) + b"\n"
                 return
@@ -515,6 +527,13 @@ async def _ndjson(req: ChatRequest, first: Chunk | Done,
         yield json.dumps({"error": exc.message}).encode() + b"\n"
     finally:
         await rest.aclose()
+
+
+def _progress_obj(req: ChatRequest, p: Progress, shape: Shape) -> dict[str, Any]:
+    """A line with no text yet and how far the prompt's reading is, in llama-server's
+    `prompt_progress` terms (`cache`: tokens the cache held; `processed` counts them)."""
+    return {"model": req.model, "created_at": now(), **_text(shape, "", None), "done": False,
+            "prompt_progress": {"total": p.total, "cache": p.cached, "processed": p.processed}}
 
 
 async def _collect(req: ChatRequest, first: Chunk | Done,

@@ -23,29 +23,67 @@ def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
     thinking = False
     dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stdout.isatty() else ("", "")
     out = sys.stdout
-    for obj in client.chat(session.model, messages, session.options, think=session.think):
-        message = obj.get("message", {})
-        thought = message.get("thinking")
-        if thought and not hide_thinking:
-            if not thinking:
-                out.write(f"{dim}Thinking...\n")
-                thinking = True
-            out.write(thought)
-        text = message.get("content", "")
-        if text:
-            if thinking:
-                out.write(f"\n...done thinking.{plain}\n\n")
-                thinking = False
-            parts.append(text)
-            out.write(text)
-        out.flush()
-        if obj.get("done"):
-            final = obj
+    bar = _PromptBar() if sys.stderr.isatty() else None
+    try:
+        for obj in client.chat(session.model, messages, session.options, think=session.think,
+                               progress=bar is not None):
+            if "prompt_progress" in obj:
+                if bar is not None:
+                    bar.update(obj["prompt_progress"])
+                continue
+            if bar is not None:
+                bar.close()
+            message = obj.get("message", {})
+            thought = message.get("thinking")
+            if thought and not hide_thinking:
+                if not thinking:
+                    out.write(f"{dim}Thinking...\n")
+                    thinking = True
+                out.write(thought)
+            text = message.get("content", "")
+            if text:
+                if thinking:
+                    out.write(f"\n...done thinking.{plain}\n\n")
+                    thinking = False
+                parts.append(text)
+                out.write(text)
+            out.flush()
+            if obj.get("done"):
+                final = obj
+    finally:
+        if bar is not None:
+            bar.close()
     out.write(f"{plain}\n" if thinking else "\n")
     out.flush()
     if session.verbose and final:
         _print_stats(final)
     return "".join(parts)
+
+
+class _PromptBar:
+    """A bar on stderr while a long prompt is read (the daemon reports each step that read
+    part of it); gone once the answer starts."""
+
+    def __init__(self) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+
+    def update(self, p: dict[str, int]) -> None:
+        if self._progress is None:
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+            self._progress = Progress(TextColumn("[dim]reading the prompt"), BarColumn(),
+                                      TaskProgressColumn(), TextColumn("[dim]{task.fields[n]}"),
+                                      console=err, transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("prompt", total=p["total"], n="")
+        self._progress.update(self._task, completed=p["processed"],
+                              n=f"{p['processed']}/{p['total']} tokens")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
 
 def _print_stats(final: dict[str, Any]) -> None:

@@ -371,6 +371,7 @@ class Engine:
         budget = batch.capacity - batch.n
         # (seq, batch index of the logits, prompt token they score); index -1: the first token
         scored: list[tuple[Sequence, int, int]] = []
+        reading: list[Sequence] = []  # prompts read further this step, not to their end
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -395,6 +396,8 @@ class Engine:
             budget -= len(chunk)
             if not seq.pending:
                 outputs.append((seq, idx))
+            else:
+                reading.append(seq)
         rc = self.ctx.decode(batch)
         if rc != 0:
             self._decode_failed(rc)
@@ -408,6 +411,11 @@ class Engine:
                         log.exception("prompt cache: saving a prompt failed")
         events: list[Event] = []
         now = time.perf_counter()
+        for seq in reading:  # a prompt that takes steps: how far it is (llama-server's
+            # prompt_progress), for clients that show it
+            events.append((seq.id, "progress", {
+                "total": len(seq.prompt), "cached": seq.cached,
+                "processed": len(seq.slot.tokens) if seq.slot else 0}))
         if scored:
             self._score_prompt(scored, events)
         masks = self._compute_masks(outputs, events)

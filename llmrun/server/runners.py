@@ -33,6 +33,7 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
+    Progress,
     Started,
     Stats,
     error_event,
@@ -271,7 +272,8 @@ class RunnerProcess:
                     await asyncio.wait_for(self.proc.wait(), 5)
             self._died(f"the model runner stopped: {self._why(exc)}")
 
-    async def generate(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
+    async def generate(self, req: ChatRequest
+                       ) -> AsyncIterator[Started | Progress | Chunk | Done]:
         """Stream one request (merged with its model's defaults): Started, Chunks, Done; an
         error raises EngineError. Closing the iterator early cancels it in the runner."""
         req_id = f"r{next(_ids)}"
@@ -298,6 +300,10 @@ class RunnerProcess:
                     payload = {"text": "".join(parts)}
                 if kind == "chunk":
                     yield decode_chunk(payload)
+                    continue
+                if kind == "progress":
+                    if req.progress:
+                        yield Progress.model_validate(payload)
                     continue
                 finished = kind in ("done", "error")  # (no cancel for a request that ended)
                 yield decode_event(kind, payload)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmrun import bounds, config
-from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Started
+from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Progress, Started
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
@@ -143,7 +143,8 @@ class Runner(Protocol):
 
     async def stop(self) -> None: ...
 
-    def generate(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]: ...
+    def generate(self, req: ChatRequest
+                 ) -> AsyncIterator[Started | Progress | Chunk | Done]: ...
 
     async def count(self, req: ChatRequest) -> int: ...
 

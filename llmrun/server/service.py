@@ -21,6 +21,7 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
+    Progress,
     Started,
     Stats,
 )
@@ -93,9 +94,10 @@ class Service:
             self.metrics.runner_requests.labels(lease.manifest.name, kind).inc()
 
     async def chat(self, req: ChatRequest, leased: asyncio.Event | None = None
-                   ) -> AsyncIterator[Started | Chunk | Done]:
-        """The request's events: Started (the prompt's size, once it has a slot), Chunks,
-        Done; an EngineError before Started means nothing was generated. `leased` is set
+                   ) -> AsyncIterator[Started | Progress | Chunk | Done]:
+        """The request's events: Started (the prompt's size, once it has a slot), Progress
+        (only if `req.progress`), Chunks, Done; an EngineError before Started means nothing
+        was generated. `leased` is set
         once the model is loaded and the request is on its way to the runner (a dialect
         that must answer before the first token can tell a load from a queue)."""
         t0 = time.perf_counter()
