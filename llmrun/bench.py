@@ -338,7 +338,7 @@ async def prompt_cache(url: str, model: str, n_tokens: int) -> tuple[float, floa
     loaded first by a short request. Returns (cold, restored, the prompt's tokens)."""
     tag = os.urandom(6).hex()  # no state of an earlier run can match
     line = "Tool {i}: reads the file at `path` and returns lines `start` to `end` ({tag}). "
-    system = "".join(line.format(i=i, tag=tag) for i in range(n_tokens // 24 + 1))
+    system = "".join(line.format(i=i, tag=tag) for i in range(n_tokens // 36 + 1))
     options = {"num_ctx": n_tokens * 2 + 1024}
     quick = {"model": model, "prompt": "hi", "stream": False,
              "options": {**options, "num_predict": 1}}

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llmrun.engine.llama import KV_TYPES, Batch, Context, Model  # noqa: E402
-from tests.conftest import model_file  # noqa: E402
+from fetch_test_models import models, test_models_dir
+
+from llmrun.engine.llama import KV_TYPES, Batch, Context, Model
 
 TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the "
@@ -70,7 +71,7 @@ def main() -> None:
           "top-1 changed |")
     print("|---|---|---|---|---|---|---|")
     for name in ("smollm2", "gemma3"):
-        model = Model(model_file(name))
+        model = Model(test_models_dir() / models()[name].file)
         try:
             text = TEXT * (1 + args.tokens * 4 // len(TEXT))
             tokens = model.tokenize(text, add_special=True)[:args.tokens]
