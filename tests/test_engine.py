@@ -34,6 +34,7 @@ class Harness:
                            flash_attn=flash_attn)
         self.text: dict[str, str] = {}
         self.logprobs: dict[str, list[Any]] = {}
+        self.progress: dict[str, list[dict[str, int]]] = {}
         self.final: dict[str, tuple[str, Any]] = {}
         self.started: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, list[str]] = {}  # each request's event kinds, in order
@@ -53,6 +54,8 @@ class Harness:
                     self.logprobs.setdefault(rid, []).extend(payload.get("logprobs", []))
                 elif kind == "started":
                     self.started[rid] = payload
+                elif kind == "progress":  # a prompt read over several steps
+                    self.progress.setdefault(rid, []).append(payload)
                 else:
                     self.final[rid] = (kind, payload)
             self.cond.notify_all()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,57 @@ def test_sliding_window_states_resume_at_their_end_only(gemma3_path: Path,
         assert partial.logprobs[rp] == plain.logprobs[rc]
     finally:
         gemma.close()
+
+
+class SlowDisk(PromptCache):
+    """A cache whose file reads wait until the test lets them go."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reading = threading.Event()
+        self.go = threading.Event()
+
+    def _read(self, entry: Any) -> bytearray | None:
+        self.reading.set()
+        assert self.go.wait(120)
+        return super()._read(entry)
+
+
+def test_a_state_read_from_disk_stalls_no_other_sequence(model: Model, tmp_path: Path) -> None:
+    """A restore reads and checks tens of MB: it happens off the engine thread, so a sequence
+    already decoding keeps going while it lasts, and a request cancelled meanwhile ends."""
+    def cache(cls: type[PromptCache] = PromptCache) -> PromptCache:
+        return cls(tmp_path, "smollm2", max_bytes=1 << 30, ram_bytes=0, min_tokens=256,
+                   n_vocab=model.n_vocab)
+
+    first = Harness(model, slots=2, n_ctx=2048, prompt_cache=cache())
+    try:
+        first.wait(first.submit(_chat("Why is the sky blue?"), max_tokens=2))
+    finally:
+        first.engine.prompt_cache.close()  # type: ignore[union-attr]
+        first.close()
+    slow = cache(SlowDisk)
+    assert isinstance(slow, SlowDisk)
+    h = Harness(model, slots=2, n_ctx=2048, prompt_cache=slow)  # (the same: see key())
+    try:
+        busy = h.submit("Tell me a long story about a dragon.", max_tokens=400)
+        wait_until(lambda: h.text.get(busy), what="the first sequence decoding")
+        restored = h.submit(_chat("Name three prime numbers."), max_tokens=4)
+        assert slow.reading.wait(60)
+        before = len(h.text.get(busy, ""))
+        # the read is held: the other sequence still produces text meanwhile
+        wait_until(lambda: len(h.text.get(busy, "")) > before + 40,
+                   what="the decoding sequence going on while a state is read")
+        assert restored not in h.started
+        cancelled = h.submit(_chat("And the capital of Peru?"), max_tokens=4)
+        h.engine.cancel(cancelled)
+        wait_until(lambda: cancelled in h.final, what="the cancelled request's end")
+        assert h.final[cancelled][1]["finish_reason"] == "cancel"
+        slow.go.set()
+        h.wait(restored)
+        assert h.started[restored]["cached_tokens"] > 600
+        h.engine.cancel(busy)
+        wait_until(lambda: busy in h.final, what="the long sequence's end")
+    finally:
+        slow.go.set()
+        h.close()

@@ -46,7 +46,7 @@ from llguidance.numpy import fill_next_token_bitmask_par
 from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
-from llmrun.engine.promptcache import PromptCache
+from llmrun.engine.promptcache import Entry, PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.request import ChatRequest, error_event
 
@@ -138,6 +138,8 @@ class Sequence:
     gate: str | None = None
     tail: bytes = b""  # the last bytes generated while gate is "after" (marker search)
     shifted: int = 0  # context tokens dropped by shifts
+    # a saved state read for it off the engine thread (None when the read found nothing)
+    prefetched: tuple[Entry, bytearray | None] | None = None
     kept: int = 0  # of them, the head that stayed in place
 
 
@@ -171,6 +173,7 @@ class Engine:
         self._last_emit = time.monotonic()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
+        self._loading: list[Sequence] = []  # waiting for their saved state to be read
         self._thread = threading.Thread(target=self._run, name="llmrun-engine", daemon=True)
         self._stopping = False
         # one row of llguidance's bitmask per slot: bit t%32 of int32 word t//32 is token t
@@ -206,6 +209,12 @@ class Engine:
             kind, payload = item
             if kind == "submit":
                 self._waiting.append(payload)
+            elif kind == "loaded":
+                seq, entry, data = payload
+                if seq in self._loading:  # (not cancelled meanwhile)
+                    self._loading.remove(seq)
+                    seq.prefetched = (entry, data)
+                    self._waiting.appendleft(seq)
             elif kind == "cancel":
                 self._cancel(payload)
             try:
@@ -214,9 +223,12 @@ class Engine:
                 return
 
     def _cancel(self, req_id: str) -> None:
-        for seq in list(self._waiting):
+        for seq in [*self._waiting, *self._loading]:
             if seq.id == req_id:
-                self._waiting.remove(seq)
+                if seq in self._waiting:
+                    self._waiting.remove(seq)
+                else:
+                    self._loading.remove(seq)
                 self.emit([(req_id, "done", self._stats(seq, "cancel"))])
         for seq in self._active():
             if seq.id == req_id:
@@ -235,7 +247,7 @@ class Engine:
             err = error_event("runner_failed", f"the model runner's engine failed "
                                                f"({type(exc).__name__}) and will be restarted")
             events: list[Event] = [(s.id, "error", err) for s in self._active()]
-            events += [(s.id, "error", err) for s in self._waiting]
+            events += [(s.id, "error", err) for s in (*self._waiting, *self._loading)]
             try:
                 self.emit(events)
             finally:
@@ -251,6 +263,8 @@ class Engine:
                 break
             seq = self._waiting.popleft()
             slot = max(free, key=lambda s: common_prefix(s.tokens, seq.prompt))
+            if self._prefetch(seq, slot):
+                continue
             try:
                 self._place(seq, slot)
             except Exception as exc:
@@ -277,7 +291,7 @@ class Engine:
             n = 0
         if n == len(seq.prompt):
             n -= 1  # the last prompt token must be evaluated to get logits to sample from
-        if self.prompt_cache is not None and seq.params.prompt_logprobs is None:
+        if self.prompt_cache is not None:
             n = self._restore(seq, slot, n)
         if n > 0 and not self.ctx.seq_rm(slot.seq_id, n, -1):
             n = 0  # this memory cannot drop a tail (recurrent models): start the slot over
@@ -291,30 +305,59 @@ class Engine:
         seq.t_start = time.perf_counter()
         slot.seq = seq
 
+    def _restorable(self, seq: Sequence, n: int) -> tuple[Entry, int] | None:
+        """The saved state to load for `seq` into a slot holding `n` of its tokens, and how
+        many tokens of the prompt it gives: only when it gives clearly more than `n`."""
+        assert self.prompt_cache is not None
+        if seq.params.prompt_logprobs is not None:
+            return None
+        hit = self.prompt_cache.best(seq.prompt, whole=self.model.n_swa > 0)
+        if hit is None:
+            return None
+        m = min(hit.n, len(seq.prompt) - 1)
+        # loading costs in proportion to the whole saved state; reading a token, far more
+        if m - n < max(RESTORE_MIN_GAIN, len(hit.entry.tokens) // 64):
+            return None
+        return hit.entry, m
+
+    def _prefetch(self, seq: Sequence, slot: Slot) -> bool:
+        """Start reading `seq`'s saved state off this thread if it is only on disk; the
+        sequence waits aside (others go on) and comes back first in line once it is read."""
+        if self.prompt_cache is None or seq.prefetched is not None:
+            return False
+        found = self._restorable(seq, common_prefix(slot.tokens, seq.prompt))
+        if found is None or self.prompt_cache.in_memory(found[0]):
+            return False
+        entry = found[0]
+        self._loading.append(seq)
+        self.prompt_cache.load_later(
+            entry, lambda data: self._inbox.put(("loaded", (seq, entry, data))))
+        return True
+
     def _restore(self, seq: Sequence, slot: Slot, n: int) -> int:
         """Load the saved state sharing the longest prefix with `seq`'s prompt into `slot`
         when it covers clearly more than the slot's own `n` tokens; the tokens `slot` then
         holds of the prompt (its old content is gone once a state is loaded)."""
         assert self.prompt_cache is not None
-        hit = self.prompt_cache.best(seq.prompt, whole=self.model.n_swa > 0)
-        if hit is None:
+        found = self._restorable(seq, n)
+        if found is None:
             return n
-        m = min(hit.n, len(seq.prompt) - 1)
-        # loading costs in proportion to the whole saved state; reading a token, far more
-        if m - n < max(RESTORE_MIN_GAIN, len(hit.entry.tokens) // 64):
-            return n
-        data = self.prompt_cache.load(hit.entry)
+        entry, m = found
+        prefetched, seq.prefetched = seq.prefetched, None
+        # read off this thread (_prefetch) when it was on disk; in memory, at once
+        data = prefetched[1] if prefetched is not None and prefetched[0] is entry \
+            else self.prompt_cache.load(entry)
         if data is None:
             return n
         self.ctx.seq_rm(slot.seq_id, -1, -1)
         slot.tokens.clear()
         if not self.ctx.state_seq_set(slot.seq_id, data):
-            self.prompt_cache.drop(hit.entry)
+            self.prompt_cache.drop(entry)
             return 0
-        if m < len(hit.entry.tokens) and not self.ctx.seq_rm(slot.seq_id, m, -1):
+        if m < len(entry.tokens) and not self.ctx.seq_rm(slot.seq_id, m, -1):
             self.ctx.seq_rm(slot.seq_id, -1, -1)  # cannot cut it back (recurrent memory)
             return 0
-        slot.tokens.extend(hit.entry.tokens[:m].tolist())
+        slot.tokens.extend(entry.tokens[:m].tolist())
         log.info("request %s: %d prompt tokens restored from the prompt cache", seq.id, m)
         return m
 

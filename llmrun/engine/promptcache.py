@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,6 +144,16 @@ class PromptCache:
             with contextlib.suppress(OSError):
                 os.utime(self._path(entry.digest))
         return data
+
+    def in_memory(self, entry: Entry) -> bool:
+        return entry.data is not None
+
+    def load_later(self, entry: Entry, done: Callable[[bytearray | None], None]) -> None:
+        """`load(entry)` on a thread of its own, then `done(data)` there: reading and checking
+        a large state takes long enough to stall every other sequence if the engine's own
+        thread did it."""
+        threading.Thread(target=lambda: done(self.load(entry)), daemon=True,
+                         name="llmrun-prompt-cache-load").start()
 
     def drop(self, entry: Entry) -> None:
         """Forget a state llama.cpp refused (and remove its file)."""

@@ -1,7 +1,7 @@
 """The daemon's side of the prompt cache (the states themselves: engine/promptcache.py).
 
 Each model and set of load settings that shape its KV cache (weights, adapters, context per
-sequence, KV type, flash attention) has its own directory under LLMRUN_HOME/prompt-cache,
+sequence, slots, KV type, flash attention) has its own directory under LLMRUN_HOME/prompt-cache,
 named by their hash: a runner only ever sees states that fit its context, and the sandbox
 lets it write there and nowhere else. A runner keeps its own directory within the budget;
 before one starts, the daemon removes other directories, least recently used first, until
@@ -24,12 +24,14 @@ FORMAT = 1  # engine/promptcache.py's file format and the state layout it expect
 
 
 def key(model_paths: tuple[Path, ...], lora_paths: tuple[Path, ...], n_ctx: int,
-        kv_type: str = "f16", flash_attention: str = "auto") -> str:
+        n_slots: int, kv_type: str = "f16", flash_attention: str = "auto") -> str:
     """The name of the directory for these load settings (model files are named by their
-    digest in the store, so their paths stand for their content)."""
+    digest in the store, so their paths stand for their content). The number of slots is
+    one: llama.cpp refuses a sequence state saved in a context of another stream count."""
     body = json.dumps({"format": FORMAT, "model": [str(p) for p in model_paths],
                        "lora": [str(p) for p in lora_paths], "n_ctx": n_ctx,
-                       "kv_type": kv_type, "flash_attention": flash_attention}, sort_keys=True)
+                       "n_slots": n_slots, "kv_type": kv_type,
+                       "flash_attention": flash_attention}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 

@@ -159,7 +159,7 @@ class RunnerProcess:
             cmd.append("--adaptive-threads")
         cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention]
         if s.prompt_cache_size > 0:
-            name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.kv_type,
+            name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots, s.kv_type,
                                    s.flash_attention)
             try:
                 directory = promptcache.prepare(name, s.prompt_cache_size)
