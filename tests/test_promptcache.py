@@ -334,3 +334,44 @@ def test_a_state_read_from_disk_stalls_no_other_sequence(model: Model, tmp_path:
     finally:
         slow.go.set()
         h.close()
+
+
+# -- the daemon's side: one directory per model and load settings, one budget ------------
+
+
+def test_each_load_setting_names_its_own_directory() -> None:
+    from llmrun.server import promptcache as daemon_side
+
+    base = dict(model_paths=(Path("blobs/sha256-a"),), lora_paths=(), n_ctx=4096, n_slots=4,
+                kv_type="f16", flash_attention="auto")
+    names = {daemon_side.key(**base)}  # type: ignore[arg-type]
+    for field, other in (("model_paths", (Path("blobs/sha256-b"),)),
+                         ("lora_paths", (Path("blobs/sha256-c"),)), ("n_ctx", 8192),
+                         ("n_slots", 2), ("kv_type", "q8_0"), ("flash_attention", "off")):
+        names.add(daemon_side.key(**{**base, field: other}))  # type: ignore[arg-type]
+    assert len(names) == 7
+    assert daemon_side.key(**base) == daemon_side.key(**base)  # type: ignore[arg-type]
+
+
+def test_the_daemon_keeps_all_directories_within_the_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmrun.server import promptcache as daemon_side
+
+    monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
+    root = tmp_path / "prompt-cache"
+    for i, name in enumerate(("old", "newer", "newest")):
+        (root / name).mkdir(parents=True)
+        f = root / name / "x.kv"
+        f.write_bytes(b"\0" * 1000)
+        os.utime(f, (1000.0 + i, 1000.0 + i))
+    kept = daemon_side.prepare("mine", budget=2500)  # three others of 1,000 bytes: one goes
+    assert kept == root / "mine" and stat.S_IMODE(kept.stat().st_mode) == 0o700
+    assert sorted(p.name for p in root.iterdir()) == ["mine", "newer", "newest"]
+    # "mine" is in use (its runner runs) and "newer" is the new runner's own: "newest" goes
+    daemon_side.prepare("newer", budget=500)
+    assert sorted(p.name for p in root.iterdir()) == ["mine", "newer"]
+    daemon_side.release("mine")
+    daemon_side.release("newer")
+    daemon_side.prepare("other", budget=500)  # none in use now but its own
+    assert sorted(p.name for p in root.iterdir()) == ["other"]
+    daemon_side.release("other")

@@ -4,8 +4,8 @@ Each model and set of load settings that shape its KV cache (weights, adapters, 
 sequence, slots, KV type, flash attention) has its own directory under LLMRUN_HOME/prompt-cache,
 named by their hash: a runner only ever sees states that fit its context, and the sandbox
 lets it write there and nowhere else. A runner keeps its own directory within the budget;
-before one starts, the daemon removes other directories, least recently used first, until
-all of them together fit it too.
+before one starts, the daemon removes the directories no running runner uses, least recently
+used first, until all of them together fit it too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from llmrun import config
@@ -35,12 +36,25 @@ def key(model_paths: tuple[Path, ...], lora_paths: tuple[Path, ...], n_ctx: int,
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
+# directories of runners alive now (a count: a reload may overlap the runner it replaces);
+# another runner's directory is never removed under it
+_in_use: Counter[str] = Counter()
+
+
 def prepare(name: str, budget: int) -> Path:
-    """The directory for key `name`, made (0700), with the others trimmed to the budget."""
+    """The directory for key `name`, made (0700) and marked in use until `release(name)`,
+    with the directories no runner uses trimmed, least recently used first, to the budget."""
     root = config.make_private(config.home() / "prompt-cache")
     directory = config.make_private(root / name)
-    _make_room(root, directory, budget)
+    _in_use[name] += 1
+    _make_room(root, budget)
     return directory
+
+
+def release(name: str) -> None:
+    _in_use[name] -= 1
+    if _in_use[name] <= 0:
+        del _in_use[name]
 
 
 def _usage(directory: Path) -> tuple[int, float]:
@@ -56,7 +70,7 @@ def _usage(directory: Path) -> tuple[int, float]:
     return size, newest
 
 
-def _make_room(root: Path, keep: Path, budget: int) -> None:
+def _make_room(root: Path, budget: int) -> None:
     others = []
     total = 0
     for d in root.iterdir():
@@ -64,7 +78,7 @@ def _make_room(root: Path, keep: Path, budget: int) -> None:
             continue
         size, newest = _usage(d)
         total += size
-        if d != keep:
+        if d.name not in _in_use:
             others.append((newest, size, d))
     for _, size, d in sorted(others):
         if total <= budget:

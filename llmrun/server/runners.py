@@ -132,6 +132,7 @@ class RunnerProcess:
         self._last_frame = time.monotonic()  # when the runner last showed progress
         self._watch_task: asyncio.Task[None] | None = None
         self._stopping = False  # stop() was asked: the process ending is no news
+        self._cache_key: str | None = None  # its prompt-cache directory, while it runs
 
     @property
     def alive(self) -> bool:
@@ -163,6 +164,7 @@ class RunnerProcess:
                                    s.flash_attention)
             try:
                 directory = promptcache.prepare(name, s.prompt_cache_size)
+                self._cache_key = name  # released when this runner is gone
                 cmd += ["--prompt-cache", str(directory)]
             except OSError as exc:  # the runner keeps states in memory only
                 log.warning("prompt cache: cannot use %s on disk: %s", name, exc)
@@ -376,6 +378,9 @@ class RunnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
+        if self._cache_key is not None:
+            promptcache.release(self._cache_key)
+            self._cache_key = None
         if self._writer is not None:
             self._writer.close()
         if self._read_task is not None:
