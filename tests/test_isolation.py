@@ -44,7 +44,9 @@ class Frames:
         self.cond = threading.Condition()
         self.sizes: list[int] = []
         self.events: dict[str, list[tuple[str, Any]]] = {}
-        self.beats = 0  # frames with no events: the engine saying it is busy, not hung
+        # frames with no events, or only a prompt's progress: the engine saying it is busy,
+        # not hung
+        self.beats = 0
 
     def send(self, msg: dict[str, Any]) -> None:
         self.send_frame(ipc.encode(msg))
@@ -54,7 +56,7 @@ class Frames:
         msg = json.loads(frame[ipc.HEADER.size:])
         with self.cond:
             self.sizes.append(ipc.body_size(frame))
-            self.beats += msg.get("events") == []
+            self.beats += all(kind == "progress" for _, kind, _ in msg.get("events", []))
             for rid, kind, payload in msg.get("events", []):
                 self.events.setdefault(rid, []).append((kind, payload))
             self.cond.notify_all()
@@ -339,8 +341,9 @@ def test_watchdog_restarts_a_runner_that_stops_responding(tmp_path: Path,
 
 def test_engine_heartbeats_while_reading_a_long_prompt(tiny: Model,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    # every step that emits nothing sends a heartbeat (normally at most one a second): a
-    # prompt read in 64-token chunks makes steps that emit nothing
+    # a prompt read in 64-token chunks makes steps that emit no text: each says how far the
+    # reading is (and a step that emits nothing at all sends a heartbeat, normally at most
+    # one a second), so the daemon's watchdog sees a runner at work
     monkeypatch.setattr(batcher, "HEARTBEAT_SECONDS", 0.0)
     frames = Frames()
     ctx = Context(tiny, n_ctx_seq=2048, n_seq=1, n_batch=64, n_threads=1)
@@ -353,6 +356,8 @@ def test_engine_heartbeats_while_reading_a_long_prompt(tiny: Model,
         r.engine.stop()
         ctx.close()
     assert frames.beats >= 5
+    read = [p["processed"] for k, p in frames.events["long"] if k == "progress"]
+    assert len(read) >= 5 and read == sorted(read)
 
 
 # -- (e) IPC frames and large embedding batches ----------------------------------------------
