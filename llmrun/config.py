@@ -306,11 +306,16 @@ def prompt_cache_min_tokens() -> int:
     return max(1, _parsed("LLMRUN_PROMPT_CACHE_MIN_TOKENS", _positive_int))
 
 
+def choice_word(value: str) -> str:
+    """A choice as a setting or an option may write it: any case, and a switch also as
+    true/false or 1/0 (read as on/off)."""
+    text = value.strip().lower()
+    return {"true": "on", "1": "on", "false": "off", "0": "off"}.get(text, text)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
-        text = value.strip().lower()
-        text = {"true": "on", "1": "on", "false": "off", "0": "off"}.get(text, text) \
-            if "on" in allowed else text
+        text = choice_word(value)
         if text not in allowed:
             raise ValueError(value)
         return text

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmrun import config
+
 
 class Options(BaseModel):
     """Generation and load options, named as Ollama names them (also Modelfile PARAMETERs).
@@ -56,10 +58,7 @@ class Options(BaseModel):
     def _lower(cls, value: Any) -> Any:
         if isinstance(value, bool):
             return "on" if value else "off"
-        if isinstance(value, str):
-            value = value.strip().lower()
-            return {"true": "on", "1": "on", "false": "off", "0": "off"}.get(value, value)
-        return value
+        return config.choice_word(value) if isinstance(value, str) else value
 
     def merged_over(self, base: Options) -> Options:
         """These options, with unset fields taken from `base`."""

@@ -27,7 +27,6 @@ from llmrun.api.anthropic import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
 from llmrun.engine.batcher import common_prefix
 from llmrun.engine.llama import Context, Model
-from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.runner import ModelHost
 from llmrun.request import ChatRequest
 
@@ -124,9 +123,7 @@ def test_two_turns_of_claude_code_share_all_but_the_last_message(
     model = Model(smollm2_path)
     ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=1)
     try:
-        cache = PromptCache(None, "t", max_bytes=0, ram_bytes=0, min_tokens=1,
-                            n_vocab=model.n_vocab)
-        host = ModelHost(None, model, ctx, 256, 1, prompt_cache=cache)  # type: ignore[arg-type]
+        host = ModelHost(None, model, ctx, 256, 1)  # type: ignore[arg-type]
 
         def render(body: dict[str, Any]) -> tuple[ChatRequest, list[int]]:
             req = to_request(CountBody.model_validate(body), None)  # type: ignore[arg-type]

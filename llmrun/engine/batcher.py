@@ -414,7 +414,7 @@ class Engine:
         budget = batch.capacity - batch.n
         # (seq, batch index of the logits, prompt token they score); index -1: the first token
         scored: list[tuple[Sequence, int, int]] = []
-        reading: list[Sequence] = []  # prompts read further this step, not to their end
+        fed: list[Sequence] = []  # sequences whose prompt this step reads further
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -422,8 +422,10 @@ class Engine:
             assert slot is not None
             base = len(slot.tokens)
             size = budget
-            if self.prompt_cache is not None and base < self._save_point(seq):
-                size = min(size, self._save_point(seq) - base)  # end a chunk at the point
+            if self.prompt_cache is not None:
+                point = self._save_point(seq)
+                if base < point:
+                    size = min(size, point - base)  # end a chunk at the save point
             chunk = seq.pending[:size]
             del seq.pending[: len(chunk)]
             last = len(chunk) - 1
@@ -437,16 +439,15 @@ class Engine:
                     scored.append((seq, idx, seq.prompt[base + i + 1]))
             slot.tokens.extend(chunk)
             budget -= len(chunk)
+            fed.append(seq)
             if not seq.pending:
                 outputs.append((seq, idx))
-            else:
-                reading.append(seq)
         rc = self.ctx.decode(batch)
         if rc != 0:
             self._decode_failed(rc)
             return
         if self.prompt_cache is not None:
-            for seq in prefilling:
+            for seq in fed:
                 if seq.slot is not None and len(seq.slot.tokens) == self._save_point(seq):
                     try:
                         self._save_prompt(seq)
@@ -454,8 +455,8 @@ class Engine:
                         log.exception("prompt cache: saving a prompt failed")
         events: list[Event] = []
         now = time.perf_counter()
-        for seq in reading:  # a prompt that takes steps: how far it is (llama-server's
-            # prompt_progress), for clients that show it
+        for seq in (s for s in fed if s.pending):  # a prompt that takes steps: how far it
+            # is (llama-server's prompt_progress), for clients that show it
             events.append((seq.id, "progress", {
                 "total": len(seq.prompt), "cached": seq.cached,
                 "processed": len(seq.slot.tokens) if seq.slot else 0}))

@@ -313,13 +313,14 @@ class ModelHost:
                  dropped, len(prompt) - len(tokens), self.n_ctx_seq)
         return short, tokens, rendered, (dropped, len(prompt) - len(tokens))
 
-    def _boundary(self, req: ChatRequest, plan: tools.ToolPlan | None,
-                  prompt: list[int]) -> int | None:
+    def _boundary(self, req: ChatRequest, plan: tools.ToolPlan | None, prompt: list[int],
+                  min_tokens: int = 1) -> int | None:
         """How many tokens of `prompt` come before the text of its last user message: what a
         new session with the same system prompt and tools, or the next turn, shares with it,
         so where its state is kept (engine/promptcache.py). Found by rendering the request
         with that text left out, not the messages before it: some templates (Gemma's) write
-        the system prompt inside the first user turn. None for a raw prompt."""
+        the system prompt inside the first user turn. None for a raw prompt, or when fewer
+        than `min_tokens` come before that message (not worth a state of their own)."""
         if req.prompt is not None or req.suffix is not None or req.context:
             return None
         users = [i for i, m in enumerate(req.messages) if m.role == "user"]
@@ -333,8 +334,7 @@ class ModelHost:
             return None
         n = common_prefix(tokens, prompt)
         # a short head is not worth a state of its own: the whole prompt's is kept instead
-        assert self.prompt_cache is not None
-        return n if n >= self.prompt_cache.min_tokens else None
+        return n if n >= min_tokens else None
 
     def _fill_in_the_middle(self, prefix: str, suffix: str) -> list[int]:
         """Prefix-suffix-middle order with the model's FIM tokens, as llama-server builds it."""
@@ -401,7 +401,7 @@ class ModelHost:
                 params.constrain_after = pair[1].encode()
                 params.think_open = None if inside else pair[0].encode()
         if self.prompt_cache is not None and len(prompt) >= self.prompt_cache.min_tokens:
-            params.save_at = self._boundary(req, plan, prompt)
+            params.save_at = self._boundary(req, plan, prompt, self.prompt_cache.min_tokens)
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
         if pair is not None:

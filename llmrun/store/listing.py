@@ -28,15 +28,19 @@ class Entry:
     modified_at: datetime
 
 
+def files(root: Path) -> list[Path]:
+    """The manifest files under `root` (a store's manifests/: host/namespace/model/tag), not
+    the temporary files of a write in progress."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.glob("*/*/*/*") if p.is_file() and not p.name.startswith(".")]
+
+
 def entries(root: Path) -> list[Entry] | None:
     """The models under `root` (a store's manifests/), newest first, or None when one of the
     files needs the validated reader."""
-    if not root.is_dir():
-        return []
     out = []
-    for path in root.glob("*/*/*/*"):
-        if not path.is_file() or path.name.startswith("."):
-            continue
+    for path in files(root):
         try:
             entry = _entry(json.loads(path.read_bytes()))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from llmrun.request import Message, Options
+from llmrun.store import listing
 from llmrun.store.names import ModelName
 
 _DIGEST_TEXT = re.compile(rb"sha256[:-]([0-9a-f]{64})")
@@ -104,7 +105,7 @@ class Manifests:
         can read them without validation); the caller holds the store's lock. Returns how
         many were rewritten; a file that does not validate is left as it is."""
         done = 0
-        for p in self._files():
+        for p in listing.files(self.root):
             try:
                 data = json.loads(p.read_bytes())
                 if not isinstance(data, dict) or "digest" in data:
@@ -130,15 +131,9 @@ class Manifests:
                 break
         return True
 
-    def _files(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        return [p for p in self.root.glob("*/*/*/*")
-                if p.is_file() and not p.name.startswith(".")]
-
     def all(self) -> list[Manifest]:
         out = []
-        for p in self._files():
+        for p in listing.files(self.root):
             try:
                 out.append(Manifest.model_validate_json(p.read_bytes()))
             except ValueError:

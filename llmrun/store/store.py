@@ -17,12 +17,9 @@ from llmrun import config
 from llmrun.store import gguf, modelfile, names
 from llmrun.store.blobs import Blobs
 from llmrun.store.errors import (
-    BlobTooLarge,
     CreateError,
-    DigestError,
     InvalidName,
     ModelNotFound,
-    PullError,
     StoreError,
 )
 from llmrun.store.manifests import Details, Layer, Manifest, Manifests
@@ -31,10 +28,6 @@ from llmrun.store.names import ModelName
 if TYPE_CHECKING:
     from llmrun.store import catalog
     from llmrun.store import pull as hub
-
-__all__ = ["HOST_PATH_REFUSED", "BlobTooLarge", "CreateError", "DigestError", "InvalidName",
-           "Manifest", "ModelNotFound", "PullError", "Store", "StoreError",
-           "refuse_host_paths"]
 
 log = logging.getLogger(__name__)
 
