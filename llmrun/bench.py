@@ -356,6 +356,90 @@ async def prompt_cache(url: str, model: str, n_tokens: int) -> tuple[float, floa
     return cold["elapsed"], restored["elapsed"], int(cold["prompt_tokens"])
 
 
+# An "edit this code" task, whose answer repeats most of its prompt (prompt lookup's case),
+# and free text, whose answer does not: speculative decoding's two sides.
+EDIT_SOURCE = """def load(path):
+    with open(path) as f:
+        rows = [line.rstrip("\\n").split(",") for line in f]
+    header, body = rows[0], rows[1:]
+    return [dict(zip(header, row)) for row in body]
+
+
+def total(records, field):
+    result = 0.0
+    for record in records:
+        value = record.get(field, "")
+        if value:
+            result += float(value)
+    return result
+
+
+def report(path, field):
+    records = load(path)
+    print(f"{len(records)} records, {field} total {total(records, field):.2f}")
+"""
+DRAFT_TASKS = {
+    "edit": f"Here is a Python file:\n```python\n{EDIT_SOURCE}```\n\nThe same file with "
+            f"`result` renamed to `amount`:\n```python\n",
+    "free": "The history of the lighthouse on the northern cape begins in a winter when",
+}
+
+
+def _draft_counts(url: str) -> tuple[float, float]:
+    """The daemon's counts of drafted and accepted tokens so far (/metrics)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=url, timeout=30) as c:
+        text = c.get("/metrics").text
+    counts = {"llmrun_draft_tokens": 0.0, "llmrun_draft_accepted_tokens": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name in counts:
+            counts[family.name] = sum(x.value for x in family.samples
+                                      if x.name.endswith("_total"))
+    return counts["llmrun_draft_tokens"], counts["llmrun_draft_accepted_tokens"]
+
+
+def drafting(url: str, model: str, tokens: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Each of DRAFT_TASKS, greedy, `tokens` long, at concurrency 1, with prompt lookup off
+    (num_draft 0) and on (num_draft 16), alternating for `rounds` turns: the decode rates'
+    medians and the median of each turn's ratio, whether every answer was the same text,
+    and the share of drafted tokens that came true."""
+
+    import httpx
+
+    def generate(prompt: str, options: dict[str, Any]) -> tuple[float, str]:
+        body = {"model": model, "prompt": prompt, "raw": True, "stream": False,
+                "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0,
+                            **options}}
+        with httpx.Client(base_url=url, timeout=None) as c:
+            r = c.post("/api/generate", json=body)
+        r.raise_for_status()
+        out = r.json()
+        return out["eval_count"] / (out["eval_duration"] / 1e9), out["response"]
+
+    results: dict[str, dict[str, float]] = {}
+    for task, prompt in DRAFT_TASKS.items():
+        generate(prompt, {"num_draft": 0})  # the prompt's cells for both sides alike
+        plain: list[float] = []
+        drafted: list[float] = []
+        texts: set[str] = set()
+        d0, a0 = _draft_counts(url)
+        for turn in range(rounds):
+            for n in ((0, 16) if turn % 2 == 0 else (16, 0)):
+                rate, text = generate(prompt, {"num_draft": n})
+                (drafted if n else plain).append(rate)
+                texts.add(text)
+        d1, a1 = _draft_counts(url)
+        results[task] = {
+            "plain": statistics.median(plain), "draft": statistics.median(drafted),
+            "ratio": statistics.median(d / p for d, p in zip(drafted, plain, strict=True)),
+            "same": float(len(texts) == 1),
+            "accepted": (a1 - a0) / (d1 - d0) if d1 > d0 else float("nan"),
+            "drafted_per_token": (d1 - d0) / (tokens * rounds)}
+    return results
+
+
 def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
     from llama_cpp import Llama
 
@@ -435,6 +519,7 @@ class BenchResult:
     cache: tuple[float, float, int] | None = None
     constrained: dict[int, dict[str, float]] = field(default_factory=dict)  # with SCHEMA
     label: str = "llmrun"  # llmrun's row, with the API it was asked over
+    draft: dict[str, dict[str, float]] = field(default_factory=dict)  # drafting(), by task
     against: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -478,6 +563,12 @@ class BenchResult:
             lines.append(f"prompt cache: a {n}-token system prompt, TTFT {cold:.2f} s cold, "
                          f"{restored:.2f} s in a new session after the model was unloaded "
                          f"({100 * restored / cold:.1f}% of cold)")
+        for task, d in self.draft.items():
+            lines.append(f"prompt lookup, {task} task: {d['plain']:.1f} tok/s plain, "
+                         f"{d['draft']:.1f} drafting ({d['ratio']:.2f}x, median of turns), "
+                         f"{'the same text' if d['same'] else 'DIFFERENT TEXT'}, "
+                         f"{d['drafted_per_token']:.2f} drafted per token of which "
+                         f"{100 * d['accepted']:.0f}% came true")
         if self.prefix is not None:
             t1, t2 = self.prefix
             lines.append(f"prefix reuse with 3 other streams busy: turn-1 TTFT {t1:.2f} s, "
@@ -508,7 +599,7 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         baselines: bool = True, prefix: bool = True,
         constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3,
         api: Api = "chat", against: list[Server] | tuple[Server, ...] = (),
-        cache_tokens: int = 0) -> BenchResult:
+        cache_tokens: int = 0, draft: bool = False) -> BenchResult:
     """Measure the daemon at `url` serving `model` (over `api`), and the `against` servers
     under the same load, and (with the servers idle, in each turn) the raw loops on `gguf`. At each
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
@@ -564,6 +655,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         result.prefix = asyncio.run(prefix_reuse(url, model, busy=3))
     if cache_tokens > 0:
         result.cache = asyncio.run(prompt_cache(url, model, cache_tokens))
+    if draft:
+        result.draft = drafting(url, model, max(tokens, 128), max(rounds, 3))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
     return result

@@ -52,6 +52,9 @@ class Options(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: list[str] | None = None
+    # speculative decoding: the most tokens (up to 16) guessed ahead per step by prompt
+    # lookup and checked in the same decode; 0 (the default) is off. engine/draft.py
+    num_draft: int | None = Field(None, ge=0, le=64)
 
     @field_validator("kv_cache_type", "flash_attention", mode="before")
     @classmethod
@@ -180,6 +183,8 @@ class Stats(BaseModel):
     truncated_messages: int = 0  # oldest messages dropped to fit num_ctx (`truncate`)
     truncated_tokens: int = 0  # the prompt tokens they took
     shifted_tokens: int = 0  # context tokens dropped while generating (`shift`)
+    draft_tokens: int = 0  # tokens guessed ahead by prompt lookup (engine/draft.py)
+    draft_accepted: int = 0  # of them, those that came true (output without a step each)
 
     def context_notes(self) -> dict[str, int]:
         """What was dropped to fit the context, for a response to say so (every dialect adds

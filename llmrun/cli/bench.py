@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
                                               "runner, for a system prompt of about TOKENS "
                                               "against reading it cold (the prompt cache; "
                                               "the model needs twice that context)"),
+        draft: bool = typer.Option(False, "--draft", help="Also measure prompt-lookup "
+                                                          "drafting on an edit task and on "
+                                                          "free text, on and off (greedy)"),
         constrained: str = typer.Option("1,4", help="Levels that also run with a JSON schema "
                                                     "in `format`, as a ratio to the same load "
                                                     "without (empty: none)"),
@@ -80,7 +83,7 @@ def register(app: typer.Typer) -> None:
             result = b.run(client.base_url, model, path, counts, tokens, threads,
                            baselines=baselines, prefix=prefix, constrained=with_schema,
                            rounds=rounds, api=how, against=others,
-                           cache_tokens=prompt_cache)
+                           cache_tokens=prompt_cache, draft=draft)
         except RuntimeError as exc:
             fail(f"the benchmark stopped: {exc}")
         typer.echo(result.table())  # plain: a table to paste, never wrapped

@@ -45,6 +45,16 @@ from llguidance.numpy import fill_next_token_bitmask_par
 
 from llmrun.chat.textstream import TextStream
 from llmrun.engine import constraint
+from llmrun.engine.draft import (
+    DRAFT_DEFAULT,
+    DRAFT_MAX,
+    PROBE_ROWS,
+    Acceptance,
+    History,
+    StepCost,
+    draft_length,
+    probe_exact_rows,
+)
 from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
 from llmrun.engine.promptcache import Entry, PromptCache
 from llmrun.engine.threads import ThreadGovernor
@@ -97,6 +107,9 @@ class SeqParams:
     shift: bool = False
     keep: int = 0
     truncated: tuple[int, int] = (0, 0)  # (messages, tokens) the runner dropped to fit
+    # most tokens guessed by prompt lookup and checked in the same decode (engine/draft.py);
+    # 0: none (the default: opt-in, see DRAFT_DEFAULT). A constrained sequence never drafts.
+    draft: int = DRAFT_DEFAULT
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
@@ -107,7 +120,9 @@ class SeqParams:
                    max_tokens=o.num_predict if o.num_predict is not None else -1,
                    stops=list(o.stop or []), logprobs=req.logprobs,
                    context=req.return_context, prompt_logprobs=req.prompt_logprobs,
-                   shift=bool(o.shift), keep=max(0, o.num_keep or 0), **engine)
+                   shift=bool(o.shift), keep=max(0, o.num_keep or 0),
+                   draft=DRAFT_DEFAULT if o.num_draft is None else min(o.num_draft, DRAFT_MAX),
+                   **engine)
 
 
 @dataclass
@@ -141,6 +156,14 @@ class Sequence:
     # a saved state read for it off the engine thread (None when the read found nothing)
     prefetched: tuple[Entry, bytearray | None] | None = None
     kept: int = 0  # of them, the head that stayed in place
+    # prompt lookup (engine/draft.py): the tokens so far, how often guesses came true, the
+    # tokens drafted in this step's batch after next_token, and a guess made but not sent
+    history: History | None = None
+    accept: Acceptance = field(default_factory=Acceptance)
+    drafts: list[int] = field(default_factory=list)
+    shadow: int | None = None
+    drafted: int = 0
+    accepted: int = 0
 
 
 class ConstraintError(ValueError):
@@ -178,6 +201,12 @@ class Engine:
         self._stopping = False
         # one row of llguidance's bitmask per slot: bit t%32 of int32 word t//32 is token t
         self._masks = np.zeros((n_slots, (model.n_vocab + 31) // 32), dtype=np.int32)
+        self.step_cost = StepCost()  # what a row of a decode costs here, for drafting
+        # most rows a decode may hold with each row's logits exactly as if decoded alone
+        # (draft.probe_exact_rows), by the bit length of the position drafted from: kernels
+        # change with the context's length too (llama.cpp splits a single row's attention
+        # over threads from 512 cells on). Probed when a sequence first drafts there.
+        self.exact_rows: dict[int, int] = {}
 
     # -- called from other threads --------------------------------------------------------
 
@@ -299,6 +328,8 @@ class Engine:
             self.ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n:]
         seq.text = TextStream(seq.params.stops)
+        if seq.params.draft > 0 and seq.params.matcher is None:
+            seq.history = History(seq.prompt)
         seq.cached = n
         seq.pending = seq.prompt[n:]
         seq.slot = slot
@@ -401,7 +432,13 @@ class Engine:
         batch.clear()
         outputs: list[tuple[Sequence, int]] = []
         prefilling: list[Sequence] = []
-        for seq in self._active():
+        active = self._active()
+        decoding = sum(seq.next_token is not None for seq in active)
+        row_share = self.step_cost.row_share(decoding, decoding) if decoding else 0.0
+        # no drafts beside a prompt being read: its rows would share the drafts' kernels
+        reading = any(seq.pending and seq.next_token is None for seq in active)
+        drafted: list[tuple[Sequence, Slot]] = []  # whose draft rows are in this batch
+        for seq in active:
             slot = seq.slot
             assert slot is not None
             if seq.next_token is not None:
@@ -409,6 +446,13 @@ class Engine:
                 outputs.append((seq, idx))
                 slot.tokens.append(seq.next_token)
                 seq.next_token = None
+                decoding -= 1
+                if not reading:
+                    seq.drafts = self._draft(seq, row_share, batch.n + decoding)
+                for i, tok in enumerate(seq.drafts):
+                    batch.add(tok, len(slot.tokens) + i, slot.seq_id, True)
+                if seq.drafts:
+                    drafted.append((seq, slot))
             elif seq.pending:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
@@ -442,10 +486,13 @@ class Engine:
             fed.append(seq)
             if not seq.pending:
                 outputs.append((seq, idx))
+        t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
         if rc != 0:
             self._decode_failed(rc)
             return
+        if not fed:  # every row is a token to sample: the steps drafting is weighed by
+            self.step_cost.observe(batch.n, time.perf_counter() - t0)
         if self.prompt_cache is not None:
             for seq in fed:
                 if seq.slot is not None and len(seq.slot.tokens) == self._save_point(seq):
@@ -468,11 +515,70 @@ class Engine:
                 continue  # failed while its prompt was scored, or its mask
             try:
                 self._output(seq, idx, now, events, masks.get(seq.id))
+                if seq.drafts:
+                    self._verify(seq, idx, events)
             except Exception as exc:
                 self._fail(seq, exc, events)
+        for seq, slot in drafted:  # the cells of drafted tokens that did not come true
+            seq.drafts = []
+            self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
         if events or time.monotonic() - self._last_emit >= HEARTBEAT_SECONDS:
             self._last_emit = time.monotonic()
             self.emit(events)  # (empty: a heartbeat)
+
+    def _draft(self, seq: Sequence, row_share: float, used: int) -> list[int]:
+        """The tokens to feed after `seq`'s next token (now the last of its slot, not yet
+        decoded) as a guess of what follows, or none, when the batch holds `used` rows
+        with those of the sequences still to add; a guess not worth its rows is kept to be
+        checked against the token that comes (shadow)."""
+        if seq.history is None:
+            return []
+        slot = seq.slot
+        assert slot is not None
+        where = (len(slot.tokens) - 1).bit_length()
+        rows = min(self.batch.capacity, self.exact_rows.get(where, PROBE_ROWS))
+        limit = min(seq.params.draft, rows - used, self.n_ctx_seq - len(slot.tokens) - 1)
+        if seq.params.max_tokens > 0:  # each kept draft and the token after it are output
+            limit = min(limit, seq.params.max_tokens - seq.generated - 1)
+        guess = seq.history.propose(max(limit, 1))
+        k = draft_length(seq.accept.p, row_share, min(limit, len(guess)))
+        seq.shadow = guess[0] if guess and not k else None
+        if k and where not in self.exact_rows:
+            if self.n_ctx_seq - len(slot.tokens) < PROBE_ROWS:
+                return []  # no room to probe in: another time
+            # probed where this sequence's next token goes, in its own cells
+            exact = probe_exact_rows(self.ctx, slot.seq_id, len(slot.tokens) - 1,
+                                     seq.prompt[-PROBE_ROWS:])
+            self.exact_rows[where] = exact
+            log.info("speculative decoding: from position %d, a decode of up to %d rows "
+                     "gives each row the logits it has alone; drafts stay within that",
+                     1 << (where - 1) if where else 0, exact)
+            k = max(0, min(k, exact - used))
+            seq.shadow = guess[0] if not k else None
+        seq.drafted += k
+        return guess[:k]
+
+    def _verify(self, seq: Sequence, idx: int, events: list[Event]) -> None:
+        """Keep `seq`'s drafted tokens while its sampler, row by row, samples exactly them:
+        row `idx` (its next token's) gave a token; when that is the first draft, whose row
+        follows, the draft is in the cache already and its row gives the next token, and so
+        on. The cells of the rest are dropped by the caller."""
+        slot = seq.slot
+        assert slot is not None and seq.sampler is not None
+        hits, missed = 0, False
+        for i, token in enumerate(seq.drafts):
+            if slot.seq is not seq:
+                break  # ended (a stop, the length, an end-of-generation token)
+            if seq.next_token != token:
+                missed = True
+                break
+            slot.tokens.append(token)
+            seq.next_token = None
+            hits += 1
+            seq.accepted += 1
+            row = idx + 1 + i
+            self._on_token(seq, self.ctx.sample(seq.sampler, row), row, events)
+        seq.accept.update(hits, missed)
 
     def _compute_masks(self, outputs: list[tuple[Sequence, int]],
                        events: list[Event]) -> dict[str, np.ndarray]:
@@ -561,10 +667,15 @@ class Engine:
 
     def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:
         assert seq.slot is not None and seq.text is not None
+        if seq.shadow is not None:  # the guess not sent last step: would it have come true?
+            seq.accept.update(int(token == seq.shadow), token != seq.shadow)
+            seq.shadow = None
         if self.model.is_eog(token):
             self._finish(seq, "stop", events)
             return
         seq.generated += 1
+        if seq.history is not None:
+            seq.history.append(token)
         if seq.params.context:
             seq.output.append(token)
         piece = seq.params.pieces.get(token) if seq.params.pieces else None
@@ -704,6 +815,8 @@ class Engine:
             "truncated_messages": seq.params.truncated[0],
             "truncated_tokens": seq.params.truncated[1],
             "shifted_tokens": seq.shifted,
+            "draft_tokens": seq.drafted,
+            "draft_accepted": seq.accepted,
         }
 
     def _decode_failed(self, rc: int) -> None:

@@ -56,6 +56,11 @@ class Metrics:
                                      "from the prefix cache", ["model"], registry=r)
         self.generated_tokens = Counter("llmrun_generated_tokens", "Tokens generated",
                                         ["model"], registry=r)
+        self.draft_tokens = Counter("llmrun_draft_tokens", "Tokens guessed ahead by prompt "
+                                    "lookup and checked in the same decode", ["model"],
+                                    registry=r)
+        self.draft_accepted = Counter("llmrun_draft_accepted_tokens", "Guessed tokens that "
+                                      "came true", ["model"], registry=r)
         self.prompt_seconds = Histogram("llmrun_prompt_seconds", "Time to read a prompt "
                                         "(to the first token)", ["model"], buckets=_SECONDS,
                                         registry=r)
@@ -72,6 +77,8 @@ class Metrics:
         self.prompt_tokens.labels(model).inc(s.prompt_tokens)
         self.cached_tokens.labels(model).inc(min(s.cached_tokens, s.prompt_tokens))
         self.generated_tokens.labels(model).inc(s.completion_tokens)
+        self.draft_tokens.labels(model).inc(s.draft_tokens)
+        self.draft_accepted.labels(model).inc(s.draft_accepted)
         self.prompt_seconds.labels(model).observe(s.prompt_ns / 1e9)
         self.request_seconds.labels(model).observe(s.total_ns / 1e9)
 

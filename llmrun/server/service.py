@@ -54,6 +54,9 @@ def _log_done(model: str, s: Stats) -> None:
     log.info("%s: prompt %d tokens (%d from cache) in %.2fs, %d generated at %.1f tok/s, "
              "%s, total %.2fs", model, s.prompt_tokens, s.cached_tokens, s.prompt_ns / 1e9,
              s.completion_tokens, rate, s.finish_reason, s.total_ns / 1e9)
+    if s.draft_tokens:
+        log.info("%s: %d of %d drafted tokens came true", model, s.draft_accepted,
+                 s.draft_tokens)
 
 
 class Service:
