@@ -52,6 +52,9 @@ from llmrun.store.modelfile import parse as modelfile_parse
 log = logging.getLogger(__name__)
 
 # Ollama ends a turn with tool calls as "stop", the calls being in the message
+# The Ollama release whose API llmrun answers as (`/api/version`); clients gate features on
+# it, Codex on 0.13.4 or newer. Raise it when llmrun follows a newer API.
+OLLAMA_API_VERSION = "0.13.5"
 DONE_REASONS = {"stop": "stop", "length": "length", "cancel": "stop", "error": "stop",
                 "tool_calls": "stop"}
 
@@ -192,7 +195,9 @@ def router(service: Service) -> APIRouter:
 
     @api.get("/api/version")
     async def version() -> dict[str, str]:
-        return {"version": __version__}
+        # `version` is the Ollama API level implemented (clients such as Codex check it);
+        # llmrun's own is alongside, and in every response's X-Llmrun-Version header
+        return {"version": OLLAMA_API_VERSION, "llmrun_version": __version__}
 
     @api.get("/api/tags")
     async def tags() -> dict[str, Any]:

@@ -18,11 +18,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
-from llmrun.api import anthropic, ollama, openai
+from llmrun.api import anthropic, ollama, openai, responses
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
 from llmrun.server.limits import BodyLimit, RateLimit
 from llmrun.server.metrics import CONTENT_TYPE, Metrics
+from llmrun.server.responsestore import ResponseStore
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.security import Security, authorized, dialect_error
 from llmrun.server.service import Service
@@ -127,6 +128,7 @@ def create_app(store: Store | None = None,
     app.include_router(ollama.store_router(store))
     app.include_router(anthropic.router(service))
     app.include_router(openai.router(service))
+    app.include_router(responses.router(service, ResponseStore(config.home() / "responses")))
 
     @app.get("/metrics")
     async def prometheus() -> Response:
