@@ -219,6 +219,19 @@ def to_messages(body: ResponsesBody, earlier: list[dict[str, Any]],
                            f"{where}.type")
     if any(system):
         out.insert(0, Message(role="system", content="\n\n".join(s for s in system if s)))
+    return _merged(out)
+
+
+def _merged(messages: list[Message]) -> list[Message]:
+    """Consecutive user messages as one (Codex sends its environment and the task as two,
+    and many chat templates insist that roles alternate)."""
+    out: list[Message] = []
+    for m in messages:
+        if out and m.role == "user" and out[-1].role == "user":
+            out[-1] = out[-1].model_copy(
+                update={"content": "\n\n".join(t for t in (out[-1].content, m.content) if t)})
+        else:
+            out.append(m)
     return out
 
 

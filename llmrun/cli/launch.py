@@ -1,4 +1,8 @@
-"""`llmrun launch claude`: run Claude Code against the local daemon."""
+"""`llmrun launch claude|codex|opencode`: run a coding agent against the local daemon.
+
+Each agent is pointed at the daemon for this run only: through its environment and command
+line (Claude Code, Codex's `-c` overrides) or a config file of llmrun's own (opencode's
+`OPENCODE_CONFIG`), never by editing the user's configuration."""
 
 from __future__ import annotations
 
@@ -44,33 +48,100 @@ def claude_args(extra: list[str]) -> list[str]:
     return ["--settings", json.dumps({"env": STABLE_PROMPT_ENV}), *extra]
 
 
+def codex_args(base_url: str, model: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Codex's command line and environment for a provider that is this daemon, over the
+    Responses API (`wire_api = "responses"`); the key, when the daemon wants one, travels in
+    LLMRUN_API_KEY, which the provider names."""
+    overrides = {
+        "model_provider": "llmrun",
+        "model": model,
+        "model_providers.llmrun.name": "llmrun",
+        "model_providers.llmrun.base_url": f"{base_url}/v1",
+        "model_providers.llmrun.wire_api": "responses",
+    }
+    env: dict[str, str] = {}
+    keys = config.api_keys()
+    if keys:
+        overrides["model_providers.llmrun.env_key"] = "LLMRUN_API_KEY"
+        env["LLMRUN_API_KEY"] = keys[0]
+    args: list[str] = []
+    for key, value in overrides.items():
+        args += ["-c", f"{key}={json.dumps(value)}"]  # TOML strings: JSON's quoting fits
+    return [*args, *extra], env
+
+
+def opencode_config(base_url: str, model: str) -> dict[str, object]:
+    """opencode's configuration for a provider that is this daemon (OpenAI-compatible)."""
+    keys = config.api_keys()
+    options: dict[str, str] = {"baseURL": f"{base_url}/v1"}
+    if keys:
+        options["apiKey"] = keys[0]
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"llmrun": {"npm": "@ai-sdk/openai-compatible", "name": "llmrun",
+                                "options": options, "models": {model: {"name": model}}}},
+        "model": f"llmrun/{model}",
+    }
+
+
+TOOLS = {"claude": ("claude", "npm install -g @anthropic-ai/claude-code"),
+         "codex": ("codex", "npm install -g @openai/codex"),
+         "opencode": ("opencode", "npm install -g opencode-ai")}
+
+
+def _show_env(env: dict[str, str]) -> None:
+    secret = {"ANTHROPIC_AUTH_TOKEN", "LLMRUN_API_KEY"}
+    for k, v in env.items():
+        # the key is the user's secret: shown only when asked for (--print-env)
+        shown = "<first of LLMRUN_API_KEYS>" if k in secret and config.api_keys() else v
+        err.print(f"[dim]{k}={shown}[/]", markup=True, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def launch(
         ctx: typer.Context,
-        tool: str = typer.Argument(..., help="The client to launch: claude"),
+        tool: str = typer.Argument(..., help="The agent to launch: claude, codex or opencode"),
         model: str = typer.Option("smollm2", "--model", "-m", help="Model to serve it"),
         print_env: bool = typer.Option(False, "--print-env",
-                                       help="Print the environment instead of running"),
+                                       help="Print the environment and command instead of "
+                                            "running"),
+        print_config: bool = typer.Option(False, "--print-config",
+                                          help="Print the agent's configuration for the "
+                                               "daemon instead of running"),
     ) -> None:
-        """Run Claude Code on a local model (extra arguments after -- go to claude)."""
-        if tool != "claude":
-            fail(f"unknown tool {tool!r}: llmrun can launch: claude")
+        """Run a coding agent on a local model (extra arguments after -- go to the agent)."""
+        if tool not in TOOLS:
+            fail(f"unknown tool {tool!r}: llmrun can launch: {', '.join(TOOLS)}")
         client = connect()
-        env = claude_env(client.base_url, model)
+        base = client.base_url
+        env: dict[str, str] = {}
+        if tool == "claude":
+            env, args = claude_env(base, model), claude_args(ctx.args)
+            settings = {"env": STABLE_PROMPT_ENV}
+        elif tool == "codex":
+            args, env = codex_args(base, model, ctx.args)
+            settings = {"args": args}
+        else:
+            settings = opencode_config(base, model)
+            path = config.home() / "launch" / "opencode.json"
+            env, args = {"OPENCODE_CONFIG": str(path)}, list(ctx.args)
+        if print_config:
+            typer.echo(json.dumps(settings, indent=2))
+            return
+        if tool == "opencode":  # opencode reads its provider from this file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(settings, indent=2))
+            path.chmod(0o600)  # it may hold the key
+        name, install = TOOLS[tool]
         if print_env:
             for k, v in env.items():
                 typer.echo(f"export {k}={shlex.quote(v)}")
-            typer.echo(f"# then: claude {shlex.join(claude_args(ctx.args))}")
+            typer.echo(f"# then: {name} {shlex.join(args)}")
             return
-        exe = shutil.which("claude")
+        exe = shutil.which(name)
         if exe is None:
-            fail("claude is not installed: npm install -g @anthropic-ai/claude-code")
-        args = claude_args(ctx.args)
-        for k, v in env.items():
-            # the key is the user's secret: shown only when asked for (--print-env)
-            shown = "<first of LLMRUN_API_KEYS>" if k == "ANTHROPIC_AUTH_TOKEN" and \
-                config.api_keys() else v
-            err.print(f"[dim]{k}={shown}[/]", markup=True, highlight=False)
-        err.print(f"[dim]claude {shlex.join(args)}[/]", markup=True)
+            fail(f"{name} is not installed: {install}")
+        _show_env(env)
+        err.print(f"[dim]{name} {shlex.join(args)}[/]", markup=True)
         os.execvpe(exe, [exe, *args], {**os.environ, **env})
