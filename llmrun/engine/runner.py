@@ -6,7 +6,10 @@ It speaks framed JSON (llmrun.ipc) over the inherited socket `--fd`:
 
     daemon -> runner   {"type": "generate", "id": ..., "request": ChatRequest}
                        {"type": "embed", "id": ..., "inputs": [str], "truncate": bool}
-                       {"type": "count", "id": ..., "request": ChatRequest}  (render only)
+                       {"type": "count", "id": ..., "request": ChatRequest,
+                        "detail": bool}  (render only; detail: the prompt and its tokens too)
+                       {"type": "tokenize", "id": ..., "text": str, "add_special": bool}
+                       {"type": "detokenize", "id": ..., "tokens": [int]}
                        {"type": "cancel", "id": ...}      {"type": "shutdown"}
     runner -> daemon   {"type": "ready", "info": {...}}   {"type": "fatal", "error": ...}
                        {"type": "events", "events": [[id, kind, payload]]}
@@ -14,7 +17,9 @@ It speaks framed JSON (llmrun.ipc) over the inherited socket `--fd`:
                              | "chunk" {"text", "logprobs"?, "thinking"?, "tool_calls"?,
                                         "prompt_logprobs"?}
                              | "done" Stats | "error" request.error_event (code and fields)
-                             | "count" {"prompt_tokens", "n_ctx"} | "embedding"
+                             | "count" {"prompt_tokens", "n_ctx", "prompt"?, "tokens"?}
+                             | "tokens" {"tokens", "pieces"} | "text" {"content"}
+                             | "embedding"
                              | "embedding_part" (some vectors of a reply too large for one
                              frame; the closing "embedding" carries the rest)
                        an empty events list is a heartbeat (the engine is busy, not hung)
@@ -56,7 +61,7 @@ from llmrun.request import ChatRequest, error_event
 log = logging.getLogger("llmrun.runner")
 
 # Event kinds that end a request (nothing more is sent for its id).
-FINAL = frozenset({"done", "error", "embedding", "count"})
+FINAL = frozenset({"done", "error", "embedding", "count", "tokens", "text"})
 
 
 def request_error(exc: BaseException) -> dict[str, Any]:
@@ -435,14 +440,40 @@ class ModelHost:
                     self._control_pieces[toks[0]] = marker.encode()
         return self._control_pieces
 
-    def count(self, req_id: str, raw: dict[str, Any]) -> None:
-        """The prompt length a request renders to, exactly as `generate` would see it."""
+    def count(self, req_id: str, raw: dict[str, Any], detail: bool = False) -> None:
+        """The prompt length a request renders to, exactly as `generate` would see it (with
+        `detail`, the rendered prompt and its tokens as well)."""
         try:
-            n = len(self.render(ChatRequest.model_validate(raw))[0])
+            tokens, text = self.render(ChatRequest.model_validate(raw))
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
-        self.emit([(req_id, "count", {"prompt_tokens": n, "n_ctx": self.n_ctx_seq})])
+        extra = {"prompt": text, "tokens": tokens} if detail else {}
+        self.emit([(req_id, "count", {"prompt_tokens": len(tokens), "n_ctx": self.n_ctx_seq,
+                                      **extra})])
+
+    def tokenize(self, req_id: str, text: str, add_special: bool) -> None:
+        """`text`'s tokens (special tokens written in it are parsed as such, as the chat
+        template's are) and each one's text."""
+        try:
+            tokens = self.model.tokenize(str(text), add_special=bool(add_special))
+            pieces = [_piece(self.model.piece(t)) for t in tokens]
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
+            return
+        self.emit([(req_id, "tokens", {"tokens": tokens, "pieces": pieces})])
+
+    def detokenize(self, req_id: str, tokens: list[Any]) -> None:
+        """The text of `tokens` (special tokens add nothing, as in generated text)."""
+        n_vocab = self.model.n_vocab
+        bad = next((t for t in tokens if not isinstance(t, int) or isinstance(t, bool)
+                    or not 0 <= t < n_vocab), None) if isinstance(tokens, list) else tokens
+        if bad is not None or not isinstance(tokens, list):
+            self.emit([(req_id, "error", error_event(
+                "invalid_request", f"not a token of this model (0 to {n_vocab - 1}): {bad!r}"))])
+            return
+        text = b"".join(self.model.piece(t) for t in tokens).decode("utf-8", "replace")
+        self.emit([(req_id, "text", {"content": text})])
 
     def serve(self) -> None:
         self.engine.start()
@@ -467,7 +498,11 @@ class ModelHost:
             if kind == "generate":
                 self.generate(msg["id"], msg["request"])
             elif kind == "count":
-                self.count(msg["id"], msg["request"])
+                self.count(msg["id"], msg["request"], bool(msg.get("detail")))
+            elif kind == "tokenize":
+                self.tokenize(msg["id"], msg.get("text", ""), bool(msg.get("add_special")))
+            elif kind == "detokenize":
+                self.detokenize(msg["id"], msg.get("tokens"))
             elif kind == "cancel":
                 self.engine.cancel(msg["id"])
             elif kind == "embed":
@@ -476,6 +511,15 @@ class ModelHost:
                                        int(msg.get("offset", 0)))
             elif kind == "shutdown":
                 return
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not whole UTF-8 (part of a character),
+    as llama-server's /tokenize gives them."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 def lora_arg(text: str) -> tuple[Path, float]:

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
-from llmrun.api import anthropic, ollama, openai, responses
+from llmrun.api import anthropic, ollama, openai, responses, tokens
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
 from llmrun.server.limits import BodyLimit, RateLimit
@@ -129,6 +129,7 @@ def create_app(store: Store | None = None,
     app.include_router(anthropic.router(service))
     app.include_router(openai.router(service))
     app.include_router(responses.router(service, ResponseStore(config.home() / "responses")))
+    app.include_router(tokens.router(service))
 
     @app.get("/metrics")
     async def prometheus() -> Response:

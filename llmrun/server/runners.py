@@ -349,16 +349,22 @@ class RunnerProcess:
 
     async def count(self, req: ChatRequest) -> int:
         """How many tokens `req`'s prompt renders to (nothing is generated)."""
+        reply = await self.ask({"type": "count", "request": req.model_dump()}, "count")
+        return int(reply["prompt_tokens"])
+
+    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]:
+        """Send a one-answer message (count, tokenize, detokenize) and return the payload
+        of its `answer` event; an error event raises the EngineError it describes."""
         req_id = f"c{next(_ids)}"
         q = self._track(req_id)
         try:
-            await self._send({"type": "count", "id": req_id, "request": req.model_dump()})
+            await self._send({**msg, "id": req_id})
             kind, payload = await q.get()
         finally:
             self._queues.pop(req_id, None)
-        if kind != "count":
+        if kind != answer:
             raise EngineError.from_event(payload)
-        return int(payload["prompt_tokens"])
+        return dict(payload)
 
     async def stop(self) -> None:
         self._stopping = True

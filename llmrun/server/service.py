@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from llmrun import bounds, config
 from llmrun.request import (
@@ -125,6 +126,17 @@ class Service:
         async with self._lease(req) as lease:
             self._runner_request(lease, "count")
             return await lease.runner.count(merged(req, lease.manifest))
+
+    async def tokens(self, req: ChatRequest, msg: dict[str, Any], answer: str
+                     ) -> dict[str, Any]:
+        """A token utility on `req`'s model (loaded if need be): `msg` is the runner message
+        (count with detail, tokenize, detokenize), `answer` the event it replies with."""
+        self.check(req)
+        async with self._lease(req) as lease:
+            self._runner_request(lease, str(msg["type"]))
+            if msg["type"] == "count":
+                msg = {**msg, "request": merged(req, lease.manifest).model_dump()}
+            return await lease.runner.ask(msg, answer)
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:

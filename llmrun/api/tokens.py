@@ -1,0 +1,88 @@
+"""llama-server's token utilities, for a store of many models: `POST /tokenize`,
+`/detokenize` and `/apply-template` take the `model` they apply to (llama-server has only
+one). `/apply-template` takes an OpenAI chat request and answers with the prompt exactly as
+the model would read it (its template, tools and the Modelfile's system prompt included).
+Errors take Ollama's shape, as every path outside /v1 does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.openai.errors import ApiError
+from llmrun.api.openai.translate import chat_requests
+from llmrun.api.openai.wire import ChatCompletionBody
+from llmrun.request import ChatRequest, EngineError
+from llmrun.server.service import Service
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+    keep_alive: str | float | None = None
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    tokens: list[int]
+    keep_alive: str | float | None = None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def router(service: Service) -> APIRouter:
+    api = APIRouter()
+
+    async def ask(request: Request, req: ChatRequest, msg: dict[str, Any],
+                  answer: str) -> dict[str, Any] | Response:
+        try:
+            return await unless_disconnected(request, service.tokens(req, msg, answer))
+        except EngineError as exc:
+            return _error(exc.status, exc.message)
+
+    @api.post("/tokenize", response_model=None)
+    async def tokenize(body: TokenizeBody, request: Request) -> Response:
+        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+        reply = await ask(request, req, {"type": "tokenize", "text": body.content,
+                                         "add_special": body.add_special}, "tokens")
+        if isinstance(reply, Response):
+            return reply
+        tokens = reply["tokens"]
+        if body.with_pieces:
+            return JSONResponse({"tokens": [{"id": t, "piece": p}
+                                            for t, p in zip(tokens, reply["pieces"],
+                                                            strict=True)]})
+        return JSONResponse({"tokens": tokens})
+
+    @api.post("/detokenize", response_model=None)
+    async def detokenize(body: DetokenizeBody, request: Request) -> Response:
+        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+        reply = await ask(request, req, {"type": "detokenize", "tokens": body.tokens}, "text")
+        return reply if isinstance(reply, Response) else JSONResponse(reply)
+
+    @api.post("/apply-template", response_model=None)
+    async def apply_template(body: ChatCompletionBody, request: Request) -> Response:
+        try:
+            req = chat_requests(body)[0]
+        except (ApiError, EngineError) as exc:
+            return _error(exc.status, exc.message)
+        except ValidationError as exc:
+            return _error(400, str(exc.errors()[0]["msg"]))
+        reply = await ask(request, req, {"type": "count", "detail": True}, "count")
+        if isinstance(reply, Response):
+            return reply
+        return JSONResponse({"prompt": reply["prompt"], "prompt_tokens": len(reply["tokens"])})
+
+    return api
