@@ -137,3 +137,30 @@ def test_anthropic_thinking_is_ignored_by_a_model_that_cannot_think(daemon: Daem
         "thinking": {"type": "adaptive"}}, timeout=120)
     assert r.status_code == 200, r.text
     assert [b["type"] for b in r.json()["content"]] == ["text"]
+
+
+def test_responses_reasoning_items(daemon: Daemon, thought: tuple[str, str],
+                                   unthought: str) -> None:
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0)
+    kw: dict[str, Any] = {"model": MODEL, "input": HI, "max_output_tokens": N,
+                          "temperature": 0, "store": False}
+    r = oa.responses.create(reasoning={"effort": "low", "summary": "auto"}, **kw)
+    # a message item follows when the answer began within the N tokens
+    assert [o.type for o in r.output] == ["reasoning"] + (["message"] if thought[1] else [])
+    assert r.output[0].summary[0].text == thought[0]  # type: ignore[union-attr]
+    assert r.output_text == thought[1]
+    events = list(oa.responses.create(reasoning={"effort": "high", "summary": "auto"},
+                                      stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[2] == "response.output_item.added"
+    assert "response.reasoning_summary_text.delta" in kinds
+    if thought[1]:
+        assert kinds.index("response.reasoning_text.done") < kinds.index(
+            "response.output_text.delta")
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [o.type for o in final.output] == [o.type for o in r.output]
+    summary = "".join(e.delta for e in events  # type: ignore[union-attr]
+                      if e.type == "response.reasoning_summary_text.delta")
+    assert summary == thought[0]
+    off = oa.responses.create(reasoning={"effort": "none"}, **kw)
+    assert [o.type for o in off.output] == ["message"] and off.output_text == unthought

@@ -173,6 +173,29 @@ def test_launch_claude_print_env(home_with_model: Path) -> None:
     assert "# then: claude --settings" in r.stdout
 
 
+def test_launch_codex_and_opencode_print_their_setup(home_with_model: Path) -> None:
+    host = os.environ["LLMRUN_HOST"]
+    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env", "--", "exec", "hi")
+    assert r.returncode == 0, r.stderr
+    assert f"model_providers.llmrun.base_url=\"http://{host}/v1\"" in r.stdout
+    assert "model_providers.llmrun.wire_api=\"responses\"" in r.stdout
+    assert r.stdout.rstrip().endswith("exec hi")
+    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env",
+               env={"LLMRUN_API_KEYS": "sk-abc"})
+    assert "export LLMRUN_API_KEY=sk-abc" in r.stdout  # asked for: shown
+    assert "model_providers.llmrun.env_key=\"LLMRUN_API_KEY\"" in r.stdout
+    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-config")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    assert cfg["model"] == "llmrun/smollm2"
+    assert cfg["provider"]["llmrun"]["options"]["baseURL"] == f"http://{host}/v1"
+    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-env")
+    path = Path(r.stdout.split("OPENCODE_CONFIG=")[1].split()[0])
+    assert json.loads(path.read_text()) == cfg and path.stat().st_mode & 0o077 == 0
+    r = llmrun("launch", "vim")
+    assert r.returncode != 0 and "claude, codex, opencode" in r.stderr
+
+
 def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
                                                           tmp_path: Path) -> None:
     """A stand-in `claude` on PATH records what llmrun ran it with."""

@@ -425,7 +425,7 @@ async def collect(answer: Answer, first: Chunk | Done,
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
     if any(thought):
         answer.output.append(reasoning_item("".join(thought), _summary(answer.body)))
-    if "".join(text) or not calls:
+    if "".join(text) or not (calls or any(thought)):  # (cut short while thinking: none)
         answer.output.append(message_item("".join(text)))
     answer.output += [answer.tools.item(c) for c in calls]
     return answer.response(_status(stats), stats), stats
