@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,18 @@ def test_codex_shaped_request(client: openai.OpenAI, daemon: Daemon) -> None:
     r = httpx.post(daemon.url + "/v1/responses", json=body, timeout=120)
     (call,) = [o for o in r.json()["output"] if o["type"] == "custom_tool_call"]
     assert call["name"] == "apply_patch" and isinstance(call["input"], str)
+
+
+def test_a_custom_tool_with_a_regex_grammar_is_called_within_it(client: openai.OpenAI
+                                                                 ) -> None:
+    pattern = "^[0-9]{3}-[a-z]{2,4}$"
+    tool = {"type": "custom", "name": "ticket", "description": "File a ticket",
+            "format": {"type": "grammar", "syntax": "regex", "definition": pattern}}
+    r = client.responses.create(model=MODEL, input="File ticket 123 for the web team.",
+                                tools=[tool], tool_choice={"type": "custom", "name": "ticket"},  # type: ignore[list-item,typeddict-item]
+                                max_output_tokens=40, store=False, **GREEDY)
+    (call,) = [o for o in r.output if o.type == "custom_tool_call"]
+    assert re.fullmatch(pattern.strip("^$"), call.input)  # type: ignore[union-attr]
 
 
 def test_api_version_reports_the_ollama_level(daemon: Daemon) -> None:

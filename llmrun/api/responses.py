@@ -255,10 +255,17 @@ def to_tools(body: ResponsesBody) -> tuple[list[Tool], ToolChoice, ToolMap, bool
             raise ApiError(400, "a tool needs a 'name'", f"{where}.name")
         model_name = _model_name(name, namespace)
         if kind == "custom":
-            params: dict[str, Any] = {
-                "type": "object", "required": ["input"],
-                "properties": {"input": {"type": "string",
-                                         "description": "the tool's whole input, as text"}}}
+            text: dict[str, Any] = {"type": "string",
+                                    "description": "the tool's whole input, as text"}
+            fmt = spec.get("format") or {}
+            if fmt.get("type") == "grammar" and fmt.get("syntax") == "regex" and \
+                    isinstance(fmt.get("definition"), str):
+                text["pattern"] = fmt["definition"]  # enforced whenever calls are
+            elif fmt.get("type") == "grammar":
+                log.info("responses: custom tool %r: only regex grammars are enforced; "
+                         "its %s grammar is not", name, fmt.get("syntax"))
+            params: dict[str, Any] = {"type": "object", "required": ["input"],
+                                      "properties": {"input": text}}
         else:
             params = spec.get("parameters") or {"type": "object", "properties": {}}
         tools.append(Tool(name=model_name, description=spec.get("description") or "",
