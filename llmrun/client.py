@@ -236,7 +236,8 @@ class Client:
              options: dict[str, Any] | None = None,
              keep_alive: str | None = None,
              think: bool | None = None,
-             progress: bool = False) -> Iterator[dict[str, Any]]:
+             progress: bool = False,
+             format: Any = None) -> Iterator[dict[str, Any]]:
         """Stream /api/chat; yields each NDJSON object; raises APIError on an error line.
         `progress`: a long prompt's reading comes first, as `prompt_progress` objects."""
         body: dict[str, Any] = {"model": model, "messages": messages, "stream": True}
@@ -248,6 +249,8 @@ class Client:
             body["think"] = think
         if keep_alive is not None:
             body["keep_alive"] = keep_alive
+        if format is not None:
+            body["format"] = format
         yield from self._ndjson("/api/chat", body)
 
 

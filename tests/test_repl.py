@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -105,4 +108,156 @@ def test_a_session_in_a_terminal(_isolated_home: Path, smollm2_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
         os.close(controller)
+        stop_daemon(_isolated_home)
+
+
+def test_new_commands() -> None:
+    s = Session("smollm2")
+    assert s.handle("/save") == ("say", "Usage: /save NAME")
+    assert s.handle("/save my chat")[1] == "Usage: /save NAME"
+    assert s.handle("/save mine") == ("save", "mine")
+    assert s.handle("/show license") == ("show", "license")
+    s.handle("/set format json")
+    assert s.format == "json"
+    s.handle("/set noformat")
+    assert s.format is None
+    assert s.handle("/set format yaml")[1] == "Usage: /set format json"
+    s.handle("/set nohistory")
+    assert not s.save_history
+    s.handle("/set nowordwrap")
+    assert not s.wordwrap
+    s.handle("/set system Be terse.")
+    s.handle("/set parameter temperature 0")
+    s.history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    assert s.saved("mine") == {"model": "mine", "from": "smollm2", "system": "Be terse.",
+                               "parameters": {"temperature": 0}, "messages": s.history}
+
+
+def test_word_wrap_breaks_between_words_only() -> None:
+    from llmrun.cli.wrap import WordWrap
+
+    text = ("The lighthouse keeper counted the ships that passed in the night, "
+            "implications unknown, and wrote supercalifragilisticexpialidocious "
+            "words\nin his log. " * 3)
+    for width in (12, 20, 41):
+        out: list[str] = []
+        w = WordWrap(out.append, width)
+        for i in range(0, len(text), 3):  # streamed in small pieces
+            w.feed(text[i:i + 3])
+        w.close()
+        shown = "".join(out)
+        assert all(len(line) <= width - 1 for line in shown.split("\n"))
+        assert "".join(shown.split()) == "".join(text.split())  # nothing lost or added
+        # every word that fits a line is whole; only longer ones were cut
+        fits = [word for word in text.split() if len(word) < width - 1]
+        assert set(fits) <= set(shown.split())
+        if width == 41:
+            assert " ".join(shown.split()) == " ".join(text.split())
+
+
+# -- a real terminal: line editing, history, Ctrl+C, /save, wrapping, pipes ------------------
+
+
+def _terminal(env: dict[str, str], *args: str) -> tuple[int, subprocess.Popen[bytes]]:
+    """`llmrun ARGS` in a new session whose controlling terminal is a 40-column pty, so that
+    Ctrl+C typed there is SIGINT to it, as in a real terminal."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "llmrun", *args], stdin=terminal,
+                            stdout=terminal, stderr=terminal, env=env, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(terminal)
+    return controller, proc
+
+
+UP, LEFT = b"\x1b[A", b"\x1b[D"
+
+
+def _command(controller: int, line: bytes) -> bytes:
+    """Type `line` at the prompt and read to the next prompt (typing before a prompt is up
+    would interleave the terminal's echo with it)."""
+    os.write(controller, line + b"\n")
+    out = _read_until(controller, line + b"\r\n")
+    return out + _read_until(controller, b">>> ")
+
+
+def test_editing_history_interrupt_save_wrap_and_pipes(_isolated_home: Path,
+                                                       smollm2_path: Path) -> None:
+    from tests.conftest import make_home
+    from tests.test_cli import llmrun, stop_daemon
+
+    make_home(_isolated_home, smollm2_path)
+    env = {**os.environ, "LLMRUN_CONTEXT_LENGTH": "1024", "COLUMNS": "40", "TERM": "xterm"}
+    try:
+        controller, proc = _terminal(env, "run", "smollm2")
+        try:
+            _read_until(controller, b">>> ")
+            assert b"Set parameter" in _command(controller, b"/set parameter num_predict 6")
+            _command(controller, b"Say hi to Bob")
+            # Left moves the cursor: "/be", Left, "y" is "/bye", which ends the chat
+            os.write(controller, b"/be" + LEFT + b"y\n")
+            assert proc.wait(60) == 0
+        finally:
+            os.close(controller)
+        assert "Say hi to Bob" in (_isolated_home / "history").read_text()
+
+        controller, proc = _terminal(env, "run", "smollm2")
+        try:
+            _read_until(controller, b">>> ")
+            assert b"Set parameter" in _command(controller, b"/set parameter num_predict 6")
+            # Up recalls the lines of the last session (then this one's): "/bye", then
+            # the message before it... and this session's own /set line first
+            os.write(controller, UP + UP + UP)
+            _read_until(controller, b"Say hi to Bob")
+            os.write(controller, b"\n")
+            _read_until(controller, b">>> ")
+            # Ctrl+C mid-answer stops it and keeps the chat; the next question is answered
+            assert b"Set parameter" in _command(controller, b"/set parameter num_predict 3000")
+            os.write(controller, b"Tell me a very long story about a dragon.\n")
+            _read_until(controller, b"dragon.\r\n")
+            _read_until(controller, b" ", timeout=60)  # the answer has started
+            os.write(controller, b"\x03")
+            _read_until(controller, b">>> ", timeout=60)
+            os.write(controller, b"\x03")  # on the prompt: a hint, not an exit
+            _read_until(controller, b"/bye to exit.\r\n>>> ")
+            assert b"Set parameter" in _command(controller, b"/set parameter num_predict 6")
+            after = _command(controller, b"What is 2+2?")
+            assert len(after.split(b"2+2?", 1)[-1].strip()) > len(b">>> ")
+            assert b"Created new model 'bobchat'" in _command(controller, b"/save bobchat")
+            os.write(controller, b"/bye\n")
+            assert proc.wait(60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(controller)
+        assert "bobchat" in llmrun("list").stdout
+        modelfile = llmrun("show", "bobchat", "--modelfile").stdout
+        assert "MESSAGE user" in modelfile and "What is 2+2?" in modelfile
+
+        # wrapped on a 40-column terminal, only between words; piped, the text alone
+        question = ["Describe the sea in a few sentences.", "-o", "num_predict=60",
+                    "-o", "temperature=0", "--system", "You write long sentences."]
+        piped = llmrun("run", "smollm2", *question)
+        assert piped.returncode == 0 and "\x1b" not in piped.stdout and piped.stdout.strip()
+        controller, proc = _terminal(env, "run", "smollm2", *question)
+        try:
+            shown = _read_until(controller, b"\n", timeout=120)
+            assert proc.wait(120) == 0
+            while True:  # the rest, to the end of the output
+                ready, _, _ = select.select([controller], [], [], 1)
+                if not ready:
+                    break
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+        finally:
+            os.close(controller)
+        text = shown.decode().replace("\r\n", "\n")
+        assert all(len(line) <= 40 for line in text.split("\n")), text
+        assert " ".join(text.split()) == " ".join(piped.stdout.split())
+    finally:
         stop_daemon(_isolated_home)

@@ -13,7 +13,7 @@ app = typer.Typer(
     name="llmrun",
     help="Run local GGUF models behind Ollama, OpenAI and Anthropic compatible APIs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     context_settings={"help_option_names": ["-h", "--help"]},
     # plain help, as Ollama's: rendering it through rich took 0.15 s of every `--help`
     rich_markup_mode=None,

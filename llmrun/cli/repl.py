@@ -3,20 +3,24 @@
     >>> Hello                      a message
     >>> \"\"\"                        a message over several lines, until a line ending in \"\"\"
     >>> /set parameter temperature 0.2      /set system You are terse.
-    >>> /set think | nothink | verbose | quiet
-    >>> /show info | parameters | system | template | modelfile
-    >>> /load MODEL   /clear   /? (help)   /bye
+    >>> /set think | nothink | verbose | quiet | format json | noformat
+    >>> /set history | nohistory | wordwrap | nowordwrap
+    >>> /show info | parameters | system | template | modelfile | license
+    >>> /save NAME   /load MODEL   /clear   /? (help)   /bye
 
 `Session.handle` decides what a line means and changes the session's state; the loop in
-`run_session` only reads lines, prints, and streams answers, so the commands are tested
-without a terminal.
+`run_session` only reads lines (`LineReader`: readline's editing and a history file),
+prints, and streams answers, so the commands are tested without a terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmrun.cli._common import console
@@ -30,14 +34,19 @@ HELP = """Available commands:
   /set system TEXT            set the system message
   /set think | nothink        let a thinking model think, or not
   /set verbose | quiet        print timings after each answer, or not
-  /show info | parameters | system | template | modelfile
+  /set format json | noformat answer in JSON, or freely
+  /set history | nohistory    keep what you type in the history file, or not
+  /set wordwrap | nowordwrap  wrap answers at word boundaries, or not
+  /show info | parameters | system | template | modelfile | license
+  /save NAME                  save this session as a new model
   /load MODEL                 chat with another model
   /clear                      forget the conversation
   /bye                        exit
   /?, /help                   this help
-Start a message with \"\"\" to write it over several lines (end it with \"\"\")."""
+Start a message with \"\"\" to write it over several lines (end it with \"\"\").
+Up and Down recall earlier lines; Ctrl+C stops an answer; Ctrl+D or /bye leaves."""
 
-SHOW = ("info", "parameters", "system", "template", "modelfile")
+SHOW = ("info", "parameters", "system", "template", "modelfile", "license")
 
 
 @dataclass
@@ -48,6 +57,10 @@ class Session:
     think: bool | None = None
     system: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    format: Any = None  # "json" or a JSON schema, as Ollama's `format`
+    keep_alive: str | None = None
+    wordwrap: bool = True
+    save_history: bool = True  # what is typed goes to the history file
     _draft: list[str] | None = None  # lines of a \"\"\" message being written
 
     @property
@@ -98,6 +111,10 @@ class Session:
             if not arg:
                 return "say", "Usage: /load MODEL"
             return "load", arg
+        if word == "/save":
+            if not arg or " " in arg:
+                return "say", "Usage: /save NAME"
+            return "save", arg
         return "say", f"Unknown command {word!r}. Type /? for help."
 
     def _set(self, arg: str) -> str:
@@ -116,13 +133,34 @@ class Session:
         if what == "system":
             self.system = rest or None
             return "Set system message." if rest else "Cleared the system message."
+        if what == "format":
+            if rest != "json":
+                return "Usage: /set format json"
+            self.format = "json"
+            return "Set format to 'json' mode."
         flags = {"think": ("think", True), "nothink": ("think", False),
-                 "verbose": ("verbose", True), "quiet": ("verbose", False)}
+                 "verbose": ("verbose", True), "quiet": ("verbose", False),
+                 "noformat": ("format", None), "history": ("save_history", True),
+                 "nohistory": ("save_history", False), "wordwrap": ("wordwrap", True),
+                 "nowordwrap": ("wordwrap", False)}
         if what in flags:
             attr, value = flags[what]
             setattr(self, attr, value)
             return f"Set '{what}' mode."
-        return "Usage: /set parameter NAME VALUE | system TEXT | think | nothink | verbose | quiet"
+        return ("Usage: /set parameter NAME VALUE | system TEXT | think | nothink | verbose | "
+                "quiet | format json | noformat | history | nohistory | wordwrap | nowordwrap")
+
+    def saved(self, name: str) -> dict[str, Any]:
+        """The /api/create body of a model that is this session: its model, system prompt,
+        parameters and messages (as Ollama's /save)."""
+        body: dict[str, Any] = {"model": name, "from": self.model}
+        if self.system:
+            body["system"] = self.system
+        if self.options:
+            body["parameters"] = self.options
+        if self.history:
+            body["messages"] = self.history
+        return body
 
 
 def _value(text: str) -> Any:
@@ -147,17 +185,64 @@ def show(client: Client, model: str, what: str) -> str:
     return str(info.get(what, "") or f"(no {what})")
 
 
+class LineReader:
+    """Lines from the terminal with readline's editing (arrows, Ctrl+A/E, ...) and a history
+    that outlives the session, in `path` (None: this session only, as LLMRUN_NOHISTORY
+    asks). `save` off (/set nohistory) keeps new lines out of the file."""
+
+    LENGTH = 1000  # lines the history file keeps
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.save = True
+        try:
+            import readline as rl  # importing it gives input() line editing
+        except ImportError:  # (a Python built without it: plain lines)
+            rl = None
+        self._rl: Any = rl
+        if rl is None:
+            return
+        rl.clear_history()
+        rl.set_history_length(self.LENGTH)
+        if path is not None and path.exists():
+            with contextlib.suppress(OSError):
+                rl.read_history_file(str(path))
+
+    def read(self, prompt: str) -> str:
+        line = input(prompt)
+        if self._rl is not None and self.path is not None and self.save and line.strip():
+            with contextlib.suppress(OSError):  # a history that cannot be kept: not fatal
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._rl.write_history_file(str(self.path))
+                os.chmod(self.path, 0o600)  # what the user typed
+        return line
+
+
+def history_path() -> Path | None:
+    from llmrun import config
+
+    if os.environ.get("LLMRUN_NOHISTORY", "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    return config.home() / "history"
+
+
 def run_session(client: Client, session: Session,
-                stream: Callable[[Session, list[dict[str, Any]]], str]) -> None:
+                stream: Callable[[Session, list[dict[str, Any]]], str],
+                reader: LineReader | None = None) -> None:
     """Read lines until /bye or end of input; `stream` prints an answer and returns it."""
     console.print(f"[dim]Chatting with {session.model}. Type /? for help, /bye to quit.[/]")
     client.load(session.model)  # before the first prompt, so the first answer starts promptly
+    reader = reader or LineReader(history_path())
     while True:
+        reader.save = session.save_history
         try:
-            line = console.input("[dim]... [/]" if session.writing else "[bold]>>> [/]")
-        except (EOFError, KeyboardInterrupt):
+            line = reader.read("... " if session.writing else ">>> ")
+        except EOFError:
             console.print()
             return
+        except KeyboardInterrupt:  # Ctrl+C on the prompt: the line is dropped, not the chat
+            console.print("\nUse Ctrl + d or /bye to exit.", markup=False)
+            continue
         action, arg = session.handle(line)
         if action == "bye":
             return
@@ -168,6 +253,14 @@ def run_session(client: Client, session: Session,
                 console.print(show(client, session.model, arg), markup=False)
             except APIError as exc:
                 console.print(f"[red]{exc}[/]")
+        elif action == "save":
+            try:
+                for _ in client.create(session.saved(arg)):
+                    pass
+            except APIError as exc:
+                console.print(f"[red]{exc}[/]")
+                continue
+            console.print(f"Created new model '{arg}'", markup=False)
         elif action == "load":
             try:
                 client.load(arg)
@@ -181,7 +274,7 @@ def run_session(client: Client, session: Session,
             session.history.append({"role": "user", "content": arg})
             try:
                 answer = stream(session, session.messages())
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # the answer stops (its request is cancelled)
                 console.print()
                 session.history.pop()
                 continue

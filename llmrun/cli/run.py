@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -17,16 +20,23 @@ if TYPE_CHECKING:
 def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
             hide_thinking: bool = False) -> str:
     """Print the answer as it streams (a thinking model's thought first, dimmed, as Ollama
-    shows it); return the answer's text."""
+    shows it), wrapped at word boundaries on a terminal; return the answer's text."""
+    from llmrun.cli.wrap import WordWrap
+
     parts: list[str] = []
     final: dict[str, Any] = {}
     thinking = False
-    dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stdout.isatty() else ("", "")
+    tty = sys.stdout.isatty()
+    dim, plain = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
     out = sys.stdout
+    wrap = WordWrap(out.write, shutil.get_terminal_size().columns) \
+        if tty and session.wordwrap else None
+    write = wrap.feed if wrap is not None else out.write
     bar = _PromptBar() if sys.stderr.isatty() else None
     try:
         for obj in client.chat(session.model, messages, session.options, think=session.think,
-                               progress=bar is not None):
+                               progress=bar is not None, keep_alive=session.keep_alive,
+                               format=session.format):
             if "prompt_progress" in obj:
                 if bar is not None:
                     bar.update(obj["prompt_progress"])
@@ -37,22 +47,30 @@ def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
             thought = message.get("thinking")
             if thought and not hide_thinking:
                 if not thinking:
-                    out.write(f"{dim}Thinking...\n")
+                    out.write(dim)
+                    write("Thinking...\n")
                     thinking = True
-                out.write(thought)
+                write(thought)
             text = message.get("content", "")
             if text:
                 if thinking:
-                    out.write(f"\n...done thinking.{plain}\n\n")
+                    write("\n...done thinking.")
+                    if wrap is not None:
+                        wrap.close()
+                    out.write(f"{plain}\n\n")
+                    if wrap is not None:
+                        wrap.col = 0
                     thinking = False
                 parts.append(text)
-                out.write(text)
+                write(text)
             out.flush()
             if obj.get("done"):
                 final = obj
     finally:
         if bar is not None:
             bar.close()
+        if wrap is not None:
+            wrap.close()
     out.write(f"{plain}\n" if thinking else "\n")
     out.flush()
     if session.verbose and final:
@@ -113,6 +131,60 @@ def _not_found_hint(model: str) -> str:
             f"(llmrun create {model} -f Modelfile)")
 
 
+def _options(pairs: list[str]) -> dict[str, Any]:
+    """`--option k=v` values, read as JSON where they are (numbers, true/false)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            fail(f"--option: expected NAME=VALUE, got {pair!r}")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        if key.strip() == "stop":
+            out.setdefault("stop", []).append(str(parsed))
+        else:
+            out[key.strip()] = parsed
+    return out
+
+
+def _format(value: str | None) -> Any:
+    """`--format`: json, or a file holding a JSON schema."""
+    if value is None or value == "json":
+        return value
+    try:
+        return json.loads(Path(value).read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"--format: 'json' or a file holding a JSON schema ({value}: {exc})")
+
+
+def _pull_if_missing(client: Client, model: str) -> None:
+    """Pull `model` first when the store lacks it and the catalog or the Hub may have it (as
+    `ollama run` does); a name nothing can provide is left to the chat's clear error."""
+    try:
+        client.show(model)
+        return
+    except APIError as exc:
+        if exc.status != 404:
+            return
+    from llmrun.store import catalog, names
+
+    try:
+        parsed = names.parse(model)
+    except ValueError:
+        return
+    if catalog.lookup(parsed) is None and not model.startswith("hf.co/"):
+        return
+    err.print(f"[dim]pulling {model}...[/]")
+    last = ""
+    for event in client.pull(model):
+        status = str(event.get("status", ""))
+        if status != last and sys.stderr.isatty():
+            err.print(f"[dim]{status}[/]")
+        last = status
+
+
 def register(app: typer.Typer) -> None:
     @app.command(name="run")
     def run(
@@ -122,6 +194,15 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(None, help="Sampling temperature"),
         seed: int = typer.Option(None, help="Random seed, for reproducible output"),
         num_ctx: int = typer.Option(None, "--num-ctx", help="Context tokens"),
+        option: list[str] = typer.Option(None, "--option", "-o", metavar="NAME=VALUE",
+                                         help="A model option (repeatable), e.g. top_k=20"),
+        system: str = typer.Option(None, "--system", help="The system message"),
+        format: str = typer.Option(None, "--format",
+                                   help="Answer format: json, or a file with a JSON schema"),
+        keepalive: str = typer.Option(None, "--keepalive",
+                                      help="How long the model stays loaded (e.g. 5m, 0)"),
+        nowordwrap: bool = typer.Option(False, "--nowordwrap",
+                                        help="Do not wrap answers at word boundaries"),
         think: bool = typer.Option(None, "--think/--no-think",
                                    help="Let a thinking model think first (default: the "
                                         "model's own behaviour)"),
@@ -133,15 +214,20 @@ def register(app: typer.Typer) -> None:
 
         options = {k: v for k, v in (("temperature", temperature), ("seed", seed),
                                      ("num_ctx", num_ctx)) if v is not None}
+        options.update(_options(option or []))
         text = " ".join(prompt or [])
         if not sys.stdin.isatty():
             piped = sys.stdin.read()
             text = f"{text}\n\n{piped}".strip() if text else piped.strip()
         client = connect()
-        session = Session(model, options, verbose, think)
+        session = Session(model, options, verbose, think, system=system,
+                          format=_format(format), keep_alive=keepalive,
+                          wordwrap=not nowordwrap)
         try:
+            _pull_if_missing(client, model)
             if text:
-                _stream(client, session, [{"role": "user", "content": text}], hide_thinking)
+                _stream(client, session, [*session.messages(),
+                                          {"role": "user", "content": text}], hide_thinking)
             elif sys.stdin.isatty():
                 run_session(client, session,
                             lambda s, msgs: _stream(client, s, msgs, hide_thinking))
