@@ -14,6 +14,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 from llmrun.cli.repl import HELP, Session
 
 
@@ -155,6 +157,30 @@ def test_word_wrap_breaks_between_words_only() -> None:
             assert " ".join(shown.split()) == " ".join(text.split())
 
 
+def test_a_finished_markdown_answer_is_redrawn_rendered(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    import io
+
+    from rich.console import Console
+
+    from llmrun.cli import _common, run
+
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(_common, "console", Console(file=screen, force_terminal=True,
+                                                    width=40))
+    run._as_markdown("Plain words only.", 1)
+    assert screen.getvalue() == ""  # no Markdown in it: left as streamed
+    run._as_markdown("Fruits:\n- apple\n- **pear**", 3)
+    shown = screen.getvalue()
+    assert shown.startswith("\x1b[3F\x1b[J")  # back over the 3 streamed lines, cleared
+    assert "•" in shown and "pear" in shown and "**" not in shown
+    screen.truncate(0)
+    screen.seek(0)
+    run._as_markdown("- tall\n" * 500, 501)  # taller than the screen: left alone
+    assert screen.getvalue() == ""
+
+
 # -- a real terminal: line editing, history, Ctrl+C, /save, wrapping, pipes ------------------
 
 
@@ -238,7 +264,7 @@ def test_editing_history_interrupt_save_wrap_and_pipes(_isolated_home: Path,
 
         # wrapped on a 40-column terminal, only between words; piped, the text alone
         question = ["Describe the sea in a few sentences.", "-o", "num_predict=60",
-                    "-o", "temperature=0", "--system", "You write long sentences."]
+                    "-o", "temperature=0", "--system", "You write long sentences.", "--plain"]
         piped = llmrun("run", "smollm2", *question)
         assert piped.returncode == 0 and "\x1b" not in piped.stdout and piped.stdout.strip()
         controller, proc = _terminal(env, "run", "smollm2", *question)

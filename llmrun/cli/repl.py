@@ -37,6 +37,7 @@ HELP = """Available commands:
   /set format json | noformat answer in JSON, or freely
   /set history | nohistory    keep what you type in the history file, or not
   /set wordwrap | nowordwrap  wrap answers at word boundaries, or not
+  /set markdown | plain       render a finished answer's Markdown, or leave it as streamed
   /show info | parameters | system | template | modelfile | license
   /save NAME                  save this session as a new model
   /load MODEL                 chat with another model
@@ -60,6 +61,7 @@ class Session:
     format: Any = None  # "json" or a JSON schema, as Ollama's `format`
     keep_alive: str | None = None
     wordwrap: bool = True
+    markdown: bool = True  # a finished answer with Markdown is redrawn rendered (a terminal)
     save_history: bool = True  # what is typed goes to the history file
     _draft: list[str] | None = None  # lines of a \"\"\" message being written
 
@@ -142,13 +144,15 @@ class Session:
                  "verbose": ("verbose", True), "quiet": ("verbose", False),
                  "noformat": ("format", None), "history": ("save_history", True),
                  "nohistory": ("save_history", False), "wordwrap": ("wordwrap", True),
-                 "nowordwrap": ("wordwrap", False)}
+                 "nowordwrap": ("wordwrap", False), "markdown": ("markdown", True),
+                 "plain": ("markdown", False)}
         if what in flags:
             attr, value = flags[what]
             setattr(self, attr, value)
             return f"Set '{what}' mode."
         return ("Usage: /set parameter NAME VALUE | system TEXT | think | nothink | verbose | "
-                "quiet | format json | noformat | history | nohistory | wordwrap | nowordwrap")
+                "quiet | format json | noformat | history | nohistory | wordwrap | nowordwrap | "
+                "markdown | plain")
 
     def saved(self, name: str) -> dict[str, Any]:
         """The /api/create body of a model that is this session: its model, system prompt,

@@ -26,6 +26,7 @@ def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
     parts: list[str] = []
     final: dict[str, Any] = {}
     thinking = False
+    start = 0  # the wrapper's line count where the answer began
     tty = sys.stdout.isatty()
     dim, plain = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
     out = sys.stdout
@@ -61,6 +62,8 @@ def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
                     if wrap is not None:
                         wrap.col = 0
                     thinking = False
+                if not parts and wrap is not None:
+                    start = wrap.lines
                 parts.append(text)
                 write(text)
             out.flush()
@@ -73,9 +76,31 @@ def _stream(client: Client, session: Session, messages: list[dict[str, Any]],
             wrap.close()
     out.write(f"{plain}\n" if thinking else "\n")
     out.flush()
+    if wrap is not None and session.markdown and final and parts:
+        _as_markdown("".join(parts), wrap.lines - start + 1)
     if session.verbose and final:
         _print_stats(final)
     return "".join(parts)
+
+
+MARKDOWN = ("```", "**", "__", "# ", "\n- ", "\n* ", "\n1. ", "|---", "`")
+
+
+def _as_markdown(text: str, lines: int) -> None:
+    """Redraw a whole answer that uses Markdown as rich renders it (headings, lists, code),
+    over the `lines` lines it was streamed on; an answer taller than the screen stays as it
+    streamed (the lines above the screen cannot be rewritten)."""
+    if not any(mark in f"\n{text}" for mark in MARKDOWN):
+        return
+    if lines >= shutil.get_terminal_size().lines - 1:
+        return
+    from rich.markdown import Markdown
+
+    from llmrun.cli._common import console
+
+    sys.stdout.write(f"\x1b[{lines}F\x1b[J")  # to the answer's first line; clear below
+    sys.stdout.flush()
+    console.print(Markdown(text))
 
 
 class _PromptBar:
@@ -203,6 +228,8 @@ def register(app: typer.Typer) -> None:
                                       help="How long the model stays loaded (e.g. 5m, 0)"),
         nowordwrap: bool = typer.Option(False, "--nowordwrap",
                                         help="Do not wrap answers at word boundaries"),
+        plain: bool = typer.Option(False, "--plain",
+                                   help="Leave answers as streamed (no Markdown rendering)"),
         think: bool = typer.Option(None, "--think/--no-think",
                                    help="Let a thinking model think first (default: the "
                                         "model's own behaviour)"),
@@ -222,7 +249,7 @@ def register(app: typer.Typer) -> None:
         client = connect()
         session = Session(model, options, verbose, think, system=system,
                           format=_format(format), keep_alive=keepalive,
-                          wordwrap=not nowordwrap)
+                          wordwrap=not nowordwrap, markdown=not plain)
         try:
             _pull_if_missing(client, model)
             if text:

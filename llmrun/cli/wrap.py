@@ -20,18 +20,22 @@ class WordWrap:
         self.width = max(8, width - 1)
         self.col = 0
         self.word = ""
+        self.lines = 0  # line breaks written: how far back an answer's start is
+
+    def newline(self) -> None:
+        self._write("\n")
+        self.col = 0
+        self.lines += 1
 
     def feed(self, text: str) -> None:
         for ch in text:
             if ch == "\n":
                 self._flush_word()
-                self._write("\n")
-                self.col = 0
+                self.newline()
             elif ch in " \t":
                 self._flush_word()
                 if self.col + 1 > self.width:  # the space at the line's end is its break
-                    self._write("\n")
-                    self.col = 0
+                    self.newline()
                 else:
                     self._write(ch)
                     self.col += 1
@@ -39,7 +43,7 @@ class WordWrap:
                 self.word += ch
                 if cell_len(self.word) >= self.width:  # longer than a line: it must break
                     if self.col:
-                        self._write("\n")
+                        self.newline()
                     self._write(self.word)
                     self.col, self.word = cell_len(self.word), ""
 
@@ -48,8 +52,7 @@ class WordWrap:
             return
         n = cell_len(self.word)
         if self.col and self.col + n > self.width:
-            self._write("\n")
-            self.col = 0
+            self.newline()
         self._write(self.word)
         self.col += n
         self.word = ""
