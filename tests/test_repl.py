@@ -196,7 +196,7 @@ def _terminal(env: dict[str, str], *args: str) -> tuple[int, subprocess.Popen[by
     return controller, proc
 
 
-UP, LEFT = b"\x1b[A", b"\x1b[D"
+UP, LEFT, RIGHT = b"\x1b[A", b"\x1b[D", b"\x1b[C"
 
 
 def _command(controller: int, line: bytes) -> bytes:
@@ -222,8 +222,9 @@ def test_editing_history_interrupt_save_wrap_and_pipes(_isolated_home: Path,
             _read_until(controller, b">>> ")
             assert b"Set parameter" in _command(controller, b"/set parameter num_predict 6")
             _command(controller, b"Say hi to Bob")
-            # Left moves the cursor: "/be", Left, "y" is "/bye", which ends the chat
-            os.write(controller, b"/be" + LEFT + b"y\n")
+            # Left and Right move the cursor: "/b", "e", Left, "y", Right, "" is "/bye",
+            # which ends the chat (the arrows as text would make an unknown message)
+            os.write(controller, b"/be" + LEFT + b"y" + RIGHT + b"\n")
             assert proc.wait(60) == 0
         finally:
             os.close(controller)
@@ -289,3 +290,23 @@ def test_editing_history_interrupt_save_wrap_and_pipes(_isolated_home: Path,
         assert " ".join(text.split()) == " ".join(piped.stdout.split())
     finally:
         stop_daemon(_isolated_home)
+
+
+def test_run_pulls_a_model_the_store_lacks(_isolated_home: Path, smollm2_path: Path) -> None:
+    from tests.hubserver import HubServer
+    from tests.test_cli import llmrun, stop_daemon
+
+    with HubServer() as server:
+        server.add_file("test/SmolLM2-GGUF", "SmolLM2-135M-Instruct-Q4_K_M.gguf", smollm2_path)
+        env = {"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"}
+        try:
+            # piped, as `echo hi | llmrun run ...`: asks nothing, prints the answer alone
+            r = llmrun("run", "hf.co/test/SmolLM2-GGUF", "-o", "num_predict=4", stdin="hi",
+                       env=env)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.strip() and "\x1b" not in r.stdout
+            assert "hf.co/test/SmolLM2-GGUF" in llmrun("list").stdout
+            r = llmrun("run", "hf.co/test/missing-GGUF", "hi", env=env)
+            assert r.returncode != 0 and "missing-GGUF" in r.stderr
+        finally:
+            stop_daemon(_isolated_home)

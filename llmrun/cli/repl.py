@@ -233,57 +233,68 @@ def history_path() -> Path | None:
 def run_session(client: Client, session: Session,
                 stream: Callable[[Session, list[dict[str, Any]]], str],
                 reader: LineReader | None = None) -> None:
-    """Read lines until /bye or end of input; `stream` prints an answer and returns it."""
+    """Read lines until /bye or end of input; `stream` prints an answer and returns it.
+    Ctrl+C never ends the chat: on the prompt it says how to leave, during an answer it
+    stops the answer (its request is cancelled), anywhere else it drops what was going on."""
     console.print(f"[dim]Chatting with {session.model}. Type /? for help, /bye to quit.[/]")
     client.load(session.model)  # before the first prompt, so the first answer starts promptly
     reader = reader or LineReader(history_path())
     while True:
-        reader.save = session.save_history
+        asked = len(session.history)
         try:
-            line = reader.read("... " if session.writing else ">>> ")
+            if not _turn(client, session, stream, reader):
+                return
+        except KeyboardInterrupt:
+            del session.history[asked:]  # a question without its whole answer is dropped
+            console.print()
         except EOFError:
             console.print()
             return
-        except KeyboardInterrupt:  # Ctrl+C on the prompt: the line is dropped, not the chat
-            console.print("\nUse Ctrl + d or /bye to exit.", markup=False)
-            continue
-        action, arg = session.handle(line)
-        if action == "bye":
-            return
-        if action == "say":
-            console.print(arg, markup=False)
-        elif action == "show":
-            try:
-                console.print(show(client, session.model, arg), markup=False)
-            except APIError as exc:
-                console.print(f"[red]{exc}[/]")
-        elif action == "save":
-            try:
-                for _ in client.create(session.saved(arg)):
-                    pass
-            except APIError as exc:
-                console.print(f"[red]{exc}[/]")
-                continue
-            console.print(f"Created new model '{arg}'", markup=False)
-        elif action == "load":
-            try:
-                client.load(arg)
-            except APIError as exc:
-                console.print(f"[red]{exc}[/]")
-                continue
-            session.model = arg
-            session.history.clear()
-            console.print(f"[dim]Loaded {arg}.[/]")
-        elif action == "send":
-            session.history.append({"role": "user", "content": arg})
-            try:
-                answer = stream(session, session.messages())
-            except KeyboardInterrupt:  # the answer stops (its request is cancelled)
-                console.print()
-                session.history.pop()
-                continue
-            except APIError as exc:
-                console.print(f"[red]{exc}[/]")
-                session.history.pop()
-                continue
-            session.history.append({"role": "assistant", "content": answer})
+
+
+def _turn(client: Client, session: Session,
+          stream: Callable[[Session, list[dict[str, Any]]], str], reader: LineReader) -> bool:
+    """Read one line and do what it says; False when the chat is over."""
+    reader.save = session.save_history
+    try:
+        line = reader.read("... " if session.writing else ">>> ")
+    except KeyboardInterrupt:  # Ctrl+C on the prompt: the line is dropped, not the chat
+        console.print("\nUse Ctrl + d or /bye to exit.", markup=False)
+        return True
+    action, arg = session.handle(line)
+    if action == "bye":
+        return False
+    if action == "say":
+        console.print(arg, markup=False)
+    elif action == "show":
+        try:
+            console.print(show(client, session.model, arg), markup=False)
+        except APIError as exc:
+            console.print(f"[red]{exc}[/]")
+    elif action == "save":
+        try:
+            for _ in client.create(session.saved(arg)):
+                pass
+        except APIError as exc:
+            console.print(f"[red]{exc}[/]")
+            return True
+        console.print(f"Created new model '{arg}'", markup=False)
+    elif action == "load":
+        try:
+            client.load(arg)
+        except APIError as exc:
+            console.print(f"[red]{exc}[/]")
+            return True
+        session.model = arg
+        session.history.clear()
+        console.print(f"[dim]Loaded {arg}.[/]")
+    elif action == "send":
+        session.history.append({"role": "user", "content": arg})
+        try:
+            answer = stream(session, session.messages())
+        except APIError as exc:
+            console.print(f"[red]{exc}[/]")
+            session.history.pop()
+            return True
+        session.history.append({"role": "assistant", "content": answer})
+    return True
