@@ -385,6 +385,42 @@ DRAFT_TASKS = {
 }
 
 
+def _gaps(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(stamps)]
+
+
+async def stall(url: str, model: str, n_tokens: int) -> dict[str, float]:
+    """A client streams a story alone, then beside a fresh prompt of ~`n_tokens` (the
+    neighbour's inter-token gaps while the prompt is read: p50, the largest, and the time
+    it stood still in gaps over 100 ms); and the long prompt's time to its first token,
+    alone and beside the stream. Over the OpenAI API, the story made long by ignore_eos;
+    the default context (4096) must hold each."""
+    tag = os.urandom(6).hex()
+
+    def long_prompt(i: int) -> list[dict[str, str]]:
+        facts = " ".join(f"Fact {j} ({tag}-{i}): the number {j} is written {j * 7} in another "
+                         "base." for j in range(n_tokens // 34 + 1))
+        return [{"role": "user", "content": facts + "\nWhich fact is the last one?"}]
+
+    alone = await one_request(url, model, f"({tag}a) {PROMPTS[0]}", 300, api="openai")
+    first = await one_request(url, model, "", 1, long_prompt(0), api="openai")
+    neighbour = asyncio.create_task(one_request(url, model, f"({tag}b) {PROMPTS[0]}", 3000,
+                                                api="openai"))
+    await asyncio.sleep(3)  # its prompt is read and it streams
+    t0 = time.perf_counter()
+    beside = await one_request(url, model, "", 1, long_prompt(1), api="openai")
+    t1 = time.perf_counter()
+    near = await neighbour
+    during = [g for a, g in zip(near["stamps"], _gaps(near["stamps"]), strict=False)
+              if t0 <= a <= t1]
+    solo = _gaps(alone["stamps"])
+    return {"alone_p50": statistics.median(solo), "alone_max": max(solo),
+            "beside_p50": statistics.median(during) if during else float("nan"),
+            "beside_max": max(during) if during else float("nan"),
+            "stalled": sum(g for g in during if g > 0.1),
+            "prompt_alone": first["elapsed"], "prompt_beside": beside["elapsed"]}
+
+
 def _draft_counts(url: str) -> tuple[float, float]:
     """The daemon's counts of drafted and accepted tokens so far (/metrics)."""
     import httpx
@@ -520,6 +556,7 @@ class BenchResult:
     constrained: dict[int, dict[str, float]] = field(default_factory=dict)  # with SCHEMA
     label: str = "llmrun"  # llmrun's row, with the API it was asked over
     draft: dict[str, dict[str, float]] = field(default_factory=dict)  # drafting(), by task
+    stall: dict[str, float] = field(default_factory=dict)  # stall(): a stream beside a prompt
     against: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -563,6 +600,15 @@ class BenchResult:
             lines.append(f"prompt cache: a {n}-token system prompt, TTFT {cold:.2f} s cold, "
                          f"{restored:.2f} s in a new session after the model was unloaded "
                          f"({100 * restored / cold:.1f}% of cold)")
+        if self.stall:
+            st = self.stall
+            lines.append(f"a stream beside a fresh long prompt: gaps between tokens p50 / max "
+                         f"{1000 * st['alone_p50']:.1f} / {1000 * st['alone_max']:.1f} ms "
+                         f"alone, {1000 * st['beside_p50']:.1f} / "
+                         f"{1000 * st['beside_max']:.1f} ms beside it, stood still "
+                         f"{st['stalled']:.2f} s; the prompt read in "
+                         f"{st['prompt_alone']:.2f} s alone, {st['prompt_beside']:.2f} s "
+                         "beside the stream")
         for task, d in self.draft.items():
             lines.append(f"prompt lookup, {task} task: {d['plain']:.1f} tok/s plain, "
                          f"{d['draft']:.1f} drafting ({d['ratio']:.2f}x, median of turns), "
@@ -599,7 +645,7 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         baselines: bool = True, prefix: bool = True,
         constrained: tuple[int, ...] | list[int] = (1, 4), rounds: int = 3,
         api: Api = "chat", against: list[Server] | tuple[Server, ...] = (),
-        cache_tokens: int = 0, draft: bool = False) -> BenchResult:
+        cache_tokens: int = 0, draft: bool = False, stall_tokens: int = 0) -> BenchResult:
     """Measure the daemon at `url` serving `model` (over `api`), and the `against` servers
     under the same load, and (with the servers idle, in each turn) the raw loops on `gguf`. At each
     level also in `constrained`, the load runs `rounds` times without and with SCHEMA,
@@ -657,6 +703,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         result.cache = asyncio.run(prompt_cache(url, model, cache_tokens))
     if draft:
         result.draft = drafting(url, model, max(tokens, 128), max(rounds, 3))
+    if stall_tokens > 0:
+        result.stall = asyncio.run(stall(url, model, stall_tokens))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
     return result

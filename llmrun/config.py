@@ -69,6 +69,10 @@ SETTINGS: list[Setting] = [
             "Of those states, how much each loaded model also keeps in memory"),
     Setting("LLMRUN_PROMPT_CACHE_MIN_TOKENS", "1024",
             "Prompt tokens a request must read before its state is kept"),
+    Setting("LLMRUN_STEP_BUDGET", "150ms",
+            "While others are generating, how long one engine step may take reading a new "
+            "prompt (a duration such as 150ms, or a number of prompt tokens per step), so "
+            "a long prompt never freezes the streams beside it; 0 = no limit"),
     Setting("LLMRUN_WATCHDOG", "300s",
             "A runner with requests in flight that reports nothing for this long is "
             "restarted and its requests fail"),
@@ -283,6 +287,30 @@ def max_stop() -> int:
 def rate_limit() -> int:
     """Requests per minute per key or client; 0 = no limit."""
     return _parsed("LLMRUN_RATE_LIMIT", _positive_int)
+
+
+def parse_step_budget(value: str) -> tuple[float, int]:
+    """(seconds, tokens) of a step budget: `150ms` or `0.2s` is a time, `64` a number of
+    prompt tokens per step; (0, 0) is no limit."""
+    text = value.strip().lower()
+    if text.endswith("ms"):
+        return parse_seconds(text[:-2]) / 1000, 0
+    if text.endswith(("s", "m", "h")):
+        return parse_seconds(text), 0
+    return 0.0, _positive_int(text)
+
+
+def step_budget() -> str:
+    """LLMRUN_STEP_BUDGET as the runner's --step-budget (it parses it with
+    parse_step_budget); one that does not parse is the default, with a warning."""
+    value = raw("LLMRUN_STEP_BUDGET")
+    try:
+        parse_step_budget(value)
+    except ValueError:
+        log.warning("invalid LLMRUN_STEP_BUDGET=%r, using default %r", value,
+                    _DEFAULTS["LLMRUN_STEP_BUDGET"])
+        return _DEFAULTS["LLMRUN_STEP_BUDGET"]
+    return value
 
 
 def watchdog_seconds() -> float:

@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
                                               "runner, for a system prompt of about TOKENS "
                                               "against reading it cold (the prompt cache; "
                                               "the model needs twice that context)"),
+        stall: int = typer.Option(0, "--stall", metavar="TOKENS",
+                                  help="Also measure a stream's gaps between tokens beside a "
+                                       "fresh prompt of about TOKENS (stall-free batching)"),
         draft: bool = typer.Option(False, "--draft", help="Also measure prompt-lookup "
                                                           "drafting on an edit task and on "
                                                           "free text, on and off (greedy)"),
@@ -83,7 +86,7 @@ def register(app: typer.Typer) -> None:
             result = b.run(client.base_url, model, path, counts, tokens, threads,
                            baselines=baselines, prefix=prefix, constrained=with_schema,
                            rounds=rounds, api=how, against=others,
-                           cache_tokens=prompt_cache, draft=draft)
+                           cache_tokens=prompt_cache, draft=draft, stall_tokens=stall)
         except RuntimeError as exc:
             fail(f"the benchmark stopped: {exc}")
         typer.echo(result.table())  # plain: a table to paste, never wrapped

@@ -74,6 +74,15 @@ HEARTBEAT_SECONDS = 1.0
 # With `shift` and no num_predict, generation still ends after this many contexts' worth of
 # tokens: a request cannot hold its slot forever.
 SHIFT_LIMIT = 10
+# Beside sequences that generate, a step reads at least this many prompt tokens, and this
+# many until the time of a prompt token is measured: with flash attention on the CPU, a
+# chunk under 64 tokens takes llama.cpp's row-by-row attention path, at half the speed per
+# token over a long context (docs/benchmarks.md, stall-free batching), which would double
+# the long prompt's time for what it saves the others. And llama.cpp splits a step over
+# separate KV streams into a first ubatch holding one token of every sequence, then the
+# rest of the prompt's chunk: 65 keeps that rest at 64.
+MIN_PROMPT_CHUNK = 65
+FIRST_PROMPT_CHUNK = 65
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
@@ -183,7 +192,8 @@ class Engine:
                  emit: Callable[[list[Event]], None],
                  on_fatal: Callable[[BaseException], None] | None = None,
                  governor: ThreadGovernor | None = None,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None,
+                 step_budget: tuple[float, int] = (0.0, 0)) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
@@ -202,6 +212,11 @@ class Engine:
         # one row of llguidance's bitmask per slot: bit t%32 of int32 word t//32 is token t
         self._masks = np.zeros((n_slots, (model.n_vocab + 31) // 32), dtype=np.int32)
         self.step_cost = StepCost()  # what a row of a decode costs here, for drafting
+        # stall-free batching: while others generate, a step reads at most this long (s) or
+        # this many prompt tokens; (0, 0): no limit. The time of a prompt token is measured
+        # from the steps that read prompts (an average over the recent ones).
+        self.step_budget = step_budget
+        self.prompt_token_s: float | None = None
         # most rows a decode may hold with each row's logits exactly as if decoded alone
         # (draft.probe_exact_rows), by the bit length of the position drafted from: kernels
         # change with the context's length too (llama.cpp splits a single row's attention
@@ -456,6 +471,11 @@ class Engine:
             elif seq.pending:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
+        if outputs and prefilling:  # others generate: a prompt is read in bounded chunks
+            budget = min(budget, self._prompt_budget(batch.n))
+        # a prompt that fits the budget whole goes first (a short one is not stuck behind a
+        # long one), then the oldest
+        prefilling.sort(key=lambda s: (len(s.pending) > budget, s.submitted))
         # (seq, batch index of the logits, prompt token they score); index -1: the first token
         scored: list[tuple[Sequence, int, int]] = []
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
@@ -491,8 +511,13 @@ class Engine:
         if rc != 0:
             self._decode_failed(rc)
             return
+        elapsed = time.perf_counter() - t0
         if not fed:  # every row is a token to sample: the steps drafting is weighed by
-            self.step_cost.observe(batch.n, time.perf_counter() - t0)
+            self.step_cost.observe(batch.n, elapsed)
+        elif batch.n >= MIN_PROMPT_CHUNK:
+            per_token = elapsed / batch.n
+            self.prompt_token_s = per_token if self.prompt_token_s is None else \
+                0.8 * self.prompt_token_s + 0.2 * per_token
         if self.prompt_cache is not None:
             for seq in fed:
                 if seq.slot is not None and len(seq.slot.tokens) == self._save_point(seq):
@@ -525,6 +550,20 @@ class Engine:
         if events or time.monotonic() - self._last_emit >= HEARTBEAT_SECONDS:
             self._last_emit = time.monotonic()
             self.emit(events)  # (empty: a heartbeat)
+
+    def _prompt_budget(self, decode_rows: int) -> int:
+        """Prompt tokens a step may read beside `decode_rows` rows of generating sequences
+        (LLMRUN_STEP_BUDGET): Sarathi-Serve's stall-free batching, so that a long prompt
+        costs the others a bounded delay per token rather than a freeze."""
+        seconds, tokens = self.step_budget
+        if tokens:
+            return max(1, tokens)
+        if seconds <= 0:
+            return self.batch.capacity
+        if self.prompt_token_s is None:
+            return FIRST_PROMPT_CHUNK
+        fits = int(seconds / self.prompt_token_s) - decode_rows
+        return max(MIN_PROMPT_CHUNK, fits)
 
     def _draft(self, seq: Sequence, row_share: float, used: int) -> list[int]:
         """The tokens to feed after `seq`'s next token (now the last of its slot, not yet

@@ -105,7 +105,8 @@ class ModelHost:
     def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
                  n_slots: int, n_threads: int = 1,
                  governor: ThreadGovernor | None = None,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None,
+                 step_budget: tuple[float, int] = (0.0, 0)) -> None:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
@@ -113,7 +114,7 @@ class ModelHost:
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
                              on_fatal=self._engine_failed, governor=governor,
-                             prompt_cache=prompt_cache)
+                             prompt_cache=prompt_cache, step_budget=step_budget)
         self.prompt_cache = prompt_cache
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
@@ -597,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bytes of states kept in memory at most")
     ap.add_argument("--prompt-cache-min", type=int, default=1024,
                     help="tokens a prompt must add before its state is kept")
+    ap.add_argument("--step-budget", type=config.parse_step_budget, default=(0.15, 0),
+                    help="prompt reading per step while others generate: 150ms, or tokens")
     ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
@@ -639,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             log.warning("prompt cache: off (%s)", exc)
     runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
-                       prompt_cache)
+                       prompt_cache, step_budget=args.step_budget)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

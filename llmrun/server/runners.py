@@ -113,6 +113,8 @@ class RunnerSpec:
     prompt_cache_size: int = 0  # bytes on disk for prompt states, all models; 0: none
     prompt_cache_ram: int = 0  # bytes of them this runner keeps in memory
     prompt_cache_min: int = 1024  # prompt tokens read before a state is kept
+    step_budget: str = "150ms"  # config.parse_step_budget: prompt reading per step beside
+    # others that generate
 
 
 class RunnerProcess:
@@ -158,7 +160,8 @@ class RunnerProcess:
             cmd += ["--lora", str(path)]
         if s.adaptive_threads:
             cmd.append("--adaptive-threads")
-        cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention]
+        cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,
+                "--step-budget", s.step_budget]
         if s.prompt_cache_size > 0:
             name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots, s.kv_type,
                                    s.flash_attention)

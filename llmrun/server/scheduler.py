@@ -273,6 +273,7 @@ class Scheduler:
             prompt_cache_size=config.prompt_cache_size(),
             prompt_cache_ram=config.prompt_cache_ram() if config.prompt_cache_size() else 0,
             prompt_cache_min=config.prompt_cache_min_tokens(),
+            step_budget=config.step_budget(),
         )
 
     def models(self) -> list[ModelState]:

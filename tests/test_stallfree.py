@@ -1,0 +1,101 @@
+"""Stall-free batching (issue 19): while a sequence generates, a new prompt is read in chunks
+that fit the step budget, so the stream beside it keeps going; alone, a prompt is read at full
+speed. In-process on the real model; the budget here is a token count, so the chunk sizes
+are exact whatever the machine's speed."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmrun import config
+from llmrun.engine.llama import Model
+from tests.test_engine import Harness
+
+FACTS = " ".join(f"Fact {i}: the number {i} is written {i * 7} in another base."
+                 for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path) -> Iterator[Model]:
+    m = Model(smollm2_path)
+    yield m
+    m.close()
+
+
+def steps(progress: list[dict[str, int]], start: int) -> list[int]:
+    done = [start, *(p["processed"] for p in progress)]
+    return [b - a for a, b in itertools.pairwise(done)]
+
+
+def test_a_prompt_beside_a_stream_is_read_in_budgeted_chunks(model: Model) -> None:
+    h = Harness(model, slots=2, n_ctx=2048)
+    h.engine.step_budget = (0.0, 24)
+    try:
+        story = h.submit("Tell me a very long story about a dragon.", max_tokens=1500)
+        with h.cond:
+            assert h.cond.wait_for(lambda: len(h.text.get(story, "")) > 0, timeout=120)
+        prompt = h.tokens([{"role": "user", "content": FACTS + " Which is the largest?"}])
+        assert len(prompt) > 600
+        reader = h.submit_tokens(prompt, max_tokens=2)
+        h.wait(reader)
+        generating = story not in h.final  # the story went on all the while
+        h.engine.cancel(story)
+        h.wait(story)
+    finally:
+        h.close()
+    assert generating
+    chunks = steps(h.progress[reader], h.started[reader]["cached_tokens"])
+    assert chunks and max(chunks) <= 24, chunks
+    # the story got a token in (nearly) every step that read part of the prompt
+    assert len(h.text[story]) > len(chunks) // 2
+
+
+def test_alone_a_prompt_is_read_in_whole_batches(model: Model) -> None:
+    h = Harness(model, slots=2, n_ctx=2048)
+    h.engine.step_budget = (0.0, 24)
+    try:
+        prompt = h.tokens([{"role": "user", "content": FACTS}])
+        reader = h.submit_tokens(prompt, max_tokens=2)
+        h.wait(reader)
+    finally:
+        h.close()
+    chunks = steps(h.progress.get(reader, []), 0)
+    assert chunks and chunks[0] == 512  # the batch's capacity: nobody to wait for it
+
+
+def test_a_short_prompt_is_not_stuck_behind_a_long_one(model: Model) -> None:
+    h = Harness(model, slots=3, n_ctx=2048)
+    h.engine.step_budget = (0.0, 32)
+    try:
+        story = h.submit("Tell me a very long story about a dragon.", max_tokens=1500)
+        with h.cond:
+            assert h.cond.wait_for(lambda: len(h.text.get(story, "")) > 0, timeout=120)
+        long = h.submit_tokens(h.tokens([{"role": "user", "content": FACTS}]), max_tokens=2)
+        with h.cond:  # the long one is being read
+            assert h.cond.wait_for(lambda: long in h.progress, timeout=120)
+        short = h.submit("Hi", max_tokens=2)
+        h.wait(short)
+        short_done_first = long not in h.final
+        h.wait(long)
+        h.engine.cancel(story)
+        h.wait(story)
+    finally:
+        h.close()
+    assert short_done_first
+
+
+@pytest.mark.parametrize(("text", "budget"), [("150ms", (0.15, 0)), ("0.2s", (0.2, 0)),
+                                              ("64", (0.0, 64)), ("0", (0.0, 0))])
+def test_step_budget_setting(text: str, budget: tuple[float, int]) -> None:
+    assert config.parse_step_budget(text) == pytest.approx(budget)
+
+
+def test_a_bad_step_budget_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMRUN_STEP_BUDGET", "fast")
+    assert config.step_budget() == "150ms"
+    monkeypatch.setenv("LLMRUN_STEP_BUDGET", "48")
+    assert config.step_budget() == "48"
