@@ -156,6 +156,8 @@ def test_errors_in_openai_shape(client: openai.OpenAI, daemon: Daemon) -> None:
     # an unknown /v1 route and a bad response id answer in OpenAI's shape too
     r = httpx.post(daemon.url + "/v1/responses-and-more", json={})
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(daemon.url + "/v1/responses/resp_nothing")
+    assert r.status_code == 404 and "'resp_nothing'" in r.json()["error"]["message"]
     r = httpx.get(daemon.url + "/v1/responses/../../etc/passwd")
     assert r.status_code == 404 and "error" in r.json()
 

@@ -596,9 +596,8 @@ async def stream(answer: Answer, first: asyncio.Future[Chunk | Done],
 # -- the routes -----------------------------------------------------------------------------
 
 
-def _not_stored(response_id: str) -> JSONResponse:
-    return error(404, f"Response with id '{response_id}' not found.", "previous_response_id"
-                 if response_id else None)
+def _not_stored(response_id: str, param: str | None = None) -> JSONResponse:
+    return error(404, f"Response with id '{response_id}' not found.", param)
 
 
 def router(service: Service, store: ResponseStore) -> APIRouter:
@@ -616,7 +615,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
         try:
             req, mapping, _ = prepare(body)
         except NotStored:
-            return _not_stored(body.previous_response_id or "")
+            return _not_stored(body.previous_response_id or "", "previous_response_id")
         except (ApiError, EngineError) as exc:
             return api_error(exc)
         answer = Answer(body, mapping)
@@ -669,7 +668,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
             req, _, _ = prepare(body)
             n = await unless_disconnected(request, service.count_tokens(req))
         except NotStored:
-            return _not_stored(body.previous_response_id or "")
+            return _not_stored(body.previous_response_id or "", "previous_response_id")
         except (ApiError, EngineError) as exc:
             return api_error(exc)
         if isinstance(n, Response):
@@ -681,14 +680,14 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
         try:
             return JSONResponse(store.get(response_id))
         except NotStored:
-            return _not_stored("")
+            return _not_stored(response_id)
 
     @api.get("/v1/responses/{response_id}/input_items", response_model=None)
     async def input_items(response_id: str) -> Response:
         try:
             items = store.input_items(response_id)
         except NotStored:
-            return _not_stored("")
+            return _not_stored(response_id)
         data = [{"id": item.get("id") or f"msg_{i}", **item} for i, item in enumerate(items)]
         return JSONResponse({"object": "list", "data": data, "has_more": False,
                              "first_id": data[0]["id"] if data else None,
@@ -699,7 +698,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
         try:
             store.delete(response_id)
         except NotStored:
-            return _not_stored("")
+            return _not_stored(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     return api
