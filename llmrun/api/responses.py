@@ -37,6 +37,7 @@ from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
 from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error
+from llmrun.api.openai.translate import _arguments
 from llmrun.api.openai.wire import LlamaExtras
 from llmrun.request import (
     ChatRequest,
@@ -141,20 +142,6 @@ def _content(content: Any, where: str, model: str) -> str:
         raise ApiError(400, "'content' must be a string or a list of parts", where)
     texts = [_part_text(p, f"{where}[{j}]", model) for j, p in enumerate(content)]
     return "\n".join(t for t in texts if t is not None)
-
-
-def _arguments(raw: Any, where: str) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    if not isinstance(raw, str):
-        raise ApiError(400, "'arguments' must be a JSON string", where)
-    try:
-        value = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError:
-        raise ApiError(400, "function arguments must be a JSON object", where) from None
-    if not isinstance(value, dict):
-        raise ApiError(400, "function arguments must be a JSON object", where)
-    return value
 
 
 def _model_name(name: str, namespace: Any) -> str:

@@ -55,9 +55,12 @@ def _text(content: str | list[ContentPart] | None, param: str, model: str) -> st
     return "\n".join(texts)
 
 
-def _arguments(raw: str | dict[str, Any], param: str) -> dict[str, Any]:
+def _arguments(raw: Any, param: str) -> dict[str, Any]:
+    """A call's arguments (a JSON object, or its text) as a dict; 400 naming `param`."""
     if isinstance(raw, dict):
         return raw
+    if not isinstance(raw, str):
+        raise ApiError(400, "'arguments' must be a JSON string", param)
     try:
         value = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError:
