@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from llmrun.chat import templates, tools
-from llmrun.chat.tools import TemplateInfo, ToolStream, filter_events, parse_calls
+from llmrun.chat.toolcalls import ToolCheck, parse_calls
+from llmrun.chat.tools import TemplateInfo
 from llmrun.request import ChatRequest, Message, NamedTool, Options, Tool, ToolCall
 from tests.tinymodel import write_tiny_llama
 
@@ -99,210 +100,6 @@ def test_detect_mistral_variant_and_what_templates_render() -> None:
     assert llama.native_calls and llama.native_results
 
 
-# -- parsing --------------------------------------------------------------------------------
-
-
-def test_parse_hermes_single_with_text_around() -> None:
-    calls, rest = parse_calls(
-        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-        "</tool_call>", "hermes") or ([], "")
-    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert rest == "Let me check."
-    assert calls[0].id.startswith("call_") and len(calls[0].id) == 29
-
-
-def test_parse_hermes_parallel_and_string_arguments() -> None:
-    text = ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>\n'
-            '<tool_call>\n{"name": "b", "parameters": {}}\n</tool_call>\n'
-            '<tool_call>{"name": "c"}')  # no closing tag: the model stopped right after
-    calls, _ = parse_calls(text, "hermes") or ([], "")
-    assert [(c.name, c.arguments) for c in calls] == [("a", {"x": 1}), ("b", {}), ("c", {})]
-    assert len({c.id for c in calls}) == 3
-
-
-@pytest.mark.parametrize("text", [
-    '<tool_call>{"name": "a", "arguments": {"x": }</tool_call>',  # malformed JSON
-    '<tool_call>{"arguments": {}}</tool_call>',  # no name
-    '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',  # arguments not an object
-    '<tool_call>{"name": "a", "arguments": "not json"}</tool_call>',
-    "no call at all",
-    '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": </tool_call>',  # one broken
-])
-def test_parse_hermes_malformed_is_not_a_call(text: str) -> None:
-    assert parse_calls(text, "hermes") is None
-
-
-def test_parse_truncated_output_keeps_whole_calls() -> None:
-    text = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "a'
-    assert parse_calls(text, "hermes") is None
-    calls, _ = parse_calls(text, "hermes", truncated=True) or ([], "")
-    assert [c.name for c in calls] == ["a"]
-    # cut inside the first call: nothing to keep
-    assert parse_calls('<tool_call>{"name": "a", "argu', "hermes", truncated=True) is None
-    calls, _ = parse_calls('[{"name": "a", "arguments": {}}, {"name": "a", "argu', "json",
-                           {"a"}, truncated=True) or ([], "")
-    assert [c.name for c in calls] == ["a"]
-
-
-def test_parse_llama3_json_tag_and_pythonic() -> None:
-    names = {"get_weather", "get_time"}
-    one = parse_calls('{"name": "get_weather", "parameters": {"city": "Oslo"}}', "llama3", names)
-    assert one and one[0][0].arguments == {"city": "Oslo"}
-    tagged = parse_calls('<|python_tag|>{"name": "get_time", "parameters": {}}; '
-                         '{"name": "get_weather", "parameters": {"city": "Rome"}}',
-                         "llama3", names)
-    assert tagged and [c.name for c in tagged[0]] == ["get_time", "get_weather"]
-    py = parse_calls('[get_weather(city="Lima", unit="celsius"), get_time()]', "llama3", names)
-    assert py and [(c.name, c.arguments) for c in py[0]] == [
-        ("get_weather", {"city": "Lima", "unit": "celsius"}), ("get_time", {})]
-    # an ordinary JSON answer is not a call; nor is code that is not a literal call
-    assert parse_calls('{"name": "Ada", "parameters": {}}', "llama3", names) is None
-    assert parse_calls("[get_weather(city=open('x'))]", "llama3", names) is None
-    assert parse_calls("[__import__('os')]", "llama3", names) is None
-
-
-def test_parse_mistral_both_forms() -> None:
-    listed = parse_calls('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Nice"}, '
-                         '"id": "abcdefghi"}, {"name": "get_time", "arguments": {}}]', "mistral")
-    assert listed and [c.name for c in listed[0]] == ["get_weather", "get_time"]
-    args = parse_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Nice"}[TOOL_CALLS]get_time'
-                       "[ARGS]{}", "mistral")
-    assert args and [(c.name, c.arguments) for c in args[0]] == [
-        ("get_weather", {"city": "Nice"}), ("get_time", {})]
-    assert parse_calls("[TOOL_CALLS]get_weather[ARGS]{oops", "mistral") is None
-
-
-def test_parse_generic_json() -> None:
-    names = {"get_weather"}
-    fenced = parse_calls('```json\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n```',
-                         "json", names)
-    assert fenced and fenced[0][0].arguments == {"city": "Bern"}
-    listed = parse_calls('[{"type": "function", "function": {"name": "get_weather", '
-                         '"arguments": "{\\"city\\": \\"Graz\\"}"}}]', "json", names)
-    assert listed and listed[0][0].arguments == {"city": "Graz"}
-    assert parse_calls('{"name": "other", "arguments": {}}', "json", names) is None
-
-
-# -- the stream filter ----------------------------------------------------------------------
-
-
-def feed(stream: ToolStream, pieces: list[str]) -> tuple[str, tools.Finished]:
-    out = "".join(stream.push(p)[0] for p in pieces)
-    return out, stream.finish()
-
-
-def test_stream_holds_markup_split_across_chunks() -> None:
-    s = ToolStream(HERMES, {"get_weather"})
-    pieces = ["Sure", ", one moment. <", "tool", "_ca", "ll>\n{\"name\": \"get_weather\", ",
-              "\"arguments\": {\"city\": \"Paris\"}}\n</tool_", "call>"]
-    released = []
-    for p in pieces:
-        text, _ = s.push(p)
-        released.append(text)
-        assert "<" not in text
-    assert "".join(released) == "Sure, one moment. "
-    end = s.finish()
-    assert [c.name for c in end.calls] == ["get_weather"] and end.text == ""
-
-
-def test_stream_releases_what_was_not_a_call() -> None:
-    # a partial marker that goes on differently
-    out, end = feed(ToolStream(HERMES, set()), ["a <", "b and <tool", "box>"])
-    assert out + end.text == "a <b and <toolbox>" and not end.calls
-    # a marker followed by garbage: released at the end, whole
-    out, end = feed(ToolStream(HERMES, set()), ["x <tool_call>", "oops"])
-    assert out == "x " and end.text == "<tool_call>oops" and not end.calls
-    # held partial marker at the very end
-    out, end = feed(ToolStream(HERMES, set()), ["ends with <tool_c"])
-    assert out == "ends with " and end.text == "<tool_c"
-
-
-def test_stream_json_families_hold_a_leading_brace_only() -> None:
-    llama = info("llama3")
-    out, end = feed(ToolStream(llama, {"get_weather"}),
-                    ["  ", "{\"name\": \"get_weather\",", " \"parameters\": {\"city\": \"X\"}}"])
-    assert out == "" and [c.name for c in end.calls] == ["get_weather"]
-    out, end = feed(ToolStream(llama, {"get_weather"}), ["{\"answer\": 42}"])
-    assert out == "" and end.text == "{\"answer\": 42}" and not end.calls
-    out, end = feed(ToolStream(llama, {"get_weather"}), ["The JSON {\"name\": 1}"])
-    assert out == "The JSON {\"name\": 1}" and not end.calls
-
-
-def test_stream_not_parallel_keeps_the_first_call() -> None:
-    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"}'
-    _, end = feed(ToolStream(HERMES, set(), parallel=False), [text])
-    assert [c.name for c in end.calls] == ["a"]
-
-
-def lp(token: str) -> dict[str, Any]:
-    return {"token": token, "logprob": -1.0, "bytes": list(token.encode()), "top": []}
-
-
-def test_filter_events_payloads_and_finish_reason() -> None:
-    streams = {"r1": ToolStream(HERMES, {"get_weather"}), "r2": ToolStream(HERMES, set())}
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    events = filter_events(streams, [
-        ("r1", "started", {"prompt_tokens": 5, "cached_tokens": 0, "n_ctx": 64}),
-        ("r1", "chunk", {"text": "Hi "}), ("r1", "chunk", {"text": call}),
-        ("r0", "chunk", {"text": "other request"}),
-        ("r1", "done", {"finish_reason": "stop", "completion_tokens": 9}),
-        ("r2", "chunk", {"text": "<tool"}), ("r2", "done", {"finish_reason": "cancel"}),
-    ])
-    assert events.pop(0)[1] == "started"  # passes untouched
-    assert events[0] == ("r1", "chunk", {"text": "Hi "})
-    assert events[1] == ("r0", "chunk", {"text": "other request"})
-    rid, kind, payload = events[2]
-    assert (rid, kind) == ("r1", "chunk") and payload["text"] == ""
-    assert [ToolCall.model_validate(c).name for c in payload["tool_calls"]] == ["get_weather"]
-    assert events[3] == ("r1", "done", {"finish_reason": "tool_calls", "completion_tokens": 9})
-    assert events[4] == ("r2", "done", {"finish_reason": "cancel"})
-    assert streams == {}
-
-
-def test_filter_events_logprobs_follow_their_text() -> None:
-    streams = {"r": ToolStream(HERMES, {"f"})}
-    events = filter_events(streams, [
-        ("r", "chunk", {"text": "ok ", "logprobs": [lp("ok ")]}),
-        ("r", "chunk", {"text": "<", "logprobs": [lp("<")]}),
-        ("r", "chunk", {"text": "b", "logprobs": [lp("b")]}),
-        ("r", "done", {"finish_reason": "length"}),
-    ])
-    texts = [e[2]["text"] for e in events if e[1] == "chunk"]
-    tokens = [x["token"] for e in events if e[1] == "chunk" for x in e[2]["logprobs"]]
-    assert "".join(texts) == "ok <b" and tokens == ["ok ", "<", "b"]
-    assert events[-1] == ("r", "done", {"finish_reason": "length"})
-    # a call: its tokens' logprobs ride on the tool-call chunk
-    streams = {"r": ToolStream(HERMES, {"f"})}
-    events = filter_events(streams, [
-        ("r", "chunk", {"text": '<tool_call>{"name": "f"}</tool_call>',
-                        "logprobs": [lp("<tool_call>")]}),
-        ("r", "done", {"finish_reason": "stop"})])
-    assert events[0][2]["logprobs"][0]["token"] == "<tool_call>"
-
-
-def test_filter_events_truncated_call() -> None:
-    streams = {"r": ToolStream(HERMES, {"f"})}
-    events = filter_events(streams, [
-        ("r", "chunk", {"text": '<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"na'}),
-        ("r", "done", {"finish_reason": "length"})])
-    assert [c["name"] for c in events[0][2]["tool_calls"]] == ["f"]
-    assert events[1][2]["finish_reason"] == "tool_calls"
-    # cut off inside the only call: no call, the text is released, and it says "length"
-    streams = {"r": ToolStream(HERMES, {"f"})}
-    events = filter_events(streams, [("r", "chunk", {"text": '<tool_call>{"na'}),
-                                     ("r", "done", {"finish_reason": "length"})])
-    assert events == [("r", "chunk", {"text": '<tool_call>{"na'}),
-                      ("r", "done", {"finish_reason": "length"})]
-
-
-def test_repeated_calls_are_dropped() -> None:
-    one = '<tool_call>{"name": "f", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
-    same = '<tool_call>{"name": "f", "arguments": {"b": 2, "a": 1}}</tool_call>\n'
-    other = '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'
-    _, end = feed(ToolStream(HERMES, {"f"}), [one, same, other, one])
-    assert [c.arguments for c in end.calls] == [{"a": 1, "b": 2}, {"a": 2}]
-
-
 # -- rendering ------------------------------------------------------------------------------
 
 
@@ -387,7 +184,7 @@ def test_format_calls_per_family() -> None:
         '[TOOL_CALLS]f[ARGS]{"a": 1}'
     for family in ("hermes", "llama3", "mistral", "json"):
         i = info(family)
-        parsed = parse_calls(tools.format_calls(calls, i), i.family, {"f"})
+        parsed = parse_calls(tools.format_calls(calls, i), i.family, ToolCheck({"f": None}))
         assert parsed and parsed[0][0].arguments == {"a": 1}
 
 
@@ -494,7 +291,7 @@ def test_grammar_output_parses_and_matches_schemas(tiny: Any, family: str) -> No
         assert grammar is not None
         for seed in range(3):
             text, ended = generate(tiny, grammar, seed)
-            parsed = parse_calls(text, i.family, plan.names, truncated=not ended)
+            parsed = parse_calls(text, i.family, ToolCheck.of(offered), truncated=not ended)
             assert parsed is not None, text
             calls, rest = parsed
             assert calls and rest == ""
@@ -508,7 +305,7 @@ def test_grammar_for_a_named_tool(tiny: Any) -> None:
     plan = tools.ToolPlan(HERMES, [BOUNDED, EMPTY], NamedTool(name="set_mode"), False)
     for seed in range(3):
         text, ended = generate(tiny, plan.grammar() or "", seed)
-        parsed = parse_calls(text, "hermes")
+        parsed = parse_calls(text, "hermes", ToolCheck.of([BOUNDED, EMPTY]))
         assert ended and parsed is not None
         assert [c.name for c in parsed[0]] == ["set_mode"]
     assert tools.ToolPlan(HERMES, [BOUNDED], "auto").grammar() is None
@@ -608,10 +405,82 @@ def test_markers_that_are_special_tokens_are_named_by_id(smollm2_tokenizer: Any)
     assert matcher.consume_tokens(ids) and matcher.is_accepting()
 
 
-def test_control_markers_cover_every_family() -> None:
-    for family, markers in tools.START_MARKERS.items():
-        assert family in ("hermes", "llama3", "mistral", "json")
-        for m in markers:
-            if m != "functools[":
-                assert m in tools.CONTROL_MARKERS
+def test_control_markers_cover_every_start_marker() -> None:
+    from llmrun.chat.toolcalls import MARKERS
 
+    for m in MARKERS:
+        if m not in ("functools[", "<function="):
+            assert m in tools.CONTROL_MARKERS
+
+
+
+# -- steering ("auto"): the grammar that starts when the model begins a call ----------------
+
+WEATHER = Tool(name="get_weather", parameters={
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"], "additionalProperties": False})
+
+
+def lazy_run(tok: Any, plan: tools.ToolPlan, text: str,
+             think: tuple[bytes, bytes] | None = None) -> tuple[Any, int, bool]:
+    """Write `text` token by token (SmolLM2's tokens) as the batcher would under a Lazy
+    constraint: (its matcher or None, the tokens that went by before it started, whether
+    the grammar allowed all of the rest)."""
+    from llmrun.engine import constraint
+
+    steer = plan.steering()
+    assert steer is not None
+    lazy = constraint.Lazy(tok, constraint.from_grammar(steer.grammar), steer.triggers, think)
+    ids = tok.tokenize_str(text)
+    for n, token in enumerate(ids):
+        found = lazy.feed(tok.decode_bytes([token]))
+        if found is not None:
+            return found, n + 1, all(found.consume_token(t) for t in ids[n + 1:])
+        if lazy.over:
+            return None, n + 1, False
+    return None, len(ids), True
+
+
+@pytest.mark.parametrize("family", ["hermes", "json", "llama3", "mistral"])
+def test_steering_grammars_compile_and_start_at_their_triggers(
+        smollm2_tokenizer: Any, family: str) -> None:
+    import llguidance
+
+    i = FAMILIES[family]
+    for parallel in (False, True):
+        steer = tools.ToolPlan(i, [WEATHER, BOUNDED, EMPTY], "auto", parallel).steering()
+        assert steer is not None
+        ok, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            steer.grammar, smollm2_tokenizer)
+        assert not ok and not messages, messages
+    assert tools.ToolPlan(i, [WEATHER], "required").steering() is None
+
+
+@pytest.mark.parametrize("text", [
+    'Sure.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}}',
+    '[{"function": "get_weather", "parameters": {"city": "Paris"}}',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+])
+def test_steering_follows_a_call_the_model_began(smollm2_tokenizer: Any, text: str) -> None:
+    """A call begun in any accepted shape: the grammar takes over at its trigger, accepts
+    what the model writes of a valid call, and refuses what the schema forbids."""
+    plan = tools.ToolPlan(HERMES, [WEATHER, EMPTY], "auto")
+    matcher, _, allowed = lazy_run(smollm2_tokenizer, plan, text)
+    assert matcher is not None and allowed and matcher.is_accepting()
+    for bad in ('"Paris", "extra": 1', '"' + "P" * 30 + '"', "3"):
+        matcher, _, allowed = lazy_run(smollm2_tokenizer, plan, text.replace('"Paris"', bad))
+        assert matcher is not None and not allowed  # the grammar would not have let it
+
+
+def test_steering_leaves_other_text_alone(smollm2_tokenizer: Any) -> None:
+    plan = tools.ToolPlan(HERMES, [WEATHER], "auto")
+    for text in ['{"name": "Alice", "age": 3}', "```python\nprint('get_weather')\n```",
+                 'The tool is called "get_weather".', '{"name": "get_weathers"}']:
+        matcher, _, _ = lazy_run(smollm2_tokenizer, plan, text)
+        assert matcher is None, text
+    # inside a thought, a call-shaped text is still free; after it, steered
+    think = (b"<think>", b"</think>")
+    text = '<think>maybe {"name": "get_weather", "arguments": 1}</think>{"name": "get_weather"'
+    matcher, n, _ = lazy_run(smollm2_tokenizer, plan, text, think)
+    assert matcher is not None and n > len(smollm2_tokenizer.tokenize_str(text[:60]))

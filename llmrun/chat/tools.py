@@ -1,5 +1,6 @@
-"""Tool calling for every dialect: tools into the prompt, calls forced by grammar, calls
-spotted and parsed in the output (and kept out of the streamed text).
+"""Tool calling for every dialect: tools into the prompt, and the grammars that force a
+call ("required", a named tool) or steer one the model has begun ("auto"). Reading calls
+out of the output is toolcalls.py's.
 
 The format a model calls tools in depends on how it was trained; the chat template says
 which, so the family is detected from the template text:
@@ -18,7 +19,8 @@ What the runner does with a request that offers tools (`plan` returns None other
     plan = tools.plan(req, template)            # family, tools, choice, parallel
     messages, extra = tools.chat_inputs(...)    # history + tools for templates.render
     plan.grammar(special)                       # Lark (llguidance) for "required"/named
-    stream = plan.stream()                      # holds markup back, parses calls at the end
+    plan.steering(special)                      # "auto": triggers and the grammar after one
+    stream = plan.stream()                      # holds calls back, parses them at the end
 
 `tool_choice="none"` hides the tools entirely; earlier calls and results in the history are
 still rendered (natively, or flattened to text in the Hermes format), never dropped.
@@ -26,32 +28,21 @@ still rendered (natively, or flattened to text in the Hermes format), never drop
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import re
-import secrets
-import string
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
 from llmrun.chat import templates
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
-from llmrun.chat.textstream import partial_match
+from llmrun.chat.toolcalls import ToolCheck, ToolStream, new_call_id  # noqa: F401 (re-export)
 from llmrun.request import ChatRequest, Message, NamedTool, Tool, ToolCall, ToolChoice
 
 Family = Literal["hermes", "llama3", "mistral", "json"]
 
-# Text that starts a call in each family's output; `lead`: characters that start a call when
-# they open the output (JSON-only families).
-START_MARKERS: dict[Family, tuple[str, ...]] = {
-    "hermes": ("<tool_call>",),
-    "llama3": ("<|python_tag|>",),
-    "mistral": ("[TOOL_CALLS]",),
-    "json": ("<tool_call>", "<|tool_call|>", "[TOOL_CALLS]", "functools["),
-}
-LEAD: dict[Family, str] = {"hermes": "", "llama3": "{[", "mistral": "", "json": "{["}
 # Markup that is a control token in some vocabularies (rendered as nothing by default): the
 # runner asks the engine to render these as text so the parser sees them.
 CONTROL_MARKERS = ("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]",
@@ -90,11 +81,6 @@ def inspect_template(source: str | None) -> TemplateInfo:
     )
 
 
-def new_call_id() -> str:
-    alphabet = string.ascii_letters + string.digits
-    return "call_" + "".join(secrets.choice(alphabet) for _ in range(24))
-
-
 def tool_dict(tool: Tool) -> dict[str, Any]:
     """A tool the way Hugging Face chat templates (and OpenAI) expect it."""
     return {"type": "function", "function": {"name": tool.name, "description": tool.description,
@@ -128,8 +114,16 @@ class ToolPlan:
         return build_grammar(chosen, self.info, self.parallel, strict=self.strict,
                              special=special)
 
+    def steering(self, special: dict[str, int] | None = None) -> Steering | None:
+        """For "auto": what steers a call the model begins (`steering`); else None."""
+        if self.choice != "auto":
+            return None
+        return steering(self.tools, self.info, self.parallel, strict=self.strict,
+                        special=special)
+
     def stream(self) -> ToolStream:
-        return ToolStream(self.info, self.names, self.parallel)
+        """The filter that reads this request's calls out of its output (toolcalls.py)."""
+        return ToolStream(self.info.family, ToolCheck.of(self.tools), self.parallel)
 
 
 def plan(req: ChatRequest, template: str | None) -> ToolPlan | None:
@@ -303,6 +297,30 @@ def _arguments_schema(tool: Tool, strict: bool) -> str:
                          "not valid JSON (NaN or Infinity)") from None
 
 
+def _call_rules(chosen: list[Tool], info: TemplateInfo, strict: bool,
+                marker: Callable[[str], str]) -> list[str]:
+    """Lark rules `call` (one call of one of `chosen`, as the family writes it and as
+    format_calls writes the history's) and `args{i}` (tool i's arguments, by its schema)."""
+    key = "parameters" if info.family == "llama3" else "arguments"
+    args_only = info.family == "mistral" and info.mistral_args
+    rules = []
+    for i, tool in enumerate(chosen):
+        head = (marker("[TOOL_CALLS]") + " " + _lit(tool.name) + " " + marker("[ARGS]")
+                if args_only else
+                _lit('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "' + key
+                     + '": '))
+        tail = "" if args_only else ' "}"'
+        rules.append(f"call{i}: {head} args{i}{tail}")
+        rules.append(f"args{i}: %json {_arguments_schema(tool, strict)}")
+    return ["call: " + " | ".join(f"call{i}" for i in range(len(chosen))), *rules]
+
+
+def _marker_writer(special: dict[str, int] | None) -> Callable[[str], str]:
+    """A marker in a grammar: its special token where it is one, else its characters."""
+    special = special or {}
+    return lambda text: f"<[{special[text]}]>" if text in special else _lit(text)
+
+
 def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool, *,
                   strict: bool = True, special: dict[str, int] | None = None) -> str:
     """A grammar in llguidance's Lark dialect for one call (or, if `parallel`, one or more)
@@ -314,24 +332,9 @@ def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool, *,
     skipped); `special`: markers that are special tokens (`special_markers`)."""
     if not chosen:
         raise ValueError("no tool to call")
-    special = special or {}
-
-    def marker(text: str) -> str:
-        return f"<[{special[text]}]>" if text in special else _lit(text)
-
-    key = "parameters" if info.family == "llama3" else "arguments"
-    args_only = info.family == "mistral" and info.mistral_args
-    rules = []
-    for i, tool in enumerate(chosen):
-        head = (marker("[TOOL_CALLS]") + " " + _lit(tool.name) + " " + marker("[ARGS]")
-                if args_only else
-                _lit('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "' + key
-                     + '": '))  # the name as format_calls writes it in the history
-        tail = "" if args_only else ' "}"'
-        rules.append(f"call{i}: {head} args{i}{tail}")
-        rules.append(f"args{i}: %json {_arguments_schema(tool, strict)}")
-    call = "call: " + " | ".join(f"call{i}" for i in range(len(chosen)))
-    if args_only:  # [TOOL_CALLS]name[ARGS]{...}, the marker before each call
+    marker = _marker_writer(special)
+    rules = _call_rules(chosen, info, strict, marker)
+    if info.family == "mistral" and info.mistral_args:  # the marker before each call
         root = "call+" if parallel else "call"
     elif info.family == "hermes":
         one = f'{marker("<tool_call>")} "\\n" call "\\n" {marker("</tool_call>")}'
@@ -343,366 +346,70 @@ def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool, *,
         root = 'call ("; " call)*' if parallel else "call"
     else:
         root = 'call | "[" call (", " call)* "]"' if parallel else "call"
-    return "\n".join([f"start: {root}", call, *rules]) + "\n"
+    return "\n".join([f"start: {root}", *rules]) + "\n"
 
 
-# -- parsing --------------------------------------------------------------------------------
+# -- steering a call the model began ("auto") -----------------------------------------------
 
-# Deepest bracket nesting a call's JSON may have. Real arguments are a few levels deep; text
-# nested deeper is not taken for a call, and never reaches a recursive decoder (Python's json
-# raises RecursionError near 1000 levels, which must not escape into the engine thread).
-MAX_DEPTH = 100
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def nesting(text: str) -> int:
-    """The deepest bracket nesting in `text`, brackets inside strings aside (those of a string
-    left unclosed count: erring on the deep side is safe). Linear time, no recursion."""
-    depth = deepest = 0
-    for m in _BRACKET.finditer(_STRING.sub("", text)):
-        if m.group() in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif depth:
-            depth -= 1
-    return deepest
+# Between the parts of a call the model writes: bounded whitespace (never empty: llguidance's
+# lexemes must not match nothing), as schema.JSON_OPTIONS bounds it inside the arguments.
+_WS = "[ \\t\\n]{0,20}"
+# The marker each family begins its calls with; the grammar takes over right after it.
+FAMILY_MARKER: dict[str, str] = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]",
+                                 "llama3": "<|python_tag|>"}
 
 
+@dataclass(frozen=True)
+class Steering:
+    """How a call is steered in "auto" mode (llama-server's lazy grammar): nothing is
+    constrained until the output matches one of `triggers` (regular expressions over the
+    generated text); from the end of that match on, the output follows `grammar`."""
 
-def _strip_fence(text: str) -> str:
-    m = re.fullmatch(r"\s*```(?:json)?\s*(.*?)\s*```\s*", text, re.S)
-    return m.group(1) if m else text
-
-
-def _json_values(text: str, truncated: bool = False) -> list[Any] | None:
-    """The JSON values in `text`, separated by whitespace, commas or semicolons; lists are
-    flattened. None if anything else is there (`truncated`: except a broken tail after at
-    least one whole value, where generation was cut off)."""
-    s = _strip_fence(text).strip()
-    decoder = json.JSONDecoder()
-    out: list[Any] = []
-    i = 0
-    while True:
-        while i < len(s) and s[i] in " \t\r\n,;":
-            i += 1
-        if i >= len(s):
-            break
-        try:
-            value, i = decoder.raw_decode(s, i)
-        except json.JSONDecodeError:
-            if truncated and out:
-                break
-            if truncated and s[i] == "[":  # a list cut short: its whole items
-                items = _json_values(s[i + 1:], truncated=True)
-                return items
-            return None
-        out.extend(value if isinstance(value, list) else [value])
-    return out or None
+    triggers: list[str]
+    grammar: str
 
 
-def _arguments(value: Any) -> dict[str, Any] | None:
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        if nesting(value) > MAX_DEPTH:
-            return None
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    return value if isinstance(value, dict) else None
-
-
-def _call(obj: Any, names: set[str] | None) -> ToolCall | None:
-    """A call from a decoded JSON object; `names`: accept only these functions."""
-    if not isinstance(obj, dict):
-        return None
-    if "name" not in obj and isinstance(obj.get("function"), dict):
-        obj = obj["function"]  # {"type": "function", "function": {...}}
-    name = obj.get("name")
-    if not isinstance(name, str) or not name or (names is not None and name not in names):
-        return None
-    args = _arguments(obj.get("arguments", obj.get("parameters")))
-    if args is None:
-        return None
-    return ToolCall(id=new_call_id(), name=name, arguments=args)
-
-
-def _calls(values: list[Any] | None, names: set[str] | None) -> list[ToolCall] | None:
-    if not values:
-        return None
-    calls = [_call(v, names) for v in values]
-    if any(c is None for c in calls):
-        return None
-    return [c for c in calls if c is not None]
-
-
-def _pythonic(text: str, names: set[str] | None) -> list[ToolCall] | None:
-    """`[f(a=1), g(b="x")]` (Llama 3.2+): parsed, never evaluated."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    items = tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]
-    calls = []
-    for item in items:
-        if not isinstance(item, ast.Call) or item.args:
-            return None
-        try:
-            name = ast.unparse(item.func)
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in item.keywords if kw.arg}
-        except (ValueError, TypeError, SyntaxError, RecursionError):
-            return None
-        if not re.fullmatch(r"[\w.]+", name) or (names is not None and name not in names):
-            return None
-        calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
-    return calls or None
-
-
-_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
-_MISTRAL_ARGS = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*([^\s\[]+)\s*)?\[ARGS\]")
-
-
-def _parse_hermes(text: str, truncated: bool) -> tuple[list[ToolCall], str] | None:
-    calls: list[ToolCall] = []
-    rest: list[str] = []
-    pos = 0
-    for m in _HERMES.finditer(text):
-        rest.append(text[pos:m.start()])
-        pos = m.end()
-        found = _calls(_json_values(m.group(1), truncated), None)
-        if found is None:
-            if truncated and calls and m.end() == len(text) and \
-                    not m.group(0).endswith("</tool_call>"):
-                break  # the last call was cut off
-            return None
-        calls += found
-    rest.append(text[pos:])
-    return (calls, "".join(rest).strip()) if calls else None
-
-
-def _parse_mistral(text: str, truncated: bool) -> tuple[list[ToolCall], str] | None:
-    head, *parts = text.split("[TOOL_CALLS]")
-    calls: list[ToolCall] = []
-    for n, part in enumerate(parts):
-        body = part.strip()
-        cut = truncated and n == len(parts) - 1  # this part may end mid-call
-        if not body:
-            continue
-        if body[0] in "[{":
-            found = _calls(_json_values(body, cut), None)
-            if found is None:
-                return None
-            calls += found
-            continue
-        pos = 0  # name[ARGS]{...}, maybe several in a row
-        decoder = json.JSONDecoder()
-        while pos < len(body):
-            m = _MISTRAL_ARGS.match(body, pos)
-            if m is None:
-                if cut and calls:
-                    break
-                return None
-            start = m.end()
-            while start < len(body) and body[start].isspace():
-                start += 1
-            try:
-                args, pos = decoder.raw_decode(body, start)
-            except json.JSONDecodeError:
-                if cut and calls:
-                    break
-                return None
-            if not isinstance(args, dict):
-                return None
-            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            while pos < len(body) and body[pos].isspace():
-                pos += 1
-    return (calls, head.strip()) if calls else None
-
-
-def parse_calls(text: str, family: Family, names: set[str] | None = None,
-                truncated: bool = False) -> tuple[list[ToolCall], str] | None:
-    """(calls, other text) from a model's output, or None if it holds no well-formed call.
-
-    `names`: the offered tools. JSON-only families accept only calls of these (otherwise a
-    JSON answer that happens to have a "name" key would become a call). `truncated`: the
-    output was cut off (length): a broken last call after whole ones is dropped. Text nested
-    deeper than MAX_DEPTH holds no call."""
-    if nesting(text) > MAX_DEPTH:
-        return None
-    try:
-        return _parse_calls(text, family, names, truncated)
-    except RecursionError:  # bounded above; this is the last line of defence
-        return None
-
-
-def _parse_calls(text: str, family: Family, names: set[str] | None,
-                 truncated: bool) -> tuple[list[ToolCall], str] | None:
-    if family == "hermes":
-        return _parse_hermes(text, truncated)
-    if family == "mistral":
-        return _parse_mistral(text, truncated)
-    if family == "llama3":
-        body = text.replace("<|python_tag|>", " ").strip()
-        calls = _calls(_json_values(body, truncated), names)
-        if calls is None and body.startswith("["):
-            calls = _pythonic(body, names)
-        return (calls, "") if calls else None
-    body = text
-    for marker in ("<tool_call>", "</tool_call>", "<|tool_call|>", "<|/tool_call|>",
-                   "[TOOL_CALLS]"):
-        body = body.replace(marker, " ")
-    body = body.strip()
-    if body.startswith("functools["):
-        body = body[len("functools"):]
-    calls = _calls(_json_values(body, truncated), names)
-    return (calls, "") if calls else None
-
-
-# -- streaming ------------------------------------------------------------------------------
-
-
-def _distinct(calls: list[ToolCall]) -> list[ToolCall]:
-    """Calls without exact repeats (same function, same arguments): small models, greedy
-    ones especially, tend to repeat a call until the token limit."""
-    seen: set[str] = set()
-    out = []
-    for call in calls:
-        key = json.dumps([call.name, call.arguments], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(call)
-    return out
-
-
-@dataclass
-class Finished:
-    text: str
-    logprobs: list[Any]
-    calls: list[ToolCall]
-
-
-@dataclass
-class ToolStream:
-    """Filters one request's streamed text: text is released as it comes, except from the
-    point where a call may have begun (a start marker, or for JSON-only families a leading
-    `{`/`[`); that is held to the end, then parsed. Text that was not a call is released
-    then. Logprob entries travel with the text of their tokens."""
-
-    info: TemplateInfo
-    names: set[str]
-    parallel: bool = True
-    _pieces: list[tuple[str, list[Any]]] = field(default_factory=list)
-    _capturing: bool = False
-    _started: bool = False  # non-blank output seen (matters for JSON-only families)
-
-    @property
-    def markers(self) -> tuple[str, ...]:
-        return START_MARKERS[self.info.family]
-
-    def _held(self) -> str:
-        return "".join(t for t, _ in self._pieces)
-
-    def push(self, text: str, logprobs: list[Any] | None = None) -> tuple[str, list[Any]]:
-        """Add generated text; return (text, logprob entries) that can be released now."""
-        self._pieces.append((text, list(logprobs or ())))
-        if self._capturing:
-            return "", []
-        held = self._held()
-        lead = LEAD[self.info.family]
-        if lead and not self._started:
-            stripped = held.lstrip()
-            if not stripped:
-                return "", []
-            self._started = True
-            if stripped[0] in lead:
-                self._capturing = True
-                return "", []
-        first = min((i for i in (held.find(m) for m in self.markers) if i != -1), default=-1)
-        if first != -1:
-            self._capturing = True
-            return self._release(first)
-        return self._release(len(held) - partial_match(held, self.markers))
-
-    def _release(self, n: int) -> tuple[str, list[Any]]:
-        out: list[str] = []
-        lps: list[Any] = []
-        keep: list[tuple[str, list[Any]]] = []
-        count = 0
-        for text, entries in self._pieces:
-            if count >= n and (text or keep):
-                keep.append((text, entries))
-            elif count + len(text) <= n:
-                out.append(text)
-                lps += entries
-                count += len(text)
-            else:
-                cut = n - count
-                out.append(text[:cut])
-                lps += entries
-                keep.append((text[cut:], []))
-                count = n
-        self._pieces = keep
-        return "".join(out), lps
-
-    def finish(self, truncated: bool = False) -> Finished:
-        """The end of generation (`truncated`: by the token limit): the calls, and whatever
-        text is still held."""
-        held = self._held()
-        lps = [e for _, entries in self._pieces for e in entries]
-        self._pieces = []
-        if self._capturing:
-            parsed = parse_calls(held, self.info.family, self.names, truncated)
-            if parsed is not None:
-                calls, rest = parsed
-                return Finished(rest, lps, _distinct(calls) if self.parallel else calls[:1])
-        return Finished(held, lps, [])
-
-
-def filter_events(streams: dict[str, ToolStream],
-                  events: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
-    """Pass runner events through the `streams` of tool-enabled requests.
-
-    Chunk payloads are `{"text", "logprobs"?}` as the engine makes them (a thought's,
-    `{"text": "", "thinking"}`, passes: see thinking.py); the parsed calls leave as one chunk
-    whose payload is `{"text", "tool_calls", "logprobs"?}`, and the done event's
-    finish_reason becomes "tool_calls". A finished request leaves `streams`."""
-    out: list[tuple[str, str, Any]] = []
-    for event in events:
-        rid, kind, payload = event
-        stream = streams.get(rid)
-        if stream is None or (kind == "chunk" and ("thinking" in payload
-                                                   or "prompt_logprobs" in payload)):
-            out.append(event)
-        elif kind == "chunk":
-            lps = payload.get("logprobs")
-            text, lps = stream.push(payload["text"], lps)
-            if "logprobs" in payload and (text or lps):
-                out.append((rid, kind, {"text": text, "logprobs": lps}))
-            elif text:
-                out.append((rid, kind, {"text": text}))
-        elif kind == "done":
-            streams.pop(rid, None)
-            if payload.get("finish_reason") == "cancel":
-                out.append(event)
-                continue
-            end = stream.finish(truncated=payload.get("finish_reason") == "length")
-            if end.calls:
-                chunk: dict[str, Any] = {"text": end.text,
-                                         "tool_calls": [c.model_dump() for c in end.calls]}
-                if end.logprobs:
-                    chunk["logprobs"] = end.logprobs
-                out.append((rid, "chunk", chunk))
-                # "length" too: what was cut off was a further call, dropped; these are whole
-                if payload.get("finish_reason") in ("stop", "length"):
-                    payload = {**payload, "finish_reason": "tool_calls"}
-            elif end.text or end.logprobs:
-                out.append((rid, "chunk", {"text": end.text, "logprobs": end.logprobs}
-                            if end.logprobs else {"text": end.text}))
-            out.append((rid, kind, payload))
-        else:
-            if kind == "error":
-                streams.pop(rid, None)
-            out.append(event)
-    return out
+def steering(chosen: list[Tool], info: TemplateInfo, parallel: bool, *, strict: bool = True,
+             special: dict[str, int] | None = None) -> Steering:
+    """The triggers and grammar of `chosen` tools: the family's marker, after which the
+    grammar is the family's call format; and a JSON object naming one of the tools
+    (`{"name": "get_weather"` or `{"function": ...`, bare, fenced or in a list), after whose
+    opening quote the grammar is the rest of that call, then maybe more calls, then
+    maybe the bracket, brace or fence that closes what the call was written in. Both start
+    points share one grammar: after a marker come `{`, `[` or a newline, after the quote a
+    tool's name."""
+    if not chosen:
+        raise ValueError("no tool to call")
+    marker = _marker_writer(special)
+    rules = _call_rules(chosen, info, strict, marker)
+    sep = f'/{_WS},{_WS}"(arguments|parameters)"{_WS}:{_WS}/'
+    for i, tool in enumerate(chosen):
+        rules.append(f"named{i}: {_lit(json.dumps(tool.name, ensure_ascii=False)[1:])} {sep} "
+                     f"args{i} /{_WS}\\}}/")
+    named = " | ".join(f"named{i}" for i in range(len(chosen)))
+    more = f' (/[ \\t\\n]{{1,20}}|{_WS},{_WS}/ call)*' if parallel else ""
+    ends = f'/{_WS}\\}}/? /{_WS}\\]/? /{_WS}```/?'
+    alternatives = [f"({named}){more} {ends}"]
+    triggers = [r'\{\s*"(?:name|function)"\s*:\s*"(?=(?:'
+                + "|".join(re.escape(json.dumps(t.name, ensure_ascii=False)[1:-1])
+                           for t in chosen) + ')")']
+    family = FAMILY_MARKER.get(info.family)
+    args_only = info.family == "mistral" and info.mistral_args
+    if family is not None:
+        triggers.insert(0, re.escape(family))
+        if args_only:  # [TOOL_CALLS]name[ARGS]{...}: the marker before each further call
+            alternatives.append("tail")
+            rules.append("tail: (" + " | ".join(
+                f'{_lit(t.name)} {marker("[ARGS]")} args{i}' for i, t in enumerate(chosen))
+                + (") call*" if parallel else ")"))
+        elif info.family == "hermes":
+            close = marker("</tool_call>")
+            one = f'{marker("<tool_call>")} "\\n"? call "\\n"? {close}'
+            alternatives.append(f'"\\n"? call "\\n"? {close}'
+                                + (f' ("\\n" {one})*' if parallel else ""))
+        elif info.family == "mistral":
+            alternatives.append('"[" call (", " call)* "]"' if parallel else '"[" call "]"')
+        else:  # llama3
+            alternatives.append('call ("; " call)*' if parallel else "call")
+    root = "start: " + " | ".join(f"({a})" for a in alternatives)
+    return Steering(triggers, "\n".join([root, *rules]) + "\n")

@@ -95,6 +95,9 @@ class SeqParams:
     stops: list[str] = field(default_factory=list)
     # structured output: an llguidance LLMatcher for this sequence alone (None: free)
     matcher: Any = None
+    # tool_choice "auto": a constraint.Lazy, whose matcher becomes `matcher` once the model
+    # begins a tool call (None: no steering, or it has started or given up)
+    lazy: Any = None
     # a thinking model: the matcher starts after this end-of-thought marker is generated
     # (the prompt left the output inside a thought, or the model may open one itself)
     constrain_after: bytes | None = None
@@ -343,7 +346,7 @@ class Engine:
             self.ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n:]
         seq.text = TextStream(seq.params.stops)
-        if seq.params.draft > 0 and seq.params.matcher is None:
+        if seq.params.draft > 0 and seq.params.matcher is None and seq.params.lazy is None:
             seq.history = History(seq.prompt)
         seq.cached = n
         seq.pending = seq.prompt[n:]
@@ -722,6 +725,8 @@ class Engine:
             piece = self.model.piece(token)
         if seq.gate == "after":
             self._await_marker(seq, piece)
+        if seq.params.lazy is not None:
+            self._steer(seq, piece)
         text = seq.text.push(piece)
         if seq.params.logprobs is not None:
             events.append((seq.id, "chunk", {"text": text, "logprobs": [
@@ -763,6 +768,17 @@ class Engine:
         seq.shifted += discard
         seq.kept = keep
         return True
+
+    def _steer(self, seq: Sequence, piece: bytes) -> None:
+        """tool_choice "auto": once the output begins a tool call, its grammar constrains
+        the rest (constraint.Lazy). Such a sequence never drafts: drafts bypass matchers."""
+        lazy = seq.params.lazy
+        matcher = lazy.feed(piece)
+        if matcher is not None:
+            seq.params.matcher = matcher
+            seq.gate = None
+        if lazy.over:
+            seq.params.lazy = None
 
     @staticmethod
     def _await_marker(seq: Sequence, piece: bytes) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import warnings
 from typing import Any
@@ -126,3 +127,60 @@ def executor() -> lg.LLExecutor:
     the decode threads need the cores more."""
     return lg.LLExecutor(2)
 
+
+
+class Lazy:
+    """A grammar that starts when the model begins a tool call (tool_choice "auto", issue 20;
+    llama-server's lazy grammar): fed each generated piece, it watches the text for one of
+    its triggers (tools.Steering), outside a thought; at a match its matcher consumes what
+    was written after the match and from then on constrains the sequence. Text that never
+    matches is never constrained. Built on the message thread; fed on the engine thread."""
+
+    KEEP = 512  # bytes of output kept for the trigger search: the longest trigger is shorter
+
+    def __init__(self, tok: lg.LLTokenizer, grammar: str, triggers: list[str],
+                 think: tuple[bytes, bytes] | None = None, inside: bool = False) -> None:
+        self.tok = tok
+        self.matcher = matcher(tok, grammar)
+        self.triggers = [re.compile(t.encode()) for t in triggers]
+        self.think = think
+        self.inside = inside  # in a thought: no trigger counts there
+        self.over = False  # triggered, or given up: the batcher drops it
+        self._buf = b""
+
+    def feed(self, piece: bytes) -> lg.LLMatcher | None:
+        """The matcher, once `piece` completes a trigger (it has then consumed the text after
+        the trigger); None while none has matched, or when the text after one is not the
+        grammar's (`over`: a call the grammar cannot follow stays free text)."""
+        buf = self._buf + piece
+        while self.think is not None:
+            opener, closer = self.think
+            if self.inside:
+                at = buf.find(closer)
+                if at == -1:
+                    self._buf = buf[-len(closer):]
+                    return None
+                buf, self.inside = buf[at + len(closer):], False
+                continue
+            at = buf.find(opener)
+            if at == -1:
+                break
+            found = self._trigger(buf[:at])
+            if found is not None:
+                return found
+            buf, self.inside = buf[at + len(opener):], True
+        found = self._trigger(buf)
+        if found is None and not self.over:
+            self._buf = buf[-self.KEEP:]
+        return found
+
+    def _trigger(self, text: bytes) -> lg.LLMatcher | None:
+        ends = [m.end() for m in (t.search(text) for t in self.triggers) if m is not None]
+        if not ends:
+            return None
+        self.over = True
+        rest = text[min(ends):]
+        if rest and not self.matcher.consume_tokens(self.tok.tokenize_bytes(rest)):
+            log.info("a tool call began that its grammar cannot follow: left unconstrained")
+            return None
+        return self.matcher

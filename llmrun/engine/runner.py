@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrun import config, ipc
-from llmrun.chat import templates, thinking, tools
+from llmrun.chat import templates, thinking, toolcalls, tools
 from llmrun.engine import constraint, sandbox
 from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix
 from llmrun.engine.embed import Embedder
@@ -119,7 +119,7 @@ class ModelHost:
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
-        self._tool_streams: dict[str, tools.ToolStream] = {}  # requests that offer tools
+        self._tool_streams: dict[str, toolcalls.ToolStream] = {}  # requests that offer tools
         self._think_streams: dict[str, thinking.ThinkStream] = {}  # ... that may think
         self._control_pieces: dict[int, bytes] | None = None
         # Requests sent to the engine or embedder and not finished: failed if the process
@@ -162,7 +162,7 @@ class ModelHost:
                     if rid in self._think_streams:  # thoughts first: tools see the answer
                         group = thinking.filter_events(self._think_streams, group)
                     if rid in self._tool_streams:
-                        group = tools.filter_events(self._tool_streams, group)
+                        group = toolcalls.filter_events(self._tool_streams, group)
                 except Exception as exc:
                     log.error("request %s: its output filter failed", rid, exc_info=exc)
                     group = self._abandon(rid, group, error_event(
@@ -382,6 +382,7 @@ class ModelHost:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
             matcher = self._matcher(req, plan)
+            lazy = self._steering(req, plan, pair, text) if matcher is None else None
             truncated = (0, 0)
             if len(prompt) >= self.n_ctx_seq and req.options.truncate:
                 req, prompt, text, truncated = self._truncate(req, plan, prompt, text)
@@ -396,7 +397,7 @@ class ModelHost:
                 prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
             return
         params = SeqParams.of(
-            req, matcher=matcher, truncated=truncated,
+            req, matcher=matcher, lazy=lazy, truncated=truncated,
             pieces=self.control_pieces() if plan is not None or pair is not None else {})
         if matcher is not None and pair is not None:
             # The thought stays free; the constraint starts with the answer: after the end
@@ -429,6 +430,28 @@ class ModelHost:
         forced = plan.grammar(tools.special_markers(tok)) if forced_call and plan else None
         grammar = constraint.compile(req, tok, forced)
         return None if grammar is None else constraint.matcher(tok, grammar)
+
+    def _steering(self, req: ChatRequest, plan: tools.ToolPlan | None,
+                  pair: tuple[str, str] | None, text: str) -> constraint.Lazy | None:
+        """For tool_choice "auto": the grammar that takes over once the model begins a call
+        (tools.steering), built here on the message thread. None when nothing is offered or
+        the request is constrained otherwise; a grammar llguidance refuses (a schema it
+        cannot read) leaves calls free, as they were before steering, with a log line."""
+        if plan is None or req.grammar is not None or req.format is not None:
+            return None
+        tok = constraint.tokenizer(self.model)
+        steer = plan.steering(tools.special_markers(tok))
+        if steer is None:
+            return None
+        try:
+            grammar = constraint.from_grammar(steer.grammar)
+            constraint.check(grammar, tok)
+            think = (pair[0].encode(), pair[1].encode()) if pair is not None else None
+            inside = pair is not None and thinking.opens(text, pair)
+            return constraint.Lazy(tok, grammar, steer.triggers, think, inside)
+        except ValueError as exc:
+            log.warning("tool calls are not steered for this request: %s", exc)
+            return None
 
     def control_pieces(self) -> dict[int, bytes]:
         """Tool-call markers that are control tokens in this vocabulary (rendered as nothing
