@@ -140,3 +140,19 @@ def test_steering_makes_a_begun_call_valid(oai: openai.OpenAI) -> None:
     args = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and set(args) == {"city", "unit"}
     assert args["unit"] in ("celsius", "fahrenheit")
+
+
+def test_a_schema_the_grammar_engine_refuses_leaves_auto_calls_unsteered(
+        oai: openai.OpenAI) -> None:
+    """A tool whose schema llguidance cannot compile (a broken regex) in auto mode: the
+    request is answered as before steering existed (its calls read, not steered), not
+    refused; the fenced call is still recognised, checked against the rest of the schema."""
+    broken = {"type": "object", "properties": {"city": {"type": "string", "pattern": "(a"}},
+              "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": broken}},
+             OPENAI_TOOLS[1]]
+    ask = [{"role": "system", "content": SYSTEM}, *messages()]
+    r = oai.chat.completions.create(model=MODEL, messages=ask, tools=tools,  # type: ignore[arg-type]
+                                    temperature=0, max_tokens=60)
+    calls = r.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [EXPECTED]

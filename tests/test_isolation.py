@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from llmrun import ipc
-from llmrun.chat import tools
+from llmrun.chat.toolcalls import ToolCheck, ToolStream, parse_calls
 from llmrun.engine import batcher
 from llmrun.engine.llama import Context, Model
 from llmrun.engine.runner import ModelHost
@@ -161,30 +161,30 @@ def test_tool_call_parser_survives_deeply_nested_json(
 
 
 def test_nesting_is_bounded_before_parsing() -> None:
+    f = ToolCheck({"f": None})
     deep = '<tool_call>{"name": "f", "arguments": ' + "[" * 5000 + "]" * 5000 + "}</tool_call>"
-    assert tools.parse_calls(deep, "hermes") is None
-    assert tools.parse_calls("[" * 5000, "json", {"f"}, truncated=True) is None
-    assert tools.parse_calls('[f(a=' + "[" * 5000 + ")]", "llama3", {"f"}) is None
+    assert parse_calls(deep, "hermes", f) is None
+    assert parse_calls("[" * 5000, "json", f, truncated=True) is None
+    assert parse_calls('[f(a=' + "[" * 5000 + ")]", "llama3", f) is None
     nested_str = json.dumps("[" * 5000)  # arguments given as a JSON string
-    assert tools.parse_calls('{"name": "f", "arguments": ' + nested_str + "}", "json",
-                             {"f"}) is None
+    assert parse_calls('{"name": "f", "arguments": ' + nested_str + "}", "json", f) is None
     # brackets inside strings are text, not nesting; a normal call still parses
     ok = '<tool_call>{"name": "f", "arguments": {"s": "' + "[" * 500 + '"}}</tool_call>'
-    calls, _ = tools.parse_calls(ok, "hermes")
-    assert calls[0].arguments == {"s": "[" * 500}
+    found = parse_calls(ok, "hermes", f)
+    assert found is not None and found[0][0].arguments == {"s": "[" * 500}
 
 
 def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, Frames],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     r, frames = runner
-    push = tools.ToolStream.push
+    push = ToolStream.push
 
-    def fragile(self: tools.ToolStream, text: str, logprobs: Any = None) -> Any:
+    def fragile(self: ToolStream, text: str, logprobs: Any = None) -> Any:
         if self is r._tool_streams.get("bad"):
             raise RuntimeError("parser bug")
         return push(self, text, logprobs)
 
-    monkeypatch.setattr(tools.ToolStream, "push", fragile)
+    monkeypatch.setattr(ToolStream, "push", fragile)
     offered = {"tools": [Tool(name="f")], "tool_choice": "auto"}
     r.generate("bad", job(num_predict=400, **offered))
     r.generate("good", job(num_predict=16, **offered))

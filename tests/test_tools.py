@@ -476,11 +476,32 @@ def test_steering_follows_a_call_the_model_began(smollm2_tokenizer: Any, text: s
 def test_steering_leaves_other_text_alone(smollm2_tokenizer: Any) -> None:
     plan = tools.ToolPlan(HERMES, [WEATHER], "auto")
     for text in ['{"name": "Alice", "age": 3}', "```python\nprint('get_weather')\n```",
-                 'The tool is called "get_weather".', '{"name": "get_weathers"}']:
+                 'The tool is called "get_weather".', '{"name": "get_weathers"}',
+                 # a model echoing the tool list of its prompt (Gemma 3 270M does)
+                 'calls go within <tool_call></tool_call> tags:\n<tool_call>\n{"type": '
+                 '"function", "function": {"name": "get_weather", "description": "x"}}',
+                 '{"name": "get_weather", "description": "Current weather"}']:
         matcher, _, _ = lazy_run(smollm2_tokenizer, plan, text)
         assert matcher is None, text
     # inside a thought, a call-shaped text is still free; after it, steered
     think = (b"<think>", b"</think>")
-    text = '<think>maybe {"name": "get_weather", "arguments": 1}</think>{"name": "get_weather"'
-    matcher, n, _ = lazy_run(smollm2_tokenizer, plan, text, think)
-    assert matcher is not None and n > len(smollm2_tokenizer.tokenize_str(text[:60]))
+    text = ('<think>maybe {"name": "get_weather", "arguments": 1}</think><tool_call>'
+            '{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    matcher, n, allowed = lazy_run(smollm2_tokenizer, plan, text, think)
+    assert matcher is not None and allowed and matcher.is_accepting()
+    assert n > len(smollm2_tokenizer.tokenize_str(text[:60]))
+
+
+@pytest.mark.parametrize(("family", "text"), [
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+    ("mistral_args", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
+    ("json", '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+])
+def test_steering_in_each_family(smollm2_tokenizer: Any, family: str, text: str) -> None:
+    i = info("mistral", mistral_args=True) if family == "mistral_args" else FAMILIES[family]
+    plan = tools.ToolPlan(i, [WEATHER, EMPTY], "auto")
+    matcher, _, allowed = lazy_run(smollm2_tokenizer, plan, text)
+    assert matcher is not None and allowed and matcher.is_accepting(), text
+    matcher, _, allowed = lazy_run(smollm2_tokenizer, plan, text.replace('"Oslo"', "7"))
+    assert not allowed

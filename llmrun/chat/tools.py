@@ -371,45 +371,53 @@ class Steering:
 
 def steering(chosen: list[Tool], info: TemplateInfo, parallel: bool, *, strict: bool = True,
              special: dict[str, int] | None = None) -> Steering:
-    """The triggers and grammar of `chosen` tools: the family's marker, after which the
-    grammar is the family's call format; and a JSON object naming one of the tools
-    (`{"name": "get_weather"` or `{"function": ...`, bare, fenced or in a list), after whose
-    opening quote the grammar is the rest of that call, then maybe more calls, then
-    maybe the bracket, brace or fence that closes what the call was written in. Both start
-    points share one grammar: after a marker come `{`, `[` or a newline, after the quote a
-    tool's name."""
+    """The triggers and grammar for `chosen` tools. A call has begun when a JSON object
+    names one of them and goes on to its arguments (`{"name": "get_weather", "arguments":`,
+    or `"function"` / `"parameters"`; bare, fenced or in a list): the grammar starts at the
+    name and goes on with that call, maybe more calls, then maybe the brace, bracket or
+    fence the call was written in. Or when the family's marker opens a line (for Hermes'
+    `<tool_call>`, followed by a JSON object naming a tool): the grammar starts after the
+    marker, in the family's format. Both start points share one grammar (after a marker
+    come a newline, `{` or `[`; after the quote, a tool's name). Requiring the name and
+    what follows it keeps a model that echoes the tool list, or JSON the user asked for,
+    unconstrained."""
     if not chosen:
         raise ValueError("no tool to call")
     marker = _marker_writer(special)
-    rules = _call_rules(chosen, info, strict, marker)
+    rules = [r for r in _call_rules(chosen, info, strict, marker) if r.startswith("args")]
     sep = f'/{_WS},{_WS}"(arguments|parameters)"{_WS}:{_WS}/'
     for i, tool in enumerate(chosen):
         rules.append(f"named{i}: {_lit(json.dumps(tool.name, ensure_ascii=False)[1:])} {sep} "
                      f"args{i} /{_WS}\\}}/")
-    named = " | ".join(f"named{i}" for i in range(len(chosen)))
-    more = f' (/[ \\t\\n]{{1,20}}|{_WS},{_WS}/ call)*' if parallel else ""
-    ends = f'/{_WS}\\}}/? /{_WS}\\]/? /{_WS}```/?'
-    alternatives = [f"({named}){more} {ends}"]
-    triggers = [r'\{\s*"(?:name|function)"\s*:\s*"(?=(?:'
-                + "|".join(re.escape(json.dumps(t.name, ensure_ascii=False)[1:-1])
-                           for t in chosen) + ')")']
+    rules.append("named: " + " | ".join(f"named{i}" for i in range(len(chosen))))
+    # a whole call, its layout as the model likes it: the name picks the tool's rule
+    rules.append(f'flexcall: /\\{{{_WS}"(name|function)"{_WS}:{_WS}"/ named')
+    more = f" (/[ \\t\\n]{{1,20}}|{_WS},{_WS}/ flexcall)*" if parallel else ""
+    alternatives = [f"named{more} /{_WS}\\}}/? /{_WS}\\]/? /{_WS}```/?"]
+    names = "(?:" + "|".join(re.escape(json.dumps(t.name, ensure_ascii=False)[1:-1])
+                             for t in chosen) + ")"
+    named_object = r'\{\s*"(?:name|function)"\s*:\s*"'
+    triggers = [named_object + f'(?={names}"' + r'\s*,\s*"(?:arguments|parameters)"\s*:)']
     family = FAMILY_MARKER.get(info.family)
-    args_only = info.family == "mistral" and info.mistral_args
     if family is not None:
-        triggers.insert(0, re.escape(family))
-        if args_only:  # [TOOL_CALLS]name[ARGS]{...}: the marker before each further call
-            alternatives.append("tail")
-            rules.append("tail: (" + " | ".join(
-                f'{_lit(t.name)} {marker("[ARGS]")} args{i}' for i, t in enumerate(chosen))
-                + (") call*" if parallel else ")"))
-        elif info.family == "hermes":
+        # Lazy.feed's text starts with a newline: the output's start opens a line
+        trigger = r"\n[ \t]*" + re.escape(family)
+        if info.family == "hermes":
+            trigger += r"(?=\s*" + named_object + names + '")'
             close = marker("</tool_call>")
-            one = f'{marker("<tool_call>")} "\\n"? call "\\n"? {close}'
-            alternatives.append(f'"\\n"? call "\\n"? {close}'
+            one = f'{marker("<tool_call>")} "\\n"? flexcall "\\n"? {close}'
+            alternatives.append(f'"\\n"? flexcall "\\n"? {close}'
                                 + (f' ("\\n" {one})*' if parallel else ""))
+        elif info.mistral_args:  # [TOOL_CALLS]name[ARGS]{...}, the marker before each
+            again = f' ({marker("[TOOL_CALLS]")} plain)*' if parallel else ""
+            rules.append("plain: " + " | ".join(
+                f'{_lit(t.name)} {marker("[ARGS]")} args{i}' for i, t in enumerate(chosen)))
+            alternatives.append(f"plain{again}")
         elif info.family == "mistral":
-            alternatives.append('"[" call (", " call)* "]"' if parallel else '"[" call "]"')
+            alternatives.append(f'"[" flexcall (/{_WS},{_WS}/ flexcall)* "]"' if parallel
+                                else '"[" flexcall "]"')
         else:  # llama3
-            alternatives.append('call ("; " call)*' if parallel else "call")
+            alternatives.append('flexcall ("; " flexcall)*' if parallel else "flexcall")
+        triggers.insert(0, trigger)
     root = "start: " + " | ".join(f"({a})" for a in alternatives)
     return Steering(triggers, "\n".join([root, *rules]) + "\n")

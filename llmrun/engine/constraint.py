@@ -146,7 +146,7 @@ class Lazy:
         self.think = think
         self.inside = inside  # in a thought: no trigger counts there
         self.over = False  # triggered, or given up: the batcher drops it
-        self._buf = b""
+        self._buf = b"\n"  # the output's start (and a thought's end) opens a line
 
     def feed(self, piece: bytes) -> lg.LLMatcher | None:
         """The matcher, once `piece` completes a trigger (it has then consumed the text after
@@ -160,7 +160,7 @@ class Lazy:
                 if at == -1:
                     self._buf = buf[-len(closer):]
                     return None
-                buf, self.inside = buf[at + len(closer):], False
+                buf, self.inside = b"\n" + buf[at + len(closer):], False
                 continue
             at = buf.find(opener)
             if at == -1:

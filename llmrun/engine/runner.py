@@ -440,12 +440,11 @@ class ModelHost:
         if plan is None or req.grammar is not None or req.format is not None:
             return None
         tok = constraint.tokenizer(self.model)
-        steer = plan.steering(tools.special_markers(tok))
-        if steer is None:
-            return None
-        try:
+        try:  # ~20 ms for Claude Code's tools; no separate check: the matcher's build is one
+            steer = plan.steering(tools.special_markers(tok))
+            if steer is None:
+                return None
             grammar = constraint.from_grammar(steer.grammar)
-            constraint.check(grammar, tok)
             think = (pair[0].encode(), pair[1].encode()) if pair is not None else None
             inside = pair is not None and thinking.opens(text, pair)
             return constraint.Lazy(tok, grammar, steer.triggers, think, inside)
