@@ -7,6 +7,7 @@ a typo in the environment never stops the daemon from starting.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections.abc import Callable
@@ -69,6 +70,11 @@ SETTINGS: list[Setting] = [
             "Of those states, how much each loaded model also keeps in memory"),
     Setting("LLMRUN_PROMPT_CACHE_MIN_TOKENS", "1024",
             "Prompt tokens a request must read before its state is kept"),
+    Setting("LLMRUN_UPSTREAM_PARALLEL", "4",
+            "Requests one remote model (FROM http(s)://) runs on its server at once; more "
+            "wait, up to LLMRUN_MAX_QUEUE"),
+    Setting("LLMRUN_UPSTREAM_TIMEOUT", "300",
+            "Seconds a remote model's server may go silent while answering"),
     Setting("LLMRUN_STEP_BUDGET", "150ms",
             "While others are generating, how long one engine step may take reading a new "
             "prompt (a duration such as 150ms, or a number of prompt tokens per step), so "
@@ -152,6 +158,16 @@ def host() -> tuple[str, int]:
     return _parsed("LLMRUN_HOST", parse_host)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine's loopback."""
+    if host in ("localhost",) or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_host(value: str) -> tuple[str, int]:
     value = value.strip()
     for scheme in ("http://", "https://"):
@@ -206,6 +222,21 @@ def num_threads_fixed() -> int:
 
 def max_queue() -> int:
     return _parsed("LLMRUN_MAX_QUEUE", _positive_int)
+
+
+def upstream_parallel() -> int:
+    return max(1, _parsed("LLMRUN_UPSTREAM_PARALLEL", _positive_int))
+
+
+def upstream_timeout() -> float:
+    return _parsed("LLMRUN_UPSTREAM_TIMEOUT", _positive_float)
+
+
+def _positive_float(value: str) -> float:
+    n = float(value)
+    if not n > 0 or n == float("inf"):
+        raise ValueError(value)
+    return n
 
 
 def max_loaded_models() -> int:

@@ -338,6 +338,9 @@ def router(service: Service) -> APIRouter:
             # requests with other load options wait for it to be idle, then reload it
             entry["reload_pending"] = m.reload_pending
             models.append(entry)
+        for name, digest, replicas in service.remotes():  # served elsewhere: replica health
+            models.append({"name": name, "model": name, "digest": digest, "size": 0,
+                           "size_vram": 0, "remote": replicas})
         return {"models": models}
 
     return api
@@ -390,7 +393,7 @@ async def _pull_events(store: Store, name: str) -> AsyncIterator[dict[str, Any]]
         yield {"error": str(exc), "_status": _store_status(exc)}
         return
     yield {"status": "verifying sha256 digest"}
-    yield {"status": "writing manifest", "digest": manifest.model.digest}
+    yield {"status": "writing manifest", "digest": manifest.layer.digest}
     yield {"status": "success"}
 
 
@@ -701,12 +704,16 @@ def store_router(store: Store) -> APIRouter:
         return Response(status_code=201)
 
     @api.post("/api/create", response_model=None)
-    async def create(body: CreateBody) -> Response:
+    async def create(body: CreateBody, request: Request) -> Response:
         name = body.model or body.name
         if not name:
             return error(400, "missing field 'model'")
-        try:
-            mf = _modelfile_from(body)  # host paths refused here, before any stream starts
+        # a remote model (FROM http(s)://) makes the daemon connect where the caller says:
+        # only a caller on this machine, or one holding a key (the middleware checked it)
+        allow_remote = bool(config.api_keys()) or \
+            (request.client is not None and config.is_loopback(request.client.host))
+        try:  # host paths refused here, before any stream starts
+            mf = _modelfile_from(body, allow_remote)
         except (StoreError, ValueError) as exc:
             return fail(exc)
 
@@ -714,11 +721,13 @@ def store_router(store: Store) -> APIRouter:
             yield {"status": "parsing modelfile"}
             try:
                 manifest = await asyncio.to_thread(store.create, name, mf, None, None,
-                                                   body.quantize, allow_paths=False)
+                                                   body.quantize, allow_paths=False,
+                                                   allow_remote=allow_remote)
             except StoreError as exc:
                 yield {"error": str(exc), "_status": _store_status(exc)}
                 return
-            yield {"status": f"using model {manifest.model.digest}"}
+            yield {"status": "using model " + (manifest.model.digest if manifest.model
+                                               else "served remotely")}
             yield {"status": "writing manifest"}
             yield {"status": "success"}
 
@@ -744,15 +753,16 @@ def _declared_length(request: Request) -> int:
         return 0  # chunked or bogus: the byte count while streaming still bounds it
 
 
-def _modelfile_from(body: CreateBody) -> Modelfile:
+def _modelfile_from(body: CreateBody, allow_remote: bool = False) -> Modelfile:
     """The Modelfile a create body describes. Over HTTP, FROM/`files`/ADAPTER name uploaded
-    blobs or models only: anything else is refused with one message, whatever is on disk."""
+    blobs or models only (or, with `allow_remote`, a remote server's URL): anything else is
+    refused with one message, whatever is on disk."""
     if body.modelfile and not (body.from_ or body.files):
         try:
             mf = modelfile_parse(body.modelfile)
         except ModelfileError as exc:
             raise CreateError(str(exc)) from None
-        refuse_host_paths(mf)
+        refuse_host_paths(mf, allow_remote)
         return mf
     if any(not d.startswith(("sha256:", "sha256-")) for d in
            [*(body.files or {}).values(), *(body.adapters or {}).values()]):

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import typer
 
-from llmrun.cli._common import fail, human_size, print_table
+from llmrun.cli._common import console, fail, human_size, print_table
 from llmrun.client import Client, ClientError
 
 
@@ -53,11 +53,18 @@ def register(app: typer.Typer) -> None:
             models = _client().ps()
         except ClientError as exc:
             fail(str(exc))
+        local = [m for m in models if "remote" not in m]
         print_table(("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "SANDBOX", "UNTIL"),
                     [(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
                       str(m.get("context_length", "")),
                       f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
-                      _sandbox(m), _until(m.get("expires_at"))) for m in models])
+                      _sandbox(m), _until(m.get("expires_at"))) for m in local])
+        remote = [m for m in models if "remote" in m]
+        if remote:  # models other servers run: where, and whether each replica answers
+            console.print()
+            print_table(("NAME", "ID", "REPLICA", "STATE"),
+                        [(m["name"], m["digest"][:12], r["url"], r["state"])
+                         for m in remote for r in m["remote"]])
 
     @app.command()
     def stop(model: str = typer.Argument(..., help="Model to unload")) -> None:

@@ -35,10 +35,12 @@ def _store() -> Store:
 
 
 def _local_file(ref: str, base_dir: Path) -> Path | None:
-    """The local file a FROM/ADAPTER line names, None for a model name or a digest."""
+    """The local file a FROM/ADAPTER line names, None for a model name, a digest or a
+    remote server's URL."""
     from llmrun.store import CreateError
 
-    if ref.startswith(("sha256:", "sha256-", "@sha256:")):
+    if ref.startswith(("sha256:", "sha256-", "@sha256:")) or \
+            ref.lower().startswith(("http://", "https://")):
         return None
     path = Path(ref).expanduser()
     path = path if path.is_absolute() else base_dir / path
@@ -152,12 +154,14 @@ def register(app: typer.Typer) -> None:
         found = listing.entries(config.home() / "manifests")
         if found is None:
             store = _store()
-            rows = [(m.name, m.id, m.size, m.modified_at) for m in store.list()]
+            rows = [(m.name, m.id, m.size, m.modified_at, m.remote is not None)
+                    for m in store.list()]
             store.store_digests()
         else:
-            rows = [(m.name, m.id, m.size, m.modified_at) for m in found]
+            rows = [(m.name, m.id, m.size, m.modified_at, m.remote) for m in found]
         print_table(("NAME", "ID", "SIZE", "MODIFIED"),
-                    [(name, mid, human_size(size), _ago(when)) for name, mid, size, when in rows])
+                    [(name, mid, "remote" if remote else human_size(size), _ago(when))
+                     for name, mid, size, when, remote in rows])
 
     app.command(name="ls", help="Alias of list.")(list_)
 

@@ -86,6 +86,7 @@ def create_app(store: Store | None = None,
         store.prune()  # blobs uploaded but never used, temp files of writes that crashed
         yield
         await scheduler.shutdown()
+        await service.close()
         if on_shutdown is not None:
             on_shutdown()  # here, not atexit: uvicorn re-raises SIGTERM after shutting down
 

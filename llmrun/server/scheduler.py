@@ -67,7 +67,7 @@ def _warn_unconfined(info: dict[str, Any]) -> None:
 
 def model_key(manifest: Manifest) -> str:
     """What makes two names the same loaded model: the same weights and the same adapters."""
-    return "+".join([manifest.model.digest, *(a.digest for a in manifest.adapters)])
+    return "+".join([manifest.layer.digest, *(a.digest for a in manifest.adapters)])
 
 
 def available_memory() -> int:

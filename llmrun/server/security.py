@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -41,13 +40,6 @@ def _hostname(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost",) or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def dialect_error(path: str, status: int, message: str,
@@ -102,7 +94,8 @@ class Security:
 
     def host_allowed(self, host: str) -> bool:
         name = _hostname(host)
-        return self.any_host or _is_loopback(name) or name in self.hosts or name in LOCAL_NAMES
+        return (self.any_host or config.is_loopback(name) or name in self.hosts
+                or name in LOCAL_NAMES)
 
     def origin_allowed(self, origin: str) -> bool:
         origin = origin.strip().rstrip("/").lower()
@@ -113,7 +106,7 @@ class Security:
         # them (a sandboxed iframe sends `null`), so neither `*` nor "looks local" admits them
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return False
-        return "*" in self.origins or _is_loopback(parts.hostname)
+        return "*" in self.origins or config.is_loopback(parts.hostname)
 
     def cross_site_refused(self, headers: dict[str, str]) -> bool:
         """A request the browser says comes from another site, from an origin not allowed

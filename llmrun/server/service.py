@@ -28,6 +28,7 @@ from llmrun.request import (
 )
 from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import Lease, ModelState, Scheduler
+from llmrun.server.upstream import Upstream
 from llmrun.store import Manifest, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,26 @@ class Service:
         self.scheduler = scheduler
         self.metrics = metrics
         self.max_embed_inputs = MAX_EMBED_INPUTS
+        self.upstreams: dict[str, Upstream] = {}  # remote models by manifest digest
+
+    def _upstream(self, req: ChatRequest) -> tuple[Manifest, Upstream] | None:
+        """The remote server `req`'s model runs on (FROM http(s)://), or None for a local
+        model (or an unknown one: the lease reports it)."""
+        try:
+            _, manifest = self.store.get(req.model)
+        except StoreError:
+            return None
+        if manifest.remote is None:
+            return None
+        upstream = self.upstreams.get(manifest.digest)
+        if upstream is None:
+            upstream = self.upstreams[manifest.digest] = Upstream(manifest.name, manifest.remote)
+        return manifest, upstream
+
+    def _local_only(self, req: ChatRequest, what: str) -> None:
+        if self._upstream(req) is not None:
+            raise EngineError(f"{req.model} is served by a remote server: {what} is not "
+                              "available for it", status=400)
 
     def check(self, req: ChatRequest) -> None:
         """The request's bounds (llmrun/bounds.py), before a runner is leased: what the
@@ -106,6 +127,19 @@ class Service:
         that must answer before the first token can tell a load from a queue)."""
         t0 = time.perf_counter()
         self.check(req)
+        remote = self._upstream(req)
+        if remote is not None:
+            manifest, upstream = remote
+            if leased is not None:
+                leased.set()
+            async for event in upstream.chat(merged(req, manifest)):
+                if isinstance(event, Done):
+                    event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
+                    _log_done(req.model, event.stats)
+                    if self.metrics is not None:
+                        self.metrics.observe(manifest.name, event.stats)
+                yield event
+            return
         async with self._lease(req) as lease:
             if leased is not None:
                 leased.set()
@@ -123,6 +157,7 @@ class Service:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
         the same request `chat` would send, so the count matches its `prompt_tokens`."""
         self.check(req)
+        self._local_only(req, "counting tokens")
         async with self._lease(req) as lease:
             self._runner_request(lease, "count")
             return await lease.runner.count(merged(req, lease.manifest))
@@ -132,6 +167,7 @@ class Service:
         """A token utility on `req`'s model (loaded if need be): `msg` is the runner message
         (count with detail, tokenize, detokenize), `answer` the event it replies with."""
         self.check(req)
+        self._local_only(req, str(msg["type"]))
         async with self._lease(req) as lease:
             self._runner_request(lease, str(msg["type"]))
             if msg["type"] == "count":
@@ -146,6 +182,7 @@ class Service:
                               f"{self.max_embed_inputs} can be embedded in one request",
                               status=413, kind="request_too_large")
         t0 = time.perf_counter()
+        self._local_only(req, "embedding")
         async with self._lease(req) as lease:
             self._runner_request(lease, "embed")
             vectors, n_tokens = await lease.runner.embed(inputs, truncate)
@@ -156,11 +193,23 @@ class Service:
         """The loaded models, as /api/ps shows them."""
         return self.scheduler.models()
 
+    def remotes(self) -> list[tuple[str, str, list[dict[str, Any]]]]:
+        """The remote models used since the daemon started: (name, manifest digest, their
+        replicas' health)."""
+        return [(u.name, digest, u.health()) for digest, u in self.upstreams.items()]
+
+    async def close(self) -> None:
+        for upstream in self.upstreams.values():
+            await upstream.close()
+
     async def unload(self, model: str) -> bool:
         """Unload `model` now if it is loaded and idle (or once its requests finish)."""
         return await self.scheduler.unload_name(model)
 
     async def load(self, req: ChatRequest) -> float:
-        """Load (or keep) the model without generating; returns seconds spent loading."""
+        """Load (or keep) the model without generating; returns seconds spent loading (none
+        for a remote model: its server holds it)."""
+        if self._upstream(req) is not None:
+            return 0.0
         async with self._lease(req) as lease:
             return lease.load_seconds

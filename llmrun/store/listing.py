@@ -26,6 +26,7 @@ class Entry:
     id: str
     size: int
     modified_at: datetime
+    remote: bool = False  # served by another server (FROM http(s)://): no file here
 
 
 def files(root: Path) -> list[Path]:
@@ -53,7 +54,8 @@ def entries(root: Path) -> list[Entry] | None:
 
 def _entry(data: dict[str, Any]) -> Entry | None:
     digest, name = data["digest"], data["name"]
-    layers = [data["model"], *data["parts"], *data["adapters"]]
+    own = [data["model"]] if data.get("model") is not None else []
+    layers = [*own, *data["parts"], *data["adapters"]]
     sizes = [layer["size"] for layer in layers]
     if not (isinstance(digest, str) and _DIGEST.match(digest) and isinstance(name, str)
             and all(type(s) is int and s >= 0 for s in sizes)):
@@ -61,4 +63,5 @@ def _entry(data: dict[str, Any]) -> Entry | None:
     modified = datetime.fromisoformat(data["modified_at"])
     if modified.tzinfo is None:
         return None
-    return Entry(name=name, id=digest[:12], size=sum(sizes), modified_at=modified)
+    return Entry(name=name, id=digest[:12], size=sum(sizes), modified_at=modified,
+                 remote=data.get("remote") is not None)

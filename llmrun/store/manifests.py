@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from llmrun.request import Message, Options
 from llmrun.store import listing
@@ -38,10 +38,21 @@ class Details(BaseModel):
     context_length: int | None = None
 
 
+class Remote(BaseModel):
+    """A model another server runs (FROM http(s)://...): the base URLs of its
+    OpenAI-compatible `/v1` API (replicas, in order), its name there, and the environment
+    variable holding its API key (the key itself is never stored)."""
+
+    urls: list[str]
+    model: str
+    key_env: str | None = None
+
+
 class Manifest(BaseModel):
     schema_version: int = 1
     name: str
-    model: Layer
+    model: Layer | None = None  # None only for a remote model
+    remote: Remote | None = None
     parts: list[Layer] = Field(default_factory=list)  # further files of a split GGUF, in order
     adapters: list[Layer] = Field(default_factory=list)
     parameters: dict[str, Any] = Field(default_factory=dict)
@@ -56,13 +67,27 @@ class Manifest(BaseModel):
     def options(self) -> Options:
         return Options.model_validate(self.parameters)
 
+    @model_validator(mode="after")
+    def _model_or_remote(self) -> Manifest:
+        if (self.model is None) == (self.remote is None):
+            raise ValueError("a manifest names a model file or a remote server, not both")
+        return self
+
+    @property
+    def layer(self) -> Layer:
+        """The model file's blob (a local model's; a remote model has none)."""
+        if self.model is None:
+            raise ValueError(f"{self.name} is served by a remote server: it has no model file")
+        return self.model
+
     def digests(self) -> set[str]:
-        return {self.model.digest, *(p.digest for p in self.parts),
-                *(a.digest for a in self.adapters)}
+        own = {self.model.digest} if self.model is not None else set()
+        return {*own, *(p.digest for p in self.parts), *(a.digest for a in self.adapters)}
 
     @property
     def size(self) -> int:
-        return self.model.size + sum(x.size for x in (*self.parts, *self.adapters))
+        own = self.model.size if self.model is not None else 0
+        return own + sum(x.size for x in (*self.parts, *self.adapters))
 
     def serialize(self) -> bytes:
         # the digest goes along (not a field: reading ignores it) so `llmrun list` can show

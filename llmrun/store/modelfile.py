@@ -14,6 +14,9 @@ from pydantic import ValidationError
 from llmrun.request import Message, Options
 
 INSTRUCTIONS = ("from", "parameter", "template", "system", "message", "license", "adapter")
+# Parameters of a model served by a remote engine (FROM http(s)://...): not sampling
+# options, so they live apart from them (Modelfile.remote); remote_replica may repeat.
+REMOTE_PARAMETERS = ("remote_model", "remote_replica", "remote_key_env")
 ROLES = ("system", "user", "assistant")
 
 
@@ -32,6 +35,7 @@ class Modelfile:
     messages: list[Message] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
     adapters: list[str] = field(default_factory=list)
+    remote: dict[str, Any] = field(default_factory=dict)  # REMOTE_PARAMETERS given
 
     def options(self) -> Options:
         return Options.model_validate(self.parameters)
@@ -40,7 +44,7 @@ class Modelfile:
         """Print back as Modelfile text (parse(render(m)) == m)."""
         out = [f"FROM {self.from_}"]
         out += [f"ADAPTER {a}" for a in self.adapters]
-        for name, value in self.parameters.items():
+        for name, value in [*self.remote.items(), *self.parameters.items()]:
             values = value if isinstance(value, list) else [value]
             out += [f"PARAMETER {name} {_quote(str(v))}" for v in values]
         if self.template is not None:
@@ -66,6 +70,14 @@ def _param_type(name: str) -> type:
 
 def _set_parameter(mf: Modelfile, line: int, name: str, value: str) -> None:
     name = name.strip().lower()
+    if name in REMOTE_PARAMETERS:
+        if not value:
+            raise ModelfileError(line, f"parameter {name!r} needs a value")
+        if name == "remote_replica":
+            mf.remote.setdefault(name, []).append(value)
+        else:
+            mf.remote[name] = value
+        return
     if name not in Options.model_fields:
         raise ModelfileError(line, f"unknown parameter {name!r}")
     if not value:

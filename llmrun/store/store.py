@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
@@ -22,7 +24,7 @@ from llmrun.store.errors import (
     ModelNotFound,
     StoreError,
 )
-from llmrun.store.manifests import Details, Layer, Manifest, Manifests
+from llmrun.store.manifests import Details, Layer, Manifest, Manifests, Remote
 from llmrun.store.names import ModelName
 
 if TYPE_CHECKING:
@@ -90,7 +92,7 @@ class Store:
             log.debug("manifests left without their digest: %s", exc)
 
     def model_path(self, manifest: Manifest) -> Path:
-        return self.blobs.path(manifest.model.digest)
+        return self.blobs.path(manifest.layer.digest)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -115,12 +117,15 @@ class Store:
 
     def create(self, name: str, source: str | modelfile.Modelfile,
                base_dir: Path | None = None, progress: Progress | None = None,
-               quantize: str | None = None, allow_paths: bool = True) -> Manifest:
+               quantize: str | None = None, allow_paths: bool = True,
+               allow_remote: bool = True) -> Manifest:
         """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
-        `sha256:<hex>` of a blob already in the store, or a model name (pulled if needed).
+        `sha256:<hex>` of a blob already in the store, a model name (pulled if needed), or the
+        `http(s)://` base URL of an OpenAI-compatible API that serves the model (remote).
 
         `allow_paths=False` is for remote callers (the HTTP API): FROM and ADAPTER may then
-        only name blobs or models, and the file system is never looked at for them."""
+        only name blobs or models, and the file system is never looked at for them; a remote
+        FROM also needs `allow_remote` (the daemon's loopback or key-holding callers)."""
         target = names.parse(name)
         if isinstance(source, str):
             try:
@@ -141,7 +146,12 @@ class Store:
             except templates.TemplateError as exc:
                 raise CreateError(f"TEMPLATE: {exc}") from None
         if not allow_paths:
-            refuse_host_paths(mf)
+            refuse_host_paths(mf, allow_remote)
+        if is_remote(mf.from_) or mf.remote:
+            if quantize or mf.adapters:
+                raise CreateError("a remote model (FROM http(s)://...) cannot be quantized or "
+                                  "given adapters here: its server runs it")
+            return self._put(target, remote_manifest(mf, target))
         base_dir = base_dir or Path.cwd()
         adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
         base = self._resolve_from(mf.from_, base_dir, progress, allow_paths)
@@ -174,7 +184,7 @@ class Store:
         except quant.QuantizeError as exc:
             raise CreateError(str(exc)) from None
         digest, size = self.blobs.adopt(tmp)
-        self._remove_unreferenced(base.model.digest)  # the unquantized import, if only ours
+        self._remove_unreferenced(base.layer.digest)  # the unquantized import, if only ours
         info = gguf.read(self.blobs.path(digest))
         return base.model_copy(update={"model": Layer(digest=digest, size=size),
                                        "details": details_of(info)})
@@ -224,7 +234,7 @@ class Store:
         except BaseException:
             imported = [x.digest for x in layers]
             if base.source != "blob":
-                imported.append(base.model.digest)  # the FROM file import, if only ours
+                imported.append(base.layer.digest)  # the FROM file import, if only ours
             for digest in imported:
                 self._remove_unreferenced(digest)
             raise
@@ -288,6 +298,17 @@ class Store:
 
     def modelfile_of(self, manifest: Manifest) -> modelfile.Modelfile:
         """The model as a Modelfile (what `show --modelfile` prints)."""
+        if manifest.remote is not None:  # the key's variable's name, never the key
+            r = manifest.remote
+            remote: dict[str, object] = {"remote_model": r.model}
+            if len(r.urls) > 1:
+                remote["remote_replica"] = r.urls[1:]
+            if r.key_env:
+                remote["remote_key_env"] = r.key_env
+            return modelfile.Modelfile(
+                from_=r.urls[0], parameters=dict(manifest.parameters), system=manifest.system,
+                messages=list(manifest.messages), license=list(manifest.license),
+                remote=remote)
         return modelfile.Modelfile(
             from_=str(self.model_path(manifest)), parameters=dict(manifest.parameters),
             template=manifest.template, system=manifest.system,
@@ -298,10 +319,16 @@ class Store:
         """The chat template the model renders with: the Modelfile's, else its GGUF's."""
         if manifest.template:
             return manifest.template
+        if manifest.remote is not None:
+            return ""  # its server's own
         return gguf.read(self.model_path(manifest)).chat_template or ""
 
     def model_info(self, manifest: Manifest) -> dict[str, object]:
-        """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`."""
+        """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`;
+        for a remote model, where it is served."""
+        if manifest.remote is not None:
+            return {"general.architecture": "remote", "remote.urls": manifest.remote.urls,
+                    "remote.model": manifest.remote.model}
         info = gguf.read(self.model_path(manifest))
         out: dict[str, object] = {}
         for key, value in info.metadata.items():
@@ -314,7 +341,7 @@ class Store:
 
     def model_paths(self, manifest: Manifest) -> list[Path]:
         """The GGUF file(s) to load, in order (several for a split model)."""
-        return [self.blobs.path(x.digest) for x in (manifest.model, *manifest.parts)]
+        return [self.blobs.path(x.digest) for x in (manifest.layer, *manifest.parts)]
 
     def adapter_paths(self, manifest: Manifest) -> list[Path]:
         """The LoRA adapter GGUF files to apply on top of the model, in order."""
@@ -322,7 +349,8 @@ class Store:
 
     def verify(self, manifest: Manifest) -> None:
         """Refuse a model whose blobs are missing or no longer hash to their names."""
-        for layer in (manifest.model, *manifest.parts, *manifest.adapters):
+        own = [manifest.model] if manifest.model is not None else []
+        for layer in (*own, *manifest.parts, *manifest.adapters):
             path = self.blobs.path(layer.digest)
             if not path.is_file():
                 raise StoreError(f"{manifest.name}: blob {layer.digest} is missing; pull or "
@@ -477,13 +505,69 @@ def _names_a_model(ref: str) -> bool:
     return True
 
 
-def refuse_host_paths(mf: modelfile.Modelfile) -> None:
-    """For remote callers: FROM an uploaded blob or a model name, ADAPTERs uploaded blobs
-    only. Anything else (a path, `~`, a URL: `FROM http(s)://` remote models are not served
-    over HTTP yet) gets HOST_PATH_REFUSED, decided on the text alone, never on the disk."""
+def refuse_host_paths(mf: modelfile.Modelfile, allow_remote: bool = False) -> None:
+    """For remote callers: FROM an uploaded blob or a model name (or, with `allow_remote`, a
+    remote server's URL), ADAPTERs uploaded blobs only. Anything else (a path, `~`) gets
+    HOST_PATH_REFUSED, decided on the text alone, never on the disk."""
+    if is_remote(mf.from_):
+        if not allow_remote:
+            raise CreateError(REMOTE_REFUSED)
+        return
     if not (_is_blob_ref(mf.from_) or _names_a_model(mf.from_)) \
             or not all(_is_blob_ref(ref) for ref in mf.adapters):
         raise CreateError(HOST_PATH_REFUSED)
+
+
+REMOTE_REFUSED = ("FROM http(s)://: a remote model makes this server connect where the "
+                  "Modelfile says, so over HTTP it is created only by a caller on this machine "
+                  "(loopback) or one holding an API key")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def is_remote(ref: str) -> bool:
+    return ref.lower().startswith(("http://", "https://"))
+
+
+def _remote_url(url: str, what: str) -> str:
+    """A replica's base URL, checked: http(s), a host, no credentials (keys go through
+    remote_key_env and are never stored), no query or fragment; without a trailing slash."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a malformed port
+    except ValueError:
+        raise CreateError(f"{what}: {url!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CreateError(f"{what}: {url!r} must be an http:// or https:// URL with a host")
+    if parts.username or parts.password:
+        raise CreateError(f"{what}: put no credentials in the URL (they would be stored); name "
+                          "the environment variable holding the key with remote_key_env")
+    if parts.query or parts.fragment:
+        raise CreateError(f"{what}: {url!r}: a base URL has no query or fragment")
+    del port
+    return url.rstrip("/")
+
+
+def remote_manifest(mf: modelfile.Modelfile, target: names.ModelName) -> Manifest:
+    """The manifest of a model served by another server (FROM http(s)://...)."""
+    if not is_remote(mf.from_):
+        raise CreateError("remote_model, remote_replica and remote_key_env need FROM with the "
+                          "http(s):// base URL of the server's OpenAI-compatible API")
+    if mf.template is not None:
+        raise CreateError("TEMPLATE: a remote model's server applies its own chat template")
+    urls = [_remote_url(mf.from_, "FROM")]
+    urls += [_remote_url(u, "PARAMETER remote_replica")
+             for u in mf.remote.get("remote_replica", [])]
+    key_env = mf.remote.get("remote_key_env")
+    if key_env is not None and not _ENV_NAME.fullmatch(key_env):
+        raise CreateError(f"PARAMETER remote_key_env: {key_env!r} is not an environment "
+                          "variable name")
+    model = mf.remote.get("remote_model") or \
+        (target.model if target.tag == "latest" else f"{target.model}:{target.tag}")
+    return Manifest(name="", remote=Remote(urls=list(dict.fromkeys(urls)), model=model,
+                                           key_env=key_env),
+                    parameters=mf.parameters, template=None, system=mf.system,
+                    messages=mf.messages, license=mf.license,
+                    details=Details(format="remote", family="remote"), source=urls[0])
 
 
 def _refuse_adapter(info: gguf.GGUFInfo, what: str) -> None:

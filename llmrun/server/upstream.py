@@ -1,0 +1,328 @@
+"""Models another server runs (issue 18): a Modelfile `FROM http(s)://host/v1` names an
+OpenAI-compatible API (vLLM, SGLang, llama-server, another llmrun) that serves the model, so
+llmrun's store, CLI and three dialects front an engine that spreads a model over machines.
+
+Each request is translated from the internal `ChatRequest` into a streamed chat completion
+(or a completion, for a raw prompt) and its events back into `Started`/`Chunk`/`Done`, as a
+runner's would be. An `Upstream` holds one remote model's replicas:
+
+- **Failover.** A replica that refuses the connection (or answers 502/503/504 before any
+  output) is marked down and the next one is tried; a down replica is tried again after
+  `RETRY_DOWN` seconds, or first when all are down. Once output has begun, a failure ends
+  that answer with an error (nothing is replayed).
+- **Limits.** At most `LLMRUN_UPSTREAM_PARALLEL` requests run on an upstream at once (the
+  rest wait, up to LLMRUN_MAX_QUEUE, then 503 "busy" as for local models); connecting has
+  a 10 s timeout and each read of the stream `LLMRUN_UPSTREAM_TIMEOUT`.
+- **Keys.** `PARAMETER remote_key_env VAR` names the daemon's environment variable that
+  holds the API key; it is read per request and sent as a bearer token, never stored, logged
+  or shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from llmrun import config
+from llmrun.request import (
+    ChatRequest,
+    Chunk,
+    Done,
+    EngineError,
+    NamedTool,
+    Started,
+    Stats,
+    ToolCall,
+)
+from llmrun.store.manifests import Remote
+
+log = logging.getLogger(__name__)
+
+RETRY_DOWN = 10.0  # seconds before a replica that failed is tried again in its turn
+CONNECT_TIMEOUT = 10.0
+FAILOVER_STATUS = (502, 503, 504)
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
+          "function_call": "tool_calls", "content_filter": "stop"}
+
+
+@dataclass
+class Replica:
+    url: str
+    down_since: float | None = None  # monotonic time of the last failure; None: up
+    last_error: str = ""
+
+    @property
+    def state(self) -> str:
+        return "up" if self.down_since is None else "down"
+
+
+def _message(m: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for c in m.tool_calls]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id or ""
+        if m.name:
+            out["name"] = m.name
+    return out
+
+
+def request_body(req: ChatRequest, model: str) -> tuple[str, dict[str, Any]]:
+    """(path, body): `req` as an OpenAI-compatible server takes it, streamed with usage. What
+    that API cannot say (a raw grammar, Ollama's `context`, fill-in-the-middle) is a 400."""
+    if req.grammar is not None:
+        raise EngineError("a remote model takes no raw grammar; use a JSON schema format",
+                          status=400)
+    if req.suffix is not None or req.context:
+        raise EngineError("a remote model takes no suffix (fill-in-the-middle) and no "
+                          "context token ids", status=400)
+    o = req.options
+    body: dict[str, Any] = {"model": model, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
+                         ("presence_penalty", "presence_penalty"),
+                         ("frequency_penalty", "frequency_penalty"),
+                         ("top_k", "top_k"), ("min_p", "min_p")):  # the last two: extras
+        value = getattr(o, ours)
+        if value is not None:
+            body[theirs] = value
+    if o.num_predict is not None and o.num_predict > 0:
+        body["max_tokens"] = o.num_predict
+    if o.stop:
+        body["stop"] = list(o.stop)
+    if req.logprobs is not None:
+        body["logprobs"] = True
+        if req.logprobs:
+            body["top_logprobs"] = req.logprobs
+    if req.prompt is not None:
+        return "/completions", {**body, "prompt": req.prompt}
+    messages = [_message(m) for m in req.messages]
+    if req.system and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": req.system})
+    body["messages"] = messages
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in req.tools]
+        choice = req.tool_choice
+        body["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
+                               if isinstance(choice, NamedTool) else choice)
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.format == "json":
+        body["response_format"] = {"type": "json_object"}
+    elif isinstance(req.format, dict):
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": req.format, "strict": req.format_strict}}
+    if isinstance(req.think, str):
+        body["reasoning_effort"] = req.think
+    return "/chat/completions", body
+
+
+class _Reader:
+    """One streamed answer: SSE chunks in, Chunks out, the calls and usage kept for the
+    end."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finish = "stop"
+        self.usage: dict[str, Any] = {}
+        self.completion_tokens = 0
+
+    def read(self, data: dict[str, Any]) -> list[Chunk]:
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+        if "error" in data:
+            error = data["error"]
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            raise EngineError(f"the remote server failed: {message}", status=502)
+        out: list[Chunk] = []
+        for choice in data.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.finish = FINISH.get(choice["finish_reason"], "stop")
+            delta = choice.get("delta")
+            if delta is None:  # /completions
+                if choice.get("text"):
+                    self.completion_tokens += 1
+                    out.append(Chunk(text=choice["text"]))
+                continue
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                out.append(Chunk(text="", thinking=thought))
+            if delta.get("content"):
+                self.completion_tokens += 1
+                out.append(Chunk(text=delta["content"]))
+            for tc in delta.get("tool_calls") or []:
+                part = self.calls.setdefault(int(tc.get("index", 0)),
+                                             {"id": "", "name": "", "arguments": ""})
+                fn = tc.get("function") or {}
+                part["id"] = tc.get("id") or part["id"]
+                part["name"] += fn.get("name") or ""
+                part["arguments"] += fn.get("arguments") or ""
+        return out
+
+    def tool_calls(self) -> list[ToolCall]:
+        out = []
+        for i, part in sorted(self.calls.items()):
+            try:
+                args = json.loads(part["arguments"]) if part["arguments"].strip() else {}
+            except ValueError:
+                raise EngineError(f"the remote server sent a tool call whose arguments are "
+                                  f"not JSON: {part['arguments'][:200]!r}", status=502) from None
+            if not isinstance(args, dict):
+                raise EngineError("the remote server sent a tool call whose arguments are "
+                                  "not an object", status=502)
+            out.append(ToolCall(id=part["id"] or f"call_{i}", name=part["name"], arguments=args))
+        return out
+
+
+class Upstream:
+    """One remote model's replicas, with their health, a concurrency limit and a client."""
+
+    def __init__(self, name: str, remote: Remote) -> None:
+        self.name = name
+        self.remote = remote
+        self.replicas = [Replica(url) for url in remote.urls]
+        self.parallel = config.upstream_parallel()
+        self._slots = asyncio.Semaphore(self.parallel)
+        self._waiting = 0
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(
+            config.upstream_timeout(), connect=CONNECT_TIMEOUT))
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.remote.key_env) if self.remote.key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _order(self) -> list[Replica]:
+        """Up replicas first, in their order; then down ones, longest down first (a replica
+        down for less than RETRY_DOWN comes last)."""
+        now = time.monotonic()
+        up = [r for r in self.replicas if r.down_since is None]
+        due = [r for r in self.replicas if r.down_since is not None
+               and now - r.down_since >= RETRY_DOWN]
+        rest = [r for r in self.replicas if r not in up and r not in due]
+        return up + sorted(due, key=lambda r: r.down_since or 0) + rest
+
+    def _down(self, replica: Replica, why: str) -> None:
+        if replica.down_since is None:
+            log.warning("%s: replica %s is down (%s)", self.name, replica.url, why)
+        replica.down_since = time.monotonic()
+        replica.last_error = why
+
+    async def chat(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
+        if self._waiting >= config.max_queue():
+            raise EngineError(f"{self.name}: too many requests are waiting for its remote "
+                              "server; retry shortly", status=503, retry_after=1)
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            async for event in self._chat(req):
+                yield event
+        finally:
+            self._slots.release()
+
+    async def _chat(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
+        path, body = request_body(req, self.remote.model)
+        t0 = time.perf_counter()
+        failures: list[str] = []
+        for replica in self._order():
+            try:
+                async with self.client.stream("POST", replica.url + path, json=body,
+                                              headers=self._headers()) as response:
+                    if response.status_code in FAILOVER_STATUS:
+                        self._down(replica, f"HTTP {response.status_code}")
+                        failures.append(f"{replica.url}: HTTP {response.status_code}")
+                        continue
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise EngineError(_upstream_error(response), status=(
+                            response.status_code if 400 <= response.status_code < 500
+                            else 502))
+                    replica.down_since = None
+                    async for event in self._events(response, t0):
+                        yield event
+                    return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self._down(replica, type(exc).__name__)
+                failures.append(f"{replica.url}: cannot connect")
+            except httpx.TimeoutException:
+                raise EngineError(f"{self.name}: the remote server {replica.url} sent nothing "
+                                  f"for {config.upstream_timeout():g} s", status=504) from None
+            except httpx.HTTPError as exc:  # the connection broke mid-answer
+                self._down(replica, type(exc).__name__)
+                raise EngineError(f"{self.name}: the remote server {replica.url} broke off the "
+                                  f"answer ({type(exc).__name__})", status=502) from None
+        raise EngineError(f"{self.name}: no replica of its remote server answers ("
+                          + "; ".join(failures) + ")", status=503, retry_after=5)
+
+    async def _events(self, response: httpx.Response,
+                      t0: float) -> AsyncIterator[Started | Chunk | Done]:
+        reader = _Reader()
+        started = False
+        t_first = 0.0
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                raise EngineError("the remote server sent a malformed stream", status=502) \
+                    from None
+            chunks = reader.read(data) if isinstance(data, dict) else []
+            if not started and (chunks or reader.finish != "stop" or reader.usage):
+                started = True
+                t_first = time.perf_counter()
+                yield Started(prompt_tokens=0, n_ctx=0)
+            for chunk in chunks:
+                yield chunk
+        if not started:
+            t_first = time.perf_counter()
+            yield Started(prompt_tokens=0, n_ctx=0)
+        calls = reader.tool_calls()
+        if calls:
+            yield Chunk(text="", tool_calls=calls)
+        usage = reader.usage
+        details = usage.get("prompt_tokens_details") or {}
+        t_end = time.perf_counter()
+        yield Done(stats=Stats(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or reader.completion_tokens),
+            prompt_ns=int((t_first - t0) * 1e9), generate_ns=int((t_end - t_first) * 1e9),
+            finish_reason="tool_calls" if calls else reader.finish))  # type: ignore[arg-type]
+
+    def health(self) -> list[dict[str, Any]]:
+        """Each replica's URL and state, as `ps` shows them."""
+        return [{"url": r.url, "state": r.state, **({"error": r.last_error}
+                                                     if r.last_error and r.down_since else {})}
+                for r in self.replicas]
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _upstream_error(response: httpx.Response) -> str:
+    """The error a remote server answered with, in a few words."""
+    try:
+        data = response.json()
+        error = data.get("error", data) if isinstance(data, dict) else data
+        message = error.get("message") if isinstance(error, dict) else error
+    except ValueError:
+        message = response.text[:300]
+    return f"the remote server answered {response.status_code}: {message}"

@@ -1,0 +1,132 @@
+"""Remote models (FROM http(s)://, issue 18) without a server: the Modelfile's parameters,
+the manifest the store makes of them, what may create one over HTTP, and the translation to
+and from an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmrun.request import ChatRequest, Message, NamedTool, Options, Tool, ToolCall
+from llmrun.server.upstream import _Reader, request_body
+from llmrun.store import CreateError, Store
+from llmrun.store.modelfile import parse
+from llmrun.store.store import REMOTE_REFUSED, refuse_host_paths
+
+MODELFILE = """FROM https://gpu-box.internal:8000/v1/
+PARAMETER remote_model meta-llama/Llama-3.1-70B-Instruct
+PARAMETER remote_replica http://10.0.0.2:8000/v1
+PARAMETER remote_replica http://10.0.0.3:8000/v1
+PARAMETER remote_key_env VLLM_KEY
+PARAMETER temperature 0.2
+SYSTEM You are terse.
+"""
+
+
+def test_modelfile_round_trip_and_manifest(tmp_path: Path) -> None:
+    mf = parse(MODELFILE)
+    assert mf.remote == {"remote_model": "meta-llama/Llama-3.1-70B-Instruct",
+                         "remote_replica": ["http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1"],
+                         "remote_key_env": "VLLM_KEY"}
+    assert parse(mf.render()) == mf
+    store = Store(tmp_path)
+    m = store.create("big", MODELFILE)
+    assert m.model is None and m.remote is not None
+    assert m.remote.urls == ["https://gpu-box.internal:8000/v1", "http://10.0.0.2:8000/v1",
+                             "http://10.0.0.3:8000/v1"]
+    assert m.remote.model == "meta-llama/Llama-3.1-70B-Instruct"
+    assert m.remote.key_env == "VLLM_KEY" and m.parameters == {"temperature": 0.2}
+    assert m.size == 0 and m.digests() == set()
+    assert store.get("big")[1] == m
+    again = parse(store.modelfile_of(m).render())
+    assert again.from_ == m.remote.urls[0] and again.remote == mf.remote
+    assert store.template_of(m) == ""
+    assert store.model_info(m)["remote.model"] == m.remote.model
+    # the default upstream name is the local one
+    plain = store.create("other:7b", "FROM http://127.0.0.1:9/v1\n")
+    assert plain.remote is not None and plain.remote.model == "other:7b"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("FROM https://user:pw@host/v1\n", "no credentials"),
+    ("FROM https://host/v1?key=1\n", "no query"),
+    ("FROM http:///v1\n", "with a host"),
+    ("FROM http://host/v1\nPARAMETER remote_key_env 1BAD-NAME\n", "environment variable"),
+    ("FROM http://host/v1\nPARAMETER remote_replica ftp://x/v1\n", "http:// or https://"),
+    ("FROM http://host/v1\nTEMPLATE {{ .Prompt }}\n", "own chat template"),
+    ("FROM smollm2\nPARAMETER remote_model x\n", "need FROM with the http(s)://"),
+])
+def test_bad_remote_modelfiles_are_refused(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(CreateError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        Store(tmp_path).create("x", text)
+    assert Store(tmp_path).list() == []
+
+
+def test_over_http_a_remote_from_needs_a_local_or_keyed_caller() -> None:
+    mf = parse("FROM http://10.0.0.9:8000/v1\n")
+    with pytest.raises(CreateError) as err:
+        refuse_host_paths(mf)
+    assert str(err.value) == REMOTE_REFUSED
+    refuse_host_paths(mf, allow_remote=True)
+
+
+def test_request_translation() -> None:
+    req = ChatRequest(
+        model="big", system="Be brief.", options=Options(temperature=0, num_predict=50,
+                                                         stop=["END"], top_k=5, seed=3),
+        messages=[Message(role="user", content="weather?"),
+                  Message(role="assistant", tool_calls=[ToolCall(id="c1", name="w",
+                                                                 arguments={"city": "Oslo"})]),
+                  Message(role="tool", content="cold", tool_call_id="c1", name="w")],
+        tools=[Tool(name="w", parameters={"type": "object"})],
+        tool_choice=NamedTool(name="w"), parallel_tool_calls=False,
+        format={"type": "object"}, format_strict=False)
+    path, body = request_body(req, "upstream-name")
+    assert path == "/chat/completions" and body["model"] == "upstream-name"
+    assert body["stream"] and body["stream_options"] == {"include_usage": True}
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert body["messages"][2]["tool_calls"][0]["function"] == {"name": "w",
+                                                                "arguments": '{"city": "Oslo"}'}
+    assert body["messages"][3] == {"role": "tool", "content": "cold", "tool_call_id": "c1",
+                                   "name": "w"}
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["response_format"]["json_schema"]["strict"] is False
+    assert (body["temperature"], body["max_tokens"], body["stop"], body["top_k"],
+            body["seed"]) == (0, 50, ["END"], 5, 3)
+    raw = ChatRequest(model="big", messages=[], prompt="Once upon")
+    assert request_body(raw, "m")[0] == "/completions"
+    from llmrun.request import EngineError
+
+    with pytest.raises(EngineError, match="grammar"):
+        request_body(req.model_copy(update={"grammar": "start: /a/"}), "m")
+
+
+def test_reader_assembles_streamed_tool_calls_and_usage() -> None:
+    r = _Reader()
+    chunks = []
+    for data in [
+        {"choices": [{"delta": {"role": "assistant", "content": "Let me "}}]},
+        {"choices": [{"delta": {"content": "check."}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_9", "function": {
+            "name": "get_weather", "arguments": '{"ci'}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+            "arguments": 'ty": "Oslo"}'}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 9,
+                                  "prompt_tokens_details": {"cached_tokens": 4}}},
+    ]:
+        chunks += r.read(json.loads(json.dumps(data)))
+    assert "".join(c.text for c in chunks) == "Let me check."
+    assert [(c.id, c.name, c.arguments) for c in r.tool_calls()] == [
+        ("call_9", "get_weather", {"city": "Oslo"})]
+    assert r.finish == "tool_calls" and r.usage["prompt_tokens"] == 12
+    bad = _Reader()
+    bad.read({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+        "name": "f", "arguments": "{oops"}}]}}]})
+    from llmrun.request import EngineError
+
+    with pytest.raises(EngineError, match="not JSON"):
+        bad.tool_calls()
