@@ -75,6 +75,13 @@ SETTINGS: list[Setting] = [
             "wait, up to LLMRUN_MAX_QUEUE"),
     Setting("LLMRUN_UPSTREAM_TIMEOUT", "300",
             "Seconds a remote model's server may go silent while answering"),
+    Setting("LLMRUN_RPC_WORKERS", "",
+            "llama.cpp RPC workers (llmrun rpc-worker) whose CPUs hold a share of every "
+            "model's layers, host:port comma-separated; a Modelfile's num_gpu says how many "
+            "layers go to them (default: all)"),
+    Setting("LLMRUN_RPC_SPLIT", "",
+            "The workers' shares of the layers, comma-separated (3,1); default: by their "
+            "free memory"),
     Setting("LLMRUN_STEP_BUDGET", "150ms",
             "While others are generating, how long one engine step may take reading a new "
             "prompt (a duration such as 150ms, or a number of prompt tokens per step), so "
@@ -222,6 +229,36 @@ def num_threads_fixed() -> int:
 
 def max_queue() -> int:
     return _parsed("LLMRUN_MAX_QUEUE", _positive_int)
+
+
+def rpc_workers() -> tuple[str, ...]:
+    return _parsed("LLMRUN_RPC_WORKERS", parse_rpc_workers)
+
+
+def parse_rpc_workers(value: str) -> tuple[str, ...]:
+    """host:port,host:port (a v6 host in brackets); each checked, in order, no repeats."""
+    out: list[str] = []
+    for item in (x.strip() for x in value.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(item)
+        if item not in out:
+            out.append(item)
+    return tuple(out)
+
+
+def rpc_split() -> str:
+    return _parsed("LLMRUN_RPC_SPLIT", parse_rpc_split)
+
+
+def parse_rpc_split(value: str) -> str:
+    if value.strip():
+        shares = [float(x) for x in value.split(",")]
+        if any(not 0 <= x < float("inf") for x in shares) or not sum(shares) > 0:
+            raise ValueError(value)
+    return value.strip()
 
 
 def upstream_parallel() -> int:

@@ -12,7 +12,9 @@ set -euo pipefail
 PY=${1:-python3}
 VERSION=0.3.36
 NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-SAFE_CMAKE_ARGS="-DCMAKE_C_FLAGS=\"$NOAMX\" -DCMAKE_CXX_FLAGS=\"$NOAMX\""
+# GGML_RPC: llama.cpp's RPC backend, for `llmrun rpc-worker` and LLMRUN_RPC_WORKERS (a model
+# split over several hosts); it adds a small library and nothing to a local model's path.
+SAFE_CMAKE_ARGS="-DCMAKE_C_FLAGS=\"$NOAMX\" -DCMAKE_CXX_FLAGS=\"$NOAMX\" -DGGML_RPC=ON"
 CMAKE_ARGS_ALL="${SAFE_CMAKE_ARGS} ${LLMRUN_EXTRA_CMAKE_ARGS:-}"
 
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

@@ -130,3 +130,28 @@ def test_reader_assembles_streamed_tool_calls_and_usage() -> None:
 
     with pytest.raises(EngineError, match="not JSON"):
         bad.tool_calls()
+
+
+def test_rpc_settings_are_checked() -> None:
+    from llmrun import config
+
+    assert config.parse_rpc_workers(" 10.0.0.5:50052, [::1]:7,10.0.0.5:50052") == (
+        "10.0.0.5:50052", "[::1]:7")
+    for bad in ("10.0.0.5", "host:0", "host:70000", ":5", "host:x"):
+        with pytest.raises(ValueError):
+            config.parse_rpc_workers(bad)
+    assert config.parse_rpc_split("3,1") == "3,1" and config.parse_rpc_split("") == ""
+    for bad in ("0,0", "1,-1", "a", "inf,1"):
+        with pytest.raises(ValueError):
+            config.parse_rpc_split(bad)
+
+
+def test_ps_says_where_layers_live() -> None:
+    from llmrun.cli.daemon import _processor
+
+    assert _processor({"name": "m"}) == "100% CPU"
+    placed = {"rpc": {"layers": 31, "local_layers": 0, "workers": [
+        {"endpoint": "10.0.0.5:50052", "share": 0.75}, {"endpoint": "10.0.0.6:50052",
+                                                         "share": 0.25}]}}
+    assert _processor(placed) == ("0/31 layers here; rest on 10.0.0.5:50052 75%, "
+                                  "10.0.0.6:50052 25%")

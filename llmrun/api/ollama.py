@@ -337,6 +337,8 @@ def router(service: Service) -> APIRouter:
             entry["confined"] = m.confined
             # requests with other load options wait for it to be idle, then reload it
             entry["reload_pending"] = m.reload_pending
+            if m.placement is not None:  # layers on llama.cpp RPC workers
+                entry["rpc"] = m.placement
             models.append(entry)
         for name, digest, replicas in service.remotes():  # served elsewhere: replica health
             models.append({"name": name, "model": name, "digest": digest, "size": 0,

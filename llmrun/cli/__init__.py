@@ -35,6 +35,7 @@ def _root(
 
 
 serve.register(app)
+serve.register_rpc_worker(app)
 run.register(app)
 models.register(app)
 daemon.register(app)

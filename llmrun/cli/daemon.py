@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         local = [m for m in models if "remote" not in m]
         print_table(("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "SANDBOX", "UNTIL"),
-                    [(m["name"], m["digest"][:12], human_size(m["size"]), "100% CPU",
+                    [(m["name"], m["digest"][:12], human_size(m["size"]), _processor(m),
                       str(m.get("context_length", "")),
                       f"{m.get('slots_busy', 0)}/{m.get('slots', '')}",
                       _sandbox(m), _until(m.get("expires_at"))) for m in local])
@@ -73,3 +73,12 @@ def register(app: typer.Typer) -> None:
             _client().stop_model(model)
         except ClientError as exc:
             fail(str(exc))
+
+
+def _processor(m: dict[str, object]) -> str:
+    """Where the model computes: here, or split with llama.cpp RPC workers."""
+    rpc = m.get("rpc")
+    if not isinstance(rpc, dict):
+        return "100% CPU"
+    shares = ", ".join(f"{w['endpoint']} {w['share']:.0%}" for w in rpc.get("workers", []))
+    return f"{rpc.get('local_layers')}/{rpc.get('layers')} layers here; rest on {shares}"

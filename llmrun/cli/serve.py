@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 
 import typer
@@ -17,19 +16,10 @@ def _settings_help() -> str:
     return "Environment (also read from LLMRUN_HOME/config.yaml):\n\n\b\n" + "\n".join(rows)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve to any interface
-
-
 def _check_exposure(host: str, port: int, insecure: bool) -> None:
     """Refuse to serve other machines with no key (anyone who reaches the port could run
     models, pull, create and delete), unless --insecure says the user means it."""
-    if _loopback(host) or config.api_keys():
+    if config.is_loopback(host) or config.api_keys():
         return
     if not insecure:
         fail(f"refusing to listen on {host}:{port}, which other machines can reach, without "
@@ -61,3 +51,28 @@ def register(app: typer.Typer) -> None:
             run(host, port)
         except ServeError as exc:
             fail(str(exc))
+
+
+def register_rpc_worker(app: typer.Typer) -> None:
+    @app.command(name="rpc-worker")
+    def rpc_worker(
+        host: str = typer.Option("127.0.0.1", help="Address to bind (default: loopback)"),
+        port: int = typer.Option(50052, help="Port to listen on"),
+        threads: int = typer.Option(0, help="Threads computing the layers (0: half the cores)"),
+        insecure: bool = typer.Option(False, "--insecure",
+                                      help="Allow an address other hosts can reach (the RPC "
+                                           "protocol has no authentication)"),
+    ) -> None:
+        """Lend this machine's CPU to other hosts' runners (llama.cpp RPC): they place a share
+        of each model's layers here (LLMRUN_RPC_WORKERS=host:port on their daemon)."""
+        import os
+        import sys
+
+        args = [sys.executable, "-m", "llmrun.engine.rpcworker", "--host", host,
+                "--port", str(port)]
+        if threads:
+            args += ["--threads", str(threads)]
+        if insecure:
+            args.append("--insecure")
+        # a process of its own (the CLI never imports the engine); signals reach it directly
+        os.execv(sys.executable, args)

@@ -58,14 +58,101 @@ def _meta_str(getter: Any, ptr: Any, key: str, size: int) -> str | None:
     return buf.value.decode("utf-8", "replace")
 
 
+# -- llama.cpp's RPC backend: a model's layers on other hosts (issue 18) ----------------------
+
+_CPU_DEVICE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
+_ggml_lib: ctypes.CDLL | None = None
+
+
+def _ggml() -> ctypes.CDLL:
+    """ggml's backend registry (libggml, beside llama-cpp-python's libllama)."""
+    global _ggml_lib
+    if _ggml_lib is None:
+        lib = ctypes.CDLL(str(Path(C.__file__).parent / "lib" / "libggml.so"))
+        for name, res, args in (
+                ("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p]),
+                ("ggml_backend_reg_get_proc_address", ctypes.c_void_p,
+                 [ctypes.c_void_p, ctypes.c_char_p]),
+                ("ggml_backend_register", None, [ctypes.c_void_p]),
+                ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
+                ("ggml_backend_buft_alloc_buffer", ctypes.c_void_p,
+                 [ctypes.c_void_p, ctypes.c_size_t])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _ggml_lib = lib
+    return _ggml_lib
+
+
+def _rpc_proc(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A function of the RPC backend, found through ggml's registry (it is not exported
+    under its own name); LlamaError when llama.cpp was built without it (GGML_RPC)."""
+    init_backend()
+    lib = _ggml()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not address:
+        raise LlamaError("this llama-cpp-python was built without llama.cpp's RPC backend "
+                         "(reinstall with scripts/llama-wheel.sh, which turns on GGML_RPC)")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+
+
+def rpc_serve(endpoint: str, n_threads: int) -> None:
+    """Serve this machine's CPU to other hosts' runners as an RPC device, at `endpoint`
+    (host:port); blocks for good (the process is stopped by a signal)."""
+    start = _rpc_proc("ggml_backend_rpc_start_server", None, ctypes.c_char_p, ctypes.c_char_p,
+                      ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
+    cpu = _ggml().ggml_backend_dev_by_type(_CPU_DEVICE)
+    if not cpu:
+        raise LlamaError("llama.cpp found no CPU device to serve")
+    start(endpoint.encode(), None, n_threads, 1, (ctypes.c_void_p * 1)(cpu))
+
+
+class RpcWorkers:
+    """RPC workers whose devices this process's models may use: each registered with ggml
+    (so a model loaded with n_gpu_layers places layers on them, split by their free memory
+    unless `tensor_split` says otherwise), and each held by one small buffer, whose connection
+    stays open: a confined runner may open no new socket, so every connection is made here,
+    before the sandbox."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        add = _rpc_proc("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
+        buft = _rpc_proc("ggml_backend_rpc_buffer_type", ctypes.c_void_p, ctypes.c_char_p,
+                         ctypes.c_uint32)
+        memory = _rpc_proc("ggml_backend_rpc_get_device_memory", None, ctypes.c_char_p,
+                           ctypes.c_uint32, ctypes.POINTER(ctypes.c_size_t),
+                           ctypes.POINTER(ctypes.c_size_t))
+        lib = _ggml()
+        self.endpoints = endpoints
+        self.memory: list[tuple[int, int]] = []  # (free, total) bytes of each
+        self._pins: list[int] = []
+        for endpoint in endpoints:
+            reg = add(endpoint.encode())
+            if not reg:
+                raise LlamaError(f"RPC worker {endpoint}: llama.cpp could not add it")
+            lib.ggml_backend_register(reg)
+            pin = lib.ggml_backend_buft_alloc_buffer(buft(endpoint.encode(), 0), 64)
+            if not pin:
+                raise LlamaError(f"RPC worker {endpoint}: could not allocate on it")
+            self._pins.append(pin)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            memory(endpoint.encode(), 0, ctypes.byref(free), ctypes.byref(total))
+            self.memory.append((free.value, total.value))
+
+
 class Model:
     """Weights and vocabulary of one GGUF file."""
 
-    def __init__(self, path: Path | list[Path], n_gpu_layers: int = 0) -> None:
-        """Load one GGUF file, or the parts of a split GGUF in order."""
+    def __init__(self, path: Path | list[Path], n_gpu_layers: int = 0,
+                 tensor_split: list[float] | None = None) -> None:
+        """Load one GGUF file, or the parts of a split GGUF in order. `n_gpu_layers`: layers
+        placed on other devices (RPC workers, see RpcWorkers), split by `tensor_split`
+        (proportions, one per device) or by their free memory."""
         init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        if tensor_split:
+            split = (ctypes.c_float * C.LLAMA_MAX_DEVICES)(*tensor_split[:C.LLAMA_MAX_DEVICES])
+            params.tensor_split = split  # read during the load only
         paths = path if isinstance(path, list) else [path]
         if len(paths) == 1:
             ptr = C.llama_model_load_from_file(str(paths[0]).encode(), params)
@@ -84,6 +171,7 @@ class Model:
         self.add_bos: bool = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.size: int = C.llama_model_size(ptr)
         self.n_params: int = C.llama_model_n_params(ptr)
+        self.n_layer: int = C.llama_model_n_layer(ptr)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 

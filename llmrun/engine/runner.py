@@ -52,7 +52,7 @@ from llmrun.chat import templates, thinking, toolcalls, tools
 from llmrun.engine import constraint, sandbox
 from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix
 from llmrun.engine.embed import Embedder
-from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model
+from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model, RpcWorkers
 from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import ChannelClosed, SyncChannel
@@ -593,6 +593,36 @@ def _prompt_cache_dir(args: argparse.Namespace) -> Path | None:
     return args.prompt_cache
 
 
+def _rpc_workers(endpoints: list[str]) -> RpcWorkers | None:
+    """Connect to the RPC workers (None when there are none). Each is first reached with a
+    plain connection, so a worker that is down is a clear error rather than llama.cpp's
+    abort."""
+    if not endpoints:
+        return None
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            raise OSError(f"RPC worker {endpoint} does not answer ({exc}); start it with "
+                          "`llmrun rpc-worker` or remove it from LLMRUN_RPC_WORKERS") from None
+    return RpcWorkers(endpoints)
+
+
+def _placement(workers: RpcWorkers, model: Model, offload: int,
+               split: list[float] | None) -> dict[str, Any]:
+    """Where the model's layers live, for `ps`: how many went to the workers (llama.cpp
+    divides them by `split`, else by the workers' free memory) and how many stayed here."""
+    placed = min(offload, model.n_layer + 1)  # + the output layer
+    shares = split or [float(free) for free, _ in workers.memory]
+    total = sum(shares) or 1.0
+    return {"layers": model.n_layer + 1, "local_layers": model.n_layer + 1 - placed,
+            "workers": [{"endpoint": e, "share": round(s / total, 3), "free": free,
+                         "total": size}
+                        for e, s, (free, size) in zip(workers.endpoints, shares,
+                                                      workers.memory, strict=False)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
     ap.add_argument("--fd", type=int, required=True)
@@ -622,6 +652,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens a prompt must add before its state is kept")
     ap.add_argument("--step-budget", type=config.parse_step_budget, default=(0.15, 0),
                     help="prompt reading per step while others generate: 150ms, or tokens")
+    ap.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
+                    help="an RPC worker (llmrun rpc-worker) to place layers on; repeatable")
+    ap.add_argument("--rpc-split", type=lambda v: [float(x) for x in v.split(",")],
+                    metavar="P1,P2,...", help="the share of the layers each --rpc worker gets "
+                    "(default: by their free memory)")
+    ap.add_argument("--gpu-layers", type=int, default=-1,
+                    help="layers placed on the --rpc workers (-1: all; the rest stay here)")
     ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
@@ -633,12 +670,20 @@ def main(argv: list[str] | None = None) -> int:
     # before the sandbox: it reads /proc/stat, which the sandbox closes to new opens
     governor = ThreadGovernor(args.threads) if args.adaptive_threads else None
     cache_dir = _prompt_cache_dir(args)
+    try:  # before the sandbox, which allows no new connection
+        workers = _rpc_workers(args.rpc)
+    except (OSError, LlamaError) as exc:
+        chan.send({"type": "fatal", "error": str(exc)})
+        return 1
     confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)], cache_dir)
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
         return 1
     try:
-        model = Model(args.model)
+        offload = (args.gpu_layers if args.gpu_layers >= 0 else 10_000) if workers else 0
+        model = Model(args.model, n_gpu_layers=offload, tensor_split=args.rpc_split)
+        if workers is not None:
+            confinement["rpc"] = _placement(workers, model, offload, args.rpc_split)
         n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
         ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=args.slots,
                       n_batch=args.batch, n_threads=args.threads, kv_type=args.kv_type,

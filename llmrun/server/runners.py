@@ -115,6 +115,9 @@ class RunnerSpec:
     prompt_cache_min: int = 1024  # prompt tokens read before a state is kept
     step_budget: str = "150ms"  # config.parse_step_budget: prompt reading per step beside
     # others that generate
+    rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) to place layers on
+    rpc_split: str = ""  # their shares of the layers, "3,1" (empty: by free memory)
+    gpu_layers: int = -1  # layers placed on the workers (num_gpu); -1: all
 
 
 class RunnerProcess:
@@ -162,6 +165,12 @@ class RunnerProcess:
             cmd.append("--adaptive-threads")
         cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,
                 "--step-budget", s.step_budget]
+        for worker in s.rpc_workers:
+            cmd += ["--rpc", worker]
+        if s.rpc_workers:
+            cmd += ["--gpu-layers", str(s.gpu_layers)]
+            if s.rpc_split:
+                cmd += ["--rpc-split", s.rpc_split]
         if s.prompt_cache_size > 0:
             name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots, s.kv_type,
                                    s.flash_attention)

@@ -211,6 +211,8 @@ class ModelState:
     memory: int = 0  # bytes it is estimated to take (Ollama's /api/ps `size`)
     kv_cache_type: str = "f16"
     flash_attention: str = "auto"
+    # with RPC workers: layers in all, those kept here, and each worker's share
+    placement: dict[str, Any] | None = None
 
 
 def _expires_at_iso(loaded: Loaded) -> str:
@@ -274,6 +276,9 @@ class Scheduler:
             prompt_cache_ram=config.prompt_cache_ram() if config.prompt_cache_size() else 0,
             prompt_cache_min=config.prompt_cache_min_tokens(),
             step_budget=config.step_budget(),
+            rpc_workers=config.rpc_workers(),
+            rpc_split=config.rpc_split(),
+            gpu_layers=options.num_gpu if options.num_gpu is not None else -1,
         )
 
     def models(self) -> list[ModelState]:
@@ -289,7 +294,8 @@ class Scheduler:
                           sandbox=list(info.get("sandbox", [])),
                           confined=bool(info.get("confined", False)),
                           reload_pending=m.reloads_waiting > 0, memory=m.memory,
-                          kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention)
+                          kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
+                          placement=info.get("rpc"))
 
     @contextlib.asynccontextmanager
     async def use(self, name: str, options: Options,

@@ -1,0 +1,117 @@
+"""One model over several hosts through llama.cpp's RPC backend (issue 18), on loopback: two
+`llmrun rpc-worker` processes and a daemon configured with both. The split model's greedy
+answer is the local one token for token; losing a worker mid-stream ends that stream with an
+error and the daemon stays up; the model loads again once the worker is back."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Daemon, make_home, wait_until
+
+ASK = {"model": "smollm2", "prompt": "Write a short poem about the sea.", "stream": False,
+       "options": {"temperature": 0, "num_predict": 48}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Worker:
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Worker:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llmrun", "rpc-worker", "--port", str(self.port),
+                 "--threads", "1"], stdout=out, stderr=subprocess.STDOUT)
+
+        def listening() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_until(listening, what="the RPC worker to listen")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory,
+          smollm2_path: Path) -> Iterator[tuple[Daemon, list[Worker]]]:
+    root = tmp_path_factory.mktemp("rpc")
+    workers = [Worker(root / f"worker{i}.log").start() for i in range(2)]
+    home = make_home(root / "home", smollm2_path)
+    d = Daemon(home, env={"LLMRUN_RPC_WORKERS": ",".join(w.endpoint for w in workers)}).start()
+    yield d, workers
+    d.stop()
+    for w in workers:
+        w.stop()
+
+
+def test_a_worker_refuses_a_public_address_without_insecure() -> None:
+    done = subprocess.run([sys.executable, "-m", "llmrun", "rpc-worker", "--host", "0.0.0.0",
+                           "--port", str(free_port())], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--insecure" in done.stderr
+
+
+def test_split_model_answers_as_the_local_one(daemon: Daemon,
+                                              split: tuple[Daemon, list[Worker]]) -> None:
+    remote, workers = split
+    local = httpx.post(daemon.url + "/api/generate", json=ASK, timeout=300).json()
+    spread = httpx.post(remote.url + "/api/generate", json=ASK, timeout=300).json()
+    assert spread["response"] == local["response"]
+    assert spread["context"] == local["context"]  # prompt and output, token for token
+    ps = httpx.get(remote.url + "/api/ps").json()["models"]
+    placement = ps[0]["rpc"]
+    assert [w["endpoint"] for w in placement["workers"]] == [w.endpoint for w in workers]
+    assert placement["local_layers"] == 0 and placement["layers"] > 2
+    shown = subprocess.run([sys.executable, "-m", "llmrun", "ps"], env=remote.env,
+                           capture_output=True, text=True, timeout=60)
+    assert workers[0].endpoint in shown.stdout
+
+
+def test_losing_a_worker_ends_the_stream_and_the_model_comes_back(
+        split: tuple[Daemon, list[Worker]]) -> None:
+    remote, workers = split
+    lines: list[dict[str, object]] = []
+    with httpx.stream("POST", remote.url + "/api/generate", timeout=300, json={
+            **ASK, "stream": True, "options": {"num_predict": 4000, "temperature": 0.8}}) as r:
+        for line in r.iter_lines():
+            if not line:
+                continue
+            lines.append(json.loads(line))
+            if len(lines) == 3:
+                workers[1].stop()
+    assert "error" in lines[-1], lines[-1]
+    assert httpx.get(remote.url + "/api/version").status_code == 200  # the daemon stays up
+    failed = httpx.post(remote.url + "/api/generate", json=ASK, timeout=300)
+    assert failed.status_code >= 500 and workers[1].endpoint in failed.text
+    workers[1].start()  # the same port again
+    again = httpx.post(remote.url + "/api/generate", json=ASK, timeout=300)
+    assert again.status_code == 200 and again.json()["response"]
