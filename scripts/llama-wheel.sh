@@ -23,15 +23,17 @@ key=$(printf '%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$cpuflags
 cache_root=${LLMRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/wheels}
 cache="$cache_root/llama-cpp-python-$VERSION-$pytag-$key"
 
-# The marker records the hash of the CPU backend library this script installed: a later
-# `pip install --force-reinstall llama-cpp-python` (an unsafe default build) changes the
-# library, so the check fails and the safe wheel is installed again.
-if "$PY" - "$VERSION" <<'PYEOF' 2>/dev/null; then
+# The marker records the hash of the CPU backend library this script installed and the key
+# of the flags it was built with: a later `pip install --force-reinstall llama-cpp-python`
+# (an unsafe default build) changes the library, and a change of flags here (GGML_RPC) the
+# key, so the check fails and the right wheel is installed again.
+if "$PY" - "$VERSION" "$key" <<'PYEOF' 2>/dev/null; then
 import hashlib, importlib.metadata as md, pathlib, sys
 d = md.distribution("llama-cpp-python")
 lib = pathlib.Path(d.locate_file("llama_cpp/lib/libggml-cpu.so"))
-marker = pathlib.Path(d.locate_file("llama_cpp/.llmrun-safe-build"))
-ok = d.version == sys.argv[1] and marker.read_text().split()[0] == hashlib.sha256(lib.read_bytes()).hexdigest()
+marker = pathlib.Path(d.locate_file("llama_cpp/.llmrun-safe-build")).read_text().split()
+ok = d.version == sys.argv[1] and marker[:1] == [hashlib.sha256(lib.read_bytes()).hexdigest()] \
+    and sys.argv[2] in marker
 sys.exit(0 if ok else 1)
 PYEOF
   echo "llama-cpp-python $VERSION (safe build) already installed"
@@ -52,12 +54,12 @@ fi
 
 wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
 "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
-"$PY" - <<'PYEOF'
-import hashlib, importlib.metadata as md, pathlib
+"$PY" - "$key" <<'PYEOF'
+import hashlib, importlib.metadata as md, pathlib, sys
 d = md.distribution("llama-cpp-python")
 lib = pathlib.Path(d.locate_file("llama_cpp/lib/libggml-cpu.so"))
 digest = hashlib.sha256(lib.read_bytes()).hexdigest()
 pathlib.Path(d.locate_file("llama_cpp/.llmrun-safe-build")).write_text(
-    f"{digest} libggml-cpu.so built without AMX by scripts/llama-wheel.sh\n")
+    f"{digest} {sys.argv[1]} libggml-cpu.so built without AMX by scripts/llama-wheel.sh\n")
 PYEOF
 echo "installed $wheel"

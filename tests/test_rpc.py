@@ -99,16 +99,17 @@ def test_split_model_answers_as_the_local_one(daemon: Daemon,
 def test_losing_a_worker_ends_the_stream_and_the_model_comes_back(
         split: tuple[Daemon, list[Worker]]) -> None:
     remote, workers = split
-    lines: list[dict[str, object]] = []
-    with httpx.stream("POST", remote.url + "/api/generate", timeout=300, json={
-            **ASK, "stream": True, "options": {"num_predict": 4000, "temperature": 0.8}}) as r:
+    events: list[dict[str, object]] = []
+    with httpx.stream("POST", remote.url + "/v1/completions", timeout=300, json={
+            "model": "smollm2", "prompt": "Once upon a time", "stream": True,
+            "max_tokens": 4000, "ignore_eos": True}) as r:  # runs until the worker is gone
         for line in r.iter_lines():
-            if not line:
+            if not line.startswith("data: {"):
                 continue
-            lines.append(json.loads(line))
-            if len(lines) == 3:
+            events.append(json.loads(line[6:]))
+            if len(events) == 3:
                 workers[1].stop()
-    assert "error" in lines[-1], lines[-1]
+    assert "error" in events[-1] and len(events) < 4000, events[-1]
     assert httpx.get(remote.url + "/api/version").status_code == 200  # the daemon stays up
     failed = httpx.post(remote.url + "/api/generate", json=ASK, timeout=300)
     assert failed.status_code >= 500 and workers[1].endpoint in failed.text

@@ -65,14 +65,13 @@ _ggml_lib: ctypes.CDLL | None = None
 
 
 def _ggml() -> ctypes.CDLL:
-    """ggml's backend registry (libggml, beside llama-cpp-python's libllama)."""
+    """ggml's backend registry and buffers (libggml, beside llama-cpp-python's libllama)."""
     global _ggml_lib
     if _ggml_lib is None:
-        lib = ctypes.CDLL(str(Path(C.__file__).parent / "lib" / "libggml.so"))
+        # by the name libllama was linked against (its SONAME): another name would load a
+        # second copy of ggml, with a registry of its own that llama.cpp never sees
+        lib = ctypes.CDLL(str(Path(C.__file__).parent / "lib" / "libggml.so.0"))
         for name, res, args in (
-                ("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p]),
-                ("ggml_backend_reg_get_proc_address", ctypes.c_void_p,
-                 [ctypes.c_void_p, ctypes.c_char_p]),
                 ("ggml_backend_register", None, [ctypes.c_void_p]),
                 ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
                 ("ggml_backend_buft_alloc_buffer", ctypes.c_void_p,
@@ -84,16 +83,18 @@ def _ggml() -> ctypes.CDLL:
 
 
 def _rpc_proc(name: str, restype: Any, *argtypes: Any) -> Any:
-    """A function of the RPC backend, found through ggml's registry (it is not exported
-    under its own name); LlamaError when llama.cpp was built without it (GGML_RPC)."""
+    """A function of llama.cpp's RPC backend (libggml-rpc, there when llama-cpp-python was
+    built with GGML_RPC); LlamaError when it is not."""
     init_backend()
-    lib = _ggml()
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    address = lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
-    if not address:
+    path = Path(C.__file__).parent / "lib" / "libggml-rpc.so.0"  # its SONAME: see _ggml
+    try:
+        fn = getattr(ctypes.CDLL(str(path)), name)
+    except (OSError, AttributeError):
         raise LlamaError("this llama-cpp-python was built without llama.cpp's RPC backend "
-                         "(reinstall with scripts/llama-wheel.sh, which turns on GGML_RPC)")
-    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+                         "(reinstall with scripts/llama-wheel.sh, which turns on GGML_RPC)") \
+            from None
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
 
 
 def rpc_serve(endpoint: str, n_threads: int) -> None:
