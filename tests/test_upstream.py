@@ -155,3 +155,48 @@ def test_ps_says_where_layers_live() -> None:
                                                          "share": 0.25}]}}
     assert _processor(placed) == ("0/31 layers here; rest on 10.0.0.5:50052 75%, "
                                   "10.0.0.6:50052 25%")
+
+
+def test_failover_and_health_checks_without_a_network() -> None:
+    """The first replica refuses connections, the second answers: the answer comes from the
+    second and the first is down; once the first answers /models again, a health check
+    brings it back up."""
+    import asyncio
+
+    import httpx
+
+    from llmrun.request import Done
+    from llmrun.server.upstream import Upstream
+    from llmrun.store.manifests import Remote
+
+    first_up = False
+    sse = ('data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+           'data: {"choices": [{"delta": {}, "finish_reason": "stop"}], '
+           '"usage": {"prompt_tokens": 3, "completion_tokens": 1}}\n\ndata: [DONE]\n\n')
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a" and not first_up:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": []})
+        assert request.headers.get("authorization") is None  # no key variable set
+        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+
+    async def scenario() -> None:
+        nonlocal first_up
+        up = Upstream("big", Remote(urls=["http://a/v1", "http://b/v1"], model="m"),
+                      transport=httpx.MockTransport(handle))
+        events = [e async for e in up.chat(ChatRequest(model="big", messages=[
+            Message(role="user", content="hello")]))]
+        text = "".join(getattr(e, "text", "") for e in events)
+        done = events[-1]
+        assert text == "hi" and isinstance(done, Done) and done.stats.prompt_tokens == 3
+        assert [r["state"] for r in up.health()] == ["down", "up"]
+        await up.probe()
+        assert up.health()[0]["state"] == "down"  # still refusing
+        first_up = True
+        await up.probe()
+        assert [r["state"] for r in up.health()] == ["up", "up"]
+        await up.close()
+
+    asyncio.run(scenario())

@@ -10,6 +10,8 @@ runner's would be. An `Upstream` holds one remote model's replicas:
   output) is marked down and the next one is tried; a down replica is tried again after
   `RETRY_DOWN` seconds, or first when all are down. Once output has begun, a failure ends
   that answer with an error (nothing is replayed).
+- **Health checks.** From its first request on, every `PROBE_INTERVAL` seconds each
+  replica that is down is asked for `/models`; one that answers is up again.
 - **Limits.** At most `LLMRUN_UPSTREAM_PARALLEL` requests run on an upstream at once (the
   rest wait, up to LLMRUN_MAX_QUEUE, then 503 "busy" as for local models); connecting has
   a 10 s timeout and each read of the stream `LLMRUN_UPSTREAM_TIMEOUT`.
@@ -47,6 +49,8 @@ from llmrun.store.manifests import Remote
 log = logging.getLogger(__name__)
 
 RETRY_DOWN = 10.0  # seconds before a replica that failed is tried again in its turn
+PROBE_INTERVAL = 15.0  # seconds between health checks of the replicas that are down
+PROBE_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
 FAILOVER_STATUS = (502, 503, 504)
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
@@ -189,15 +193,39 @@ class _Reader:
 class Upstream:
     """One remote model's replicas, with their health, a concurrency limit and a client."""
 
-    def __init__(self, name: str, remote: Remote) -> None:
+    def __init__(self, name: str, remote: Remote,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.name = name
         self.remote = remote
         self.replicas = [Replica(url) for url in remote.urls]
         self.parallel = config.upstream_parallel()
         self._slots = asyncio.Semaphore(self.parallel)
         self._waiting = 0
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(
+        self._prober: asyncio.Task[None] | None = None
+        self.client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(
             config.upstream_timeout(), connect=CONNECT_TIMEOUT))
+
+    async def probe(self) -> None:
+        """Health check: ask each replica that is down for its model list; one that answers
+        (anything but a 5xx) is up again."""
+        for replica in self.replicas:
+            if replica.down_since is None:
+                continue
+            try:
+                r = await self.client.get(replica.url + "/models", headers=self._headers(),
+                                          timeout=PROBE_TIMEOUT)
+            except httpx.HTTPError as exc:
+                replica.last_error = type(exc).__name__
+                continue
+            if r.status_code < 500:
+                log.info("%s: replica %s answers again", self.name, replica.url)
+                replica.down_since = None
+                replica.last_error = ""
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL)
+            await self.probe()
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.remote.key_env) if self.remote.key_env else None
@@ -220,6 +248,8 @@ class Upstream:
         replica.last_error = why
 
     async def chat(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
+        if self._prober is None:  # health checks from the first use on
+            self._prober = asyncio.create_task(self._probe_loop())
         if self._waiting >= config.max_queue():
             raise EngineError(f"{self.name}: too many requests are waiting for its remote "
                               "server; retry shortly", status=503, retry_after=1)
@@ -314,6 +344,8 @@ class Upstream:
                 for r in self.replicas]
 
     async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
         await self.client.aclose()
 
 
