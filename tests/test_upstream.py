@@ -200,3 +200,38 @@ def test_failover_and_health_checks_without_a_network() -> None:
         await up.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (400, '{"error": {"message": "bad schema"}}', (400, "bad schema")),
+    (200, "data: {not json\n\n", (502, "malformed stream")),
+    (200, 'data: {"error": {"message": "out of memory"}}\n\n', (502, "out of memory")),
+    (503, "busy", (503, "no replica")),
+])
+def test_upstream_failures_are_clear_errors(status: int, body: str,
+                                            expected: tuple[int, str]) -> None:
+    """What a remote server may answer badly becomes an EngineError with a status and words
+    a client can act on (the upstream's own 4xx, 502 for a broken stream, 503 when no
+    replica answers): never a hang, never a crash of the daemon's request."""
+    import asyncio
+
+    import httpx
+
+    from llmrun.request import EngineError
+    from llmrun.server.upstream import Upstream
+    from llmrun.store.manifests import Remote
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, text=body, headers={"content-type": "text/event-stream"})
+
+    async def scenario() -> None:
+        up = Upstream("big", Remote(urls=["http://a/v1"], model="m"),
+                      transport=httpx.MockTransport(handle))
+        with pytest.raises(EngineError) as err:
+            async for _ in up.chat(ChatRequest(model="big", messages=[
+                    Message(role="user", content="hello")])):
+                pass
+        await up.close()
+        assert err.value.status == expected[0] and expected[1] in err.value.message
+
+    asyncio.run(scenario())
