@@ -142,13 +142,16 @@ def test_create_from_a_host_path_is_refused_alike_whether_it_exists_or_not(
     blobs = store_daemon.home / "blobs"
     own_model = str(next(blobs.glob("sha256-*")))  # a GGUF the daemon can read
     before = sorted(p.name for p in blobs.iterdir())
+    url = "http://127.0.0.1:9/v1"
     for path in ["/etc/shadow", "/nope.gguf", own_model, "../x.gguf", "~/x.gguf",
-                 "./x.gguf", "http://127.0.0.1:9/v1"]:
+                 "./x.gguf", url]:
         for body in ({"from": path}, {"files": {"model.gguf": path}},
                      {"files": {"model.gguf": path, "mmproj.gguf": path}},
                      {"from": "smollm2", "adapters": {"lora.gguf": path}},
                      {"modelfile": f"FROM {path}\n"},
                      {"modelfile": f"FROM smollm2\nADAPTER {path}\n"}):
+            if body in ({"modelfile": f"FROM {url}\n"}, {"from": url}):
+                continue  # a remote model: below
             for stream in (False, True):
                 r = httpx.post(f"{store_daemon.url}/api/create",
                                json={"model": "stolen", "stream": stream, **body})
@@ -156,6 +159,20 @@ def test_create_from_a_host_path_is_refused_alike_whether_it_exists_or_not(
     assert sorted(p.name for p in blobs.iterdir()) == before  # nothing was imported
     names = {m["name"] for m in httpx.get(f"{store_daemon.url}/api/tags").json()["models"]}
     assert "stolen:latest" not in names
+    # a Modelfile FROM a server's URL makes a remote model (issue 18), which this loopback
+    # caller may create (one from another host may not: tests/test_upstream.py); it reads
+    # no file and imports nothing
+    r = httpx.post(f"{store_daemon.url}/api/create",
+                   json={"model": "remote-one", "stream": False, "modelfile": f"FROM {url}\n"})
+    assert r.status_code == 200, r.text
+    assert sorted(p.name for p in blobs.iterdir()) == before
+    shown = httpx.post(f"{store_daemon.url}/api/show", json={"model": "remote-one"}).json()
+    assert shown["details"]["format"] == "remote" and url in shown["modelfile"]
+    r = httpx.post(f"{store_daemon.url}/api/create",
+                   json={"model": "remote-two", "stream": False, "from": url})
+    assert r.status_code == 200, r.text
+    for name in ("remote-one", "remote-two"):
+        httpx.request("DELETE", f"{store_daemon.url}/api/delete", json={"model": name})
 
 
 def test_create_from_a_name_never_reads_a_file_of_that_name(store_daemon: Daemon) -> None:

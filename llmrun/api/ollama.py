@@ -791,5 +791,5 @@ def _modelfile_from(body: CreateBody, allow_remote: bool = False) -> Modelfile:
         messages=[Message(role=m.role, content=m.content) for m in body.messages or []
                   if m.role != "tool"],
         license=licenses)
-    refuse_host_paths(mf)
+    refuse_host_paths(mf, allow_remote)
     return mf
