@@ -38,6 +38,7 @@ class Harness:
         self.final: dict[str, tuple[str, Any]] = {}
         self.started: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, list[str]] = {}  # each request's event kinds, in order
+        self.engine_stats: dict[str, Any] = {}
         self.cond = threading.Condition()
         self.engine = Engine(model, self.ctx, n_ctx_seq=n_ctx, n_slots=slots, emit=self._emit,
                              prompt_cache=prompt_cache)
@@ -48,6 +49,9 @@ class Harness:
     def _emit(self, events: list[tuple[str, str, Any]]) -> None:
         with self.cond:
             for rid, kind, payload in events:
+                if kind == "engine":  # the step counters (/metrics), of no request
+                    self.engine_stats = payload
+                    continue
                 self.kinds.setdefault(rid, []).append(kind)
                 if kind == "chunk":
                     self.text[rid] = self.text.get(rid, "") + payload["text"]

@@ -44,8 +44,8 @@ class Frames:
         self.cond = threading.Condition()
         self.sizes: list[int] = []
         self.events: dict[str, list[tuple[str, Any]]] = {}
-        # frames with no events, or only a prompt's progress: the engine saying it is busy,
-        # not hung
+        # frames with no events, or only a prompt's progress (and the step counters): the
+        # engine saying it is busy, not hung
         self.beats = 0
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -56,7 +56,8 @@ class Frames:
         msg = json.loads(frame[ipc.HEADER.size:])
         with self.cond:
             self.sizes.append(ipc.body_size(frame))
-            self.beats += all(kind == "progress" for _, kind, _ in msg.get("events", []))
+            self.beats += all(kind in ("progress", "engine")  # (engine: step counters)
+                              for _, kind, _ in msg.get("events", []))
             for rid, kind, payload in msg.get("events", []):
                 self.events.setdefault(rid, []).append((kind, payload))
             self.cond.notify_all()

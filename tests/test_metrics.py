@@ -45,6 +45,12 @@ def test_metrics_count_requests_tokens_and_slots(api: httpx.Client) -> None:
     assert after[("llmrun_models_loaded", frozenset())] >= 1
     assert after[("llmrun_slots", model)] == 2  # the test daemon's LLMRUN_NUM_PARALLEL
     assert after[("llmrun_slots_busy", model)] == 0
+    # the engine's steps: at least one per generated token, and the prompts read in them
+    # (the cached part of the second prompt is not read again)
+    assert grew("llmrun_engine_steps_total", model) >= 6
+    assert grew("llmrun_engine_step_seconds_total", model) > 0
+    assert 0 < grew("llmrun_engine_prompt_tokens_total", model) <= prompt
+    assert after[("llmrun_engine_step_seconds_max", model)] >= 0
 
 
 def grown(before: dict[tuple[str, frozenset[tuple[str, str]]], float],

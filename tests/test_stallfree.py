@@ -52,6 +52,10 @@ def test_a_prompt_beside_a_stream_is_read_in_budgeted_chunks(model: Model) -> No
     assert chunks and max(chunks) <= 24, chunks
     # the story got a token in (nearly) every step that read part of the prompt
     assert len(h.text[story]) > len(chunks) // 2
+    # what /metrics reports of it: the mixed steps, and the budget they ran under
+    stats = h.engine.stats
+    assert stats.mixed_steps >= len(chunks) - 1 and stats.budget_tokens <= 24
+    assert stats.prompt_tokens >= sum(chunks) and stats.steps > stats.mixed_steps
 
 
 def test_alone_a_prompt_is_read_in_whole_batches(model: Model) -> None:

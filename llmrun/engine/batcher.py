@@ -71,6 +71,27 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_
 # After a step that produced no events (a long prompt being read), the engine still emits an
 # empty list at most this often, so the daemon's watchdog tells slow progress from a hang.
 HEARTBEAT_SECONDS = 1.0
+# How often the step counters (EngineStats) go to the daemon, for /metrics; and whenever a
+# sequence ends, so a finished request's steps are counted.
+STATS_SECONDS = 1.0
+
+
+@dataclass
+class EngineStats:
+    """Counters of the engine's steps since the runner started, and the latest budget: what
+    /metrics shows of stall-free batching (issue 19)."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    mixed_steps: int = 0  # steps that read a prompt beside generating sequences
+    prompt_tokens: int = 0  # prompt tokens read, in all steps
+    step_seconds_max: float = 0.0  # the longest step since the last report
+    budget_tokens: int = 0  # prompt tokens the last mixed step could read
+
+    def payload(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        self.step_seconds_max = 0.0
+        return out
 # With `shift` and no num_predict, generation still ends after this many contexts' worth of
 # tokens: a request cannot hold its slot forever.
 SHIFT_LIMIT = 10
@@ -207,6 +228,9 @@ class Engine:
         self.governor = governor  # None: a fixed thread count
         self.prompt_cache = prompt_cache  # None: prefixes live only in the slots
         self._last_emit = time.monotonic()
+        self.stats = EngineStats()
+        self._last_stats = 0.0  # monotonic time the stats were last sent
+        self._ended = False  # a sequence ended since then
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
         self._loading: list[Sequence] = []  # waiting for their saved state to be read
@@ -474,14 +498,17 @@ class Engine:
             elif seq.pending:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
-        if outputs and prefilling:  # others generate: a prompt is read in bounded chunks
+        mixed = bool(outputs and prefilling)
+        if mixed:  # others generate: a prompt is read in bounded chunks
             budget = min(budget, self._prompt_budget(batch.n))
+            self.stats.budget_tokens = budget
         # a prompt that fits the budget whole goes first (a short one is not stuck behind a
         # long one), then the oldest
         prefilling.sort(key=lambda s: (len(s.pending) > budget, s.submitted))
         # (seq, batch index of the logits, prompt token they score); index -1: the first token
         scored: list[tuple[Sequence, int, int]] = []
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
+        read = 0  # prompt tokens this step reads
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -506,6 +533,7 @@ class Engine:
                     scored.append((seq, idx, seq.prompt[base + i + 1]))
             slot.tokens.extend(chunk)
             budget -= len(chunk)
+            read += len(chunk)
             fed.append(seq)
             if not seq.pending:
                 outputs.append((seq, idx))
@@ -515,6 +543,13 @@ class Engine:
             self._decode_failed(rc)
             return
         elapsed = time.perf_counter() - t0
+        st = self.stats
+        st.steps += 1
+        st.step_seconds += elapsed
+        st.step_seconds_max = max(st.step_seconds_max, elapsed)
+        if fed:
+            st.prompt_tokens += read
+            st.mixed_steps += mixed
         if not fed:  # every row is a token to sample: the steps drafting is weighed by
             self.step_cost.observe(batch.n, elapsed)
         elif batch.n >= MIN_PROMPT_CHUNK:
@@ -550,8 +585,12 @@ class Engine:
         for seq, slot in drafted:  # the cells of drafted tokens that did not come true
             seq.drafts = []
             self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
-        if events or time.monotonic() - self._last_emit >= HEARTBEAT_SECONDS:
-            self._last_emit = time.monotonic()
+        clock = time.monotonic()
+        if self._ended or clock - self._last_stats >= STATS_SECONDS:
+            self._ended, self._last_stats = False, clock
+            events.append(("", "engine", self.stats.payload()))
+        if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
+            self._last_emit = clock
             self.emit(events)  # (empty: a heartbeat)
 
     def _prompt_budget(self, decode_rows: int) -> int:
@@ -834,6 +873,7 @@ class Engine:
         return entry
 
     def _finish(self, seq: Sequence, reason: str, events: list[Event]) -> None:
+        self._ended = True
         assert seq.slot is not None and seq.text is not None
         if reason != "cancel" and not seq.text.stopped:
             tail = seq.text.flush()

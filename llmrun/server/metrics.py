@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _render
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import Message, Scope
 
@@ -30,18 +30,40 @@ class _Loaded(Collector):
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         loaded = GaugeMetricFamily("llmrun_models_loaded", "Models loaded in memory")
         busy = GaugeMetricFamily("llmrun_slots_busy", "Requests a model is serving now",
                                  labels=["model"])
         slots = GaugeMetricFamily("llmrun_slots", "Sequences a model decodes together",
                                   labels=["model"])
+        # the engine's steps (stall-free batching): counters since the runner started
+        steps = CounterMetricFamily("llmrun_engine_steps", "Engine steps (one batched decode "
+                                    "each)", labels=["model"])
+        step_seconds = CounterMetricFamily("llmrun_engine_step_seconds", "Time in engine "
+                                           "steps", labels=["model"])
+        mixed = CounterMetricFamily("llmrun_engine_mixed_steps", "Steps that read a prompt "
+                                    "beside generating sequences", labels=["model"])
+        prompt = CounterMetricFamily("llmrun_engine_prompt_tokens", "Prompt tokens read in "
+                                     "steps", labels=["model"])
+        longest = GaugeMetricFamily("llmrun_engine_step_seconds_max", "The longest step in "
+                                    "the last second the engine reported", labels=["model"])
+        budget = GaugeMetricFamily("llmrun_engine_prompt_budget_tokens", "Prompt tokens a "
+                                   "step may read beside generating sequences "
+                                   "(LLMRUN_STEP_BUDGET, as last measured)", labels=["model"])
         models = self.scheduler.models()
         loaded.add_metric([], len(models))
         for m in models:
             busy.add_metric([m.name], m.slots_busy)
             slots.add_metric([m.name], m.slots)
-        yield from (loaded, busy, slots)
+            e = m.engine
+            if e:
+                steps.add_metric([m.name], e.get("steps", 0))
+                step_seconds.add_metric([m.name], e.get("step_seconds", 0.0))
+                mixed.add_metric([m.name], e.get("mixed_steps", 0))
+                prompt.add_metric([m.name], e.get("prompt_tokens", 0))
+                longest.add_metric([m.name], e.get("step_seconds_max", 0.0))
+                budget.add_metric([m.name], e.get("budget_tokens", 0))
+        yield from (loaded, busy, slots, steps, step_seconds, mixed, prompt, longest, budget)
 
 
 class Metrics:

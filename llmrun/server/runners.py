@@ -127,6 +127,7 @@ class RunnerProcess:
         self.spec = spec
         self.log_path = log_path
         self.info: dict[str, Any] = {}
+        self.engine_stats: dict[str, Any] = {}  # the engine's step counters (batcher.EngineStats)
         self.proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -280,6 +281,8 @@ class RunnerProcess:
                     q = self._queues.get(req_id)
                     if q is not None:
                         q.put_nowait((kind, payload))
+                    elif kind == "engine":  # step counters, for /metrics
+                        self.engine_stats = payload
         except (asyncio.IncompleteReadError, ConnectionError, ipc.ChannelClosed) as exc:
             if self.proc is not None:
                 with contextlib.suppress(TimeoutError):

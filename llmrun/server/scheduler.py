@@ -213,6 +213,7 @@ class ModelState:
     flash_attention: str = "auto"
     # with RPC workers: layers in all, those kept here, and each worker's share
     placement: dict[str, Any] | None = None
+    engine: dict[str, Any] = field(default_factory=dict)  # its engine's step counters
 
 
 def _expires_at_iso(loaded: Loaded) -> str:
@@ -295,7 +296,7 @@ class Scheduler:
                           confined=bool(info.get("confined", False)),
                           reload_pending=m.reloads_waiting > 0, memory=m.memory,
                           kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
-                          placement=info.get("rpc"))
+                          placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
     @contextlib.asynccontextmanager
     async def use(self, name: str, options: Options,
