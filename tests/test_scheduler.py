@@ -46,6 +46,7 @@ class FakeRunner:
         self.model = spec.model_paths[0]
         self.info: dict[str, Any] = {"n_ctx_seq": spec.n_ctx, "sandbox": ["fake"],
                                      "confined": True}
+        self.engine_stats: dict[str, Any] = {}
         self.load_seconds = 0.0
         self.started = self.stopped = self.dead = False
         self.in_flight = 0

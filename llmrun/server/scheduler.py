@@ -132,6 +132,7 @@ class Runner(Protocol):
 
     info: dict[str, Any]  # the runner's "ready" message: n_ctx_seq, sandbox, confined
     load_seconds: float  # how long start() took
+    engine_stats: dict[str, Any]  # its engine's step counters, as last reported
 
     @property
     def alive(self) -> bool: ...
