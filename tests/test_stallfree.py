@@ -31,13 +31,19 @@ def steps(progress: list[dict[str, int]], start: int) -> list[int]:
     return [b - a for a, b in itertools.pairwise(done)]
 
 
+def start_story(h: Harness) -> str:
+    """A long greedy story, once it is under way: the stream beside the prompts."""
+    story = h.submit("Tell me a very long story about a dragon.", max_tokens=1500)
+    with h.cond:
+        assert h.cond.wait_for(lambda: len(h.text.get(story, "")) > 0, timeout=120)
+    return story
+
+
 def test_a_prompt_beside_a_stream_is_read_in_budgeted_chunks(model: Model) -> None:
     h = Harness(model, slots=2, n_ctx=2048)
     h.engine.step_budget = (0.0, 24)
     try:
-        story = h.submit("Tell me a very long story about a dragon.", max_tokens=1500)
-        with h.cond:
-            assert h.cond.wait_for(lambda: len(h.text.get(story, "")) > 0, timeout=120)
+        story = start_story(h)
         prompt = h.tokens([{"role": "user", "content": FACTS + " Which is the largest?"}])
         assert len(prompt) > 600
         reader = h.submit_tokens(prompt, max_tokens=2)
@@ -75,9 +81,7 @@ def test_a_short_prompt_is_not_stuck_behind_a_long_one(model: Model) -> None:
     h = Harness(model, slots=3, n_ctx=2048)
     h.engine.step_budget = (0.0, 32)
     try:
-        story = h.submit("Tell me a very long story about a dragon.", max_tokens=1500)
-        with h.cond:
-            assert h.cond.wait_for(lambda: len(h.text.get(story, "")) > 0, timeout=120)
+        story = start_story(h)
         long = h.submit_tokens(h.tokens([{"role": "user", "content": FACTS}]), max_tokens=2)
         with h.cond:  # the long one is being read
             assert h.cond.wait_for(lambda: long in h.progress, timeout=120)

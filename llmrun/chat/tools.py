@@ -297,10 +297,16 @@ def _arguments_schema(tool: Tool, strict: bool) -> str:
                          "not valid JSON (NaN or Infinity)") from None
 
 
+def _args_rules(chosen: list[Tool], strict: bool) -> list[str]:
+    """Lark rules `args{i}`: tool i's arguments, by its schema."""
+    return [f"args{i}: %json {_arguments_schema(tool, strict)}"
+            for i, tool in enumerate(chosen)]
+
+
 def _call_rules(chosen: list[Tool], info: TemplateInfo, strict: bool,
                 marker: Callable[[str], str]) -> list[str]:
     """Lark rules `call` (one call of one of `chosen`, as the family writes it and as
-    format_calls writes the history's) and `args{i}` (tool i's arguments, by its schema)."""
+    format_calls writes the history's) and `args{i}` (_args_rules)."""
     key = "parameters" if info.family == "llama3" else "arguments"
     args_only = info.family == "mistral" and info.mistral_args
     rules = []
@@ -311,8 +317,8 @@ def _call_rules(chosen: list[Tool], info: TemplateInfo, strict: bool,
                      + '": '))
         tail = "" if args_only else ' "}"'
         rules.append(f"call{i}: {head} args{i}{tail}")
-        rules.append(f"args{i}: %json {_arguments_schema(tool, strict)}")
-    return ["call: " + " | ".join(f"call{i}" for i in range(len(chosen))), *rules]
+    return ["call: " + " | ".join(f"call{i}" for i in range(len(chosen))), *rules,
+            *_args_rules(chosen, strict)]
 
 
 def _marker_writer(special: dict[str, int] | None) -> Callable[[str], str]:
@@ -384,7 +390,7 @@ def steering(chosen: list[Tool], info: TemplateInfo, parallel: bool, *, strict: 
     if not chosen:
         raise ValueError("no tool to call")
     marker = _marker_writer(special)
-    rules = [r for r in _call_rules(chosen, info, strict, marker) if r.startswith("args")]
+    rules = _args_rules(chosen, strict)
     sep = f'/{_WS},{_WS}"(arguments|parameters)"{_WS}:{_WS}/'
     for i, tool in enumerate(chosen):
         rules.append(f"named{i}: {_lit(json.dumps(tool.name, ensure_ascii=False)[1:])} {sep} "

@@ -813,9 +813,8 @@ class Engine:
         the rest (constraint.Lazy). Such a sequence never drafts: drafts bypass matchers."""
         lazy = seq.params.lazy
         matcher = lazy.feed(piece)
-        if matcher is not None:
+        if matcher is not None:  # (no gate waits: a sequence with lazy has no matcher yet)
             seq.params.matcher = matcher
-            seq.gate = None
         if lazy.over:
             seq.params.lazy = None
 
