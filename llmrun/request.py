@@ -121,6 +121,9 @@ class Message(BaseModel):
     tool_call_id: str | None = None  # tool turns: which call this answers
     name: str | None = None  # tool turns: the function's name
     thinking: str | None = None  # assistant turns: the thought before the answer
+    # image files (PNG, JPEG, ...), base64 as the dialects carry them, in order; a model
+    # with a vision projector reads them before the message's text (as Ollama places them)
+    images: list[str] = Field(default_factory=list)
 
 
 # Thinking: None leaves it to the model's template; an effort level implies on.

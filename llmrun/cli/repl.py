@@ -289,7 +289,13 @@ def _turn(client: Client, session: Session,
         session.history.clear()
         console.print(f"[dim]Loaded {arg}.[/]")
     elif action == "send":
-        session.history.append({"role": "user", "content": arg})
+        from llmrun.cli.attach import user_turn
+
+        try:
+            session.history.append(user_turn(client, session.model, arg))
+        except (ValueError, OSError) as exc:  # an image file too large, or unreadable
+            console.print(str(exc), style="red", markup=False)
+            return True
         try:
             answer = stream(session, session.messages())
         except APIError as exc:

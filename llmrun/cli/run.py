@@ -237,6 +237,7 @@ def register(app: typer.Typer) -> None:
                                            help="Do not print a thinking model's thought"),
     ) -> None:
         """Run a model: answer PROMPT, or chat interactively (also reads piped stdin)."""
+        from llmrun.cli.attach import user_turn
         from llmrun.cli.repl import Session, run_session
 
         options = {k: v for k, v in (("temperature", temperature), ("seed", seed),
@@ -254,7 +255,8 @@ def register(app: typer.Typer) -> None:
             _pull_if_missing(client, model)
             if text:
                 _stream(client, session, [*session.messages(),
-                                          {"role": "user", "content": text}], hide_thinking)
+                                          user_turn(client, session.model, text)],
+                        hide_thinking)
             elif sys.stdin.isatty():
                 run_session(client, session,
                             lambda s, msgs: _stream(client, s, msgs, hide_thinking))
@@ -265,6 +267,8 @@ def register(app: typer.Typer) -> None:
                 fail(_not_found_hint(session.model))
             fail(str(exc))
         except ClientError as exc:
+            fail(str(exc))
+        except (ValueError, OSError) as exc:  # an image file named in the prompt
             fail(str(exc))
         except KeyboardInterrupt:
             sys.stdout.write("\n")

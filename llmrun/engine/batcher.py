@@ -14,6 +14,15 @@ KV bookkeeping: a slot is one llama sequence id; `slot.tokens` is exactly the li
 whose keys/values sit in that sequence's cells, positions 0..len-1. A new request goes to the
 free slot sharing the longest prefix with its prompt, and only the rest is evaluated.
 
+Images (a model with a vision projector): an image takes positions like tokens, written in
+the prompt as negative stand-in ids derived from its content hash (`image_ids`), so prefix
+reuse works across images as across text; `slot.images` records which image starts where,
+and a match is cut back to any image whose content differs. An image is encoded only if the
+slot does not already hold it, on the encoder thread (the vision encoder is the slow part:
+others go on decoding meanwhile); its rows are then read like a prompt's tokens, a bounded
+piece per step beside generating sequences, in a decode of their own (a batch holds tokens
+or embeddings, not both).
+
 Structured output: a sequence may carry an llguidance matcher (engine/constraint.py, built
 off this thread). Each step the token masks of all constrained sequences are computed in one
 parallel call into one bitmask array (a row per sequence), each sequence samples with its own
@@ -55,7 +64,16 @@ from llmrun.engine.draft import (
     draft_length,
     probe_exact_rows,
 )
-from llmrun.engine.llama import Batch, Context, LlamaError, Model, Sampler
+from llmrun.engine.llama import (
+    Batch,
+    Context,
+    EmbdBatch,
+    ImageChunk,
+    LlamaError,
+    Model,
+    Projector,
+    Sampler,
+)
 from llmrun.engine.promptcache import Entry, PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.request import ChatRequest, error_event
@@ -107,6 +125,17 @@ FIRST_PROMPT_CHUNK = 65
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
+# Image embeddings kept after their sequence (by content hash, least recently used out), so
+# an image sent again is not encoded again even when no slot holds it any more.
+IMAGE_CACHE_BYTES = 128 * 1024 * 1024
+
+
+def image_ids(digest: str, n: int) -> list[int]:
+    """Stand-in token ids for the `n` positions of the image with content hash `digest`:
+    negative (no token is one), int32 (prompt-cache keys are), and the same for the same
+    image. Equal ids are not trusted alone: `Slot.images` confirms the content."""
+    h = int(digest[:16] or "0", 16)
+    return [-1 - (h + i) % 0x7FFFFFFE for i in range(n)]
 
 
 @dataclass
@@ -143,6 +172,9 @@ class SeqParams:
     # most tokens guessed by prompt lookup and checked in the same decode (engine/draft.py);
     # 0: none (the default: opt-in, see DRAFT_DEFAULT). A constrained sequence never drafts.
     draft: int = DRAFT_DEFAULT
+    # the prompt's images: (index of its first position in the prompt, its chunk); their
+    # positions hold image_ids
+    images: list[tuple[int, ImageChunk]] = field(default_factory=list)
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
@@ -163,6 +195,7 @@ class Slot:
     seq_id: int
     tokens: list[int] = field(default_factory=list)
     seq: Sequence | None = None
+    images: dict[int, str] = field(default_factory=dict)  # first position -> content hash
 
 
 @dataclass
@@ -197,6 +230,8 @@ class Sequence:
     shadow: int | None = None
     drafted: int = 0
     accepted: int = 0
+    encoding: bool = False  # waiting for the encoder thread (its images' embeddings)
+    embeds: dict[str, np.ndarray] = field(default_factory=dict)  # image hash -> its rows
 
 
 class ConstraintError(ValueError):
@@ -217,7 +252,8 @@ class Engine:
                  on_fatal: Callable[[BaseException], None] | None = None,
                  governor: ThreadGovernor | None = None,
                  prompt_cache: PromptCache | None = None,
-                 step_budget: tuple[float, int] = (0.0, 0)) -> None:
+                 step_budget: tuple[float, int] = (0.0, 0),
+                 projector: Projector | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
@@ -227,6 +263,11 @@ class Engine:
         self.on_fatal = on_fatal  # None: the exception ends the thread (and is logged)
         self.governor = governor  # None: a fixed thread count
         self.prompt_cache = prompt_cache  # None: prefixes live only in the slots
+        self.projector = projector  # None: a text-only model
+        self.embd_batch = EmbdBatch(ctx.n_batch, projector.n_embd) if projector else None
+        self._image_rows: dict[str, np.ndarray] = {}  # embeddings by image hash, oldest first
+        self._encoder: threading.Thread | None = None
+        self._to_encode: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self._last_emit = time.monotonic()
         self.stats = EngineStats()
         self._last_stats = 0.0  # monotonic time the stats were last sent
@@ -264,7 +305,20 @@ class Engine:
     def stop(self) -> None:
         self._stopping = True
         self._inbox.put(("stop", None))
+        self._to_encode.put(None)
         self._thread.join(timeout=10)
+
+    def _encode_loop(self) -> None:
+        """The encoder thread: runs the vision encoder on the images a placed sequence
+        needs, while the engine thread goes on decoding the others."""
+        assert self.projector is not None
+        while (seq := self._to_encode.get()) is not None:
+            try:
+                rows = {chunk.digest: self.projector.encode(chunk)
+                        for _, chunk in seq.params.images if chunk.digest not in seq.embeds}
+                self._inbox.put(("encoded", (seq, rows)))
+            except Exception as exc:
+                self._inbox.put(("encoded", (seq, exc)))
 
     # -- the engine thread ----------------------------------------------------------------
 
@@ -288,6 +342,8 @@ class Engine:
                     self._waiting.appendleft(seq)
             elif kind == "cancel":
                 self._cancel(payload)
+            elif kind == "encoded":
+                self._encoded(*payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -306,12 +362,35 @@ class Engine:
                 self._finish(seq, "cancel", [])
                 return
 
+    def _encoded(self, seq: Sequence, rows: dict[str, np.ndarray] | Exception) -> None:
+        if seq.slot is None or seq.slot.seq is not seq:
+            return  # cancelled meanwhile
+        seq.encoding = False
+        if isinstance(rows, Exception):
+            events: list[Event] = []
+            self._fail(seq, rows, events)
+            self.emit(events)
+            return
+        seq.embeds.update(rows)
+        for digest, value in rows.items():
+            self._image_rows.pop(digest, None)
+            self._image_rows[digest] = value
+        total = sum(v.nbytes for v in self._image_rows.values())
+        while total > IMAGE_CACHE_BYTES and len(self._image_rows) > 1:
+            total -= self._image_rows.pop(next(iter(self._image_rows))).nbytes
+
+    def _runnable(self) -> bool:
+        """Whether a step has work: a sequence not waiting for its images, or one waiting
+        for a free slot (_admit places it)."""
+        return any(not s.encoding for s in self._active()) or (
+            bool(self._waiting) and any(s.seq is None for s in self.slots))
+
     def _run(self) -> None:
         try:
             while not self._stopping:
-                self._drain_inbox(block=not self._active() and not self._waiting)
+                self._drain_inbox(block=not self._runnable())
                 self._admit()
-                if self._active():
+                if any(not s.encoding for s in self._active()):
                     self._step()
         except Exception as exc:  # never die silently: fail everything in flight
             log.exception("engine thread failed")
@@ -358,6 +437,9 @@ class Engine:
         if p.matcher is not None and p.constrain_after:
             seq.gate = "maybe" if p.think_open else "after"
         n = common_prefix(slot.tokens, seq.prompt)
+        for start, chunk in seq.params.images:  # an image's ids matched: is it the same?
+            if start < n and slot.images.get(start) != chunk.digest:
+                n = start
         if seq.params.prompt_logprobs is not None:
             n = 0
         if n == len(seq.prompt):
@@ -369,14 +451,40 @@ class Engine:
         if n == 0:
             self.ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n:]
+        slot.images = {k: v for k, v in slot.images.items() if k < n}
         seq.text = TextStream(seq.params.stops)
-        if seq.params.draft > 0 and seq.params.matcher is None and seq.params.lazy is None:
+        if seq.params.draft > 0 and seq.params.matcher is None and seq.params.lazy is None \
+                and not seq.params.images:
             seq.history = History(seq.prompt)
         seq.cached = n
         seq.pending = seq.prompt[n:]
         seq.slot = slot
         seq.t_start = time.perf_counter()
         slot.seq = seq
+        self._need_images(seq, n)
+
+    def _need_images(self, seq: Sequence, n: int) -> None:
+        """The embeddings of the images `seq` reads beyond the `n` positions its slot holds:
+        from the cache, else from the encoder thread (the sequence waits; others go on)."""
+        missing = False
+        for start, chunk in seq.params.images:
+            slot = seq.slot
+            assert slot is not None
+            slot.images[start] = chunk.digest  # (its positions join slot.tokens as read)
+            if start + chunk.n_tokens <= n or chunk.digest in seq.embeds:
+                continue
+            rows = self._image_rows.get(chunk.digest)
+            if rows is not None:
+                seq.embeds[chunk.digest] = rows
+            else:
+                missing = True
+        if missing:
+            seq.encoding = True
+            if self._encoder is None:
+                self._encoder = threading.Thread(target=self._encode_loop, daemon=True,
+                                                 name="llmrun-vision")
+                self._encoder.start()
+            self._to_encode.put(seq)
 
     def _restorable(self, seq: Sequence, n: int) -> tuple[Entry, int] | None:
         """The saved state to load for `seq` into a slot holding `n` of its tokens, and how
@@ -424,6 +532,7 @@ class Engine:
             return n
         self.ctx.seq_rm(slot.seq_id, -1, -1)
         slot.tokens.clear()
+        slot.images.clear()
         if not self.ctx.state_seq_set(slot.seq_id, data):
             self.prompt_cache.drop(entry)
             return 0
@@ -445,8 +554,9 @@ class Engine:
         cache, slot = self.prompt_cache, seq.slot
         assert cache is not None and slot is not None
         tokens = slot.tokens
-        if len(tokens) - seq.cached < cache.min_tokens or cache.covers(tokens):
-            return
+        if len(tokens) - seq.cached < cache.min_tokens or cache.covers(tokens) \
+                or (seq.params.images and min(tokens) < 0):
+            return  # (a state holding an image is kept in its slot only)
         cache.add(list(tokens), self.ctx.state_seq_get(slot.seq_id))
 
     def _sampler(self, seq: Sequence) -> Sampler:
@@ -457,7 +567,8 @@ class Engine:
             last_n = p.sampling.get("repeat_last_n", 64)
             history = seq.prompt if last_n == -1 else seq.prompt[-last_n:] if last_n > 0 else []
             for tok in history:
-                sampler.accept(tok)
+                if tok >= 0:  # (an image's positions are no tokens)
+                    sampler.accept(tok)
         except BaseException:
             sampler.close()
             raise
@@ -495,7 +606,7 @@ class Engine:
                     batch.add(tok, len(slot.tokens) + i, slot.seq_id, True)
                 if seq.drafts:
                     drafted.append((seq, slot))
-            elif seq.pending:
+            elif seq.pending and not seq.encoding:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
         mixed = bool(outputs and prefilling)
@@ -509,18 +620,29 @@ class Engine:
         scored: list[tuple[Sequence, int, int]] = []
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
         read = 0  # prompt tokens this step reads
+        image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
         for seq in prefilling:
             if budget <= 0:
                 break
             slot = seq.slot
             assert slot is not None
             base = len(slot.tokens)
+            if seq.pending[0] < 0:  # an image's rows next: one image piece per step
+                if image is None:
+                    image = (seq, self._image_piece(seq, budget, mixed))
+                    budget -= image[1]
+                    read += image[1]
+                    fed.append(seq)
+                continue
             size = budget
             if self.prompt_cache is not None:
                 point = self._save_point(seq)
                 if base < point:
                     size = min(size, point - base)  # end a chunk at the save point
             chunk = seq.pending[:size]
+            if seq.params.images:  # text up to the next image
+                cut = next((i for i, tok in enumerate(chunk) if tok < 0), len(chunk))
+                chunk = chunk[:cut]
             del seq.pending[: len(chunk)]
             last = len(chunk) - 1
             score = seq.params.prompt_logprobs is not None
@@ -538,7 +660,12 @@ class Engine:
             if not seq.pending:
                 outputs.append((seq, idx))
         t0 = time.perf_counter()
-        rc = self.ctx.decode(batch)
+        if image is not None:
+            rc = self._read_image(*image)
+            if rc != 0:
+                self._decode_failed(rc)
+                return
+        rc = self.ctx.decode(batch) if batch.n else 0
         if rc != 0:
             self._decode_failed(rc)
             return
@@ -592,6 +719,40 @@ class Engine:
         if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
             self._last_emit = clock
             self.emit(events)  # (empty: a heartbeat)
+
+    def _image_piece(self, seq: Sequence, budget: int, mixed: bool) -> int:
+        """How many rows of the image `seq` reads next go in this step: what the budget
+        allows (at least MIN_PROMPT_CHUNK beside others, as for text), or the whole image
+        for a projector whose rows attend both ways (one decode, up to a batch)."""
+        assert seq.slot is not None and self.projector is not None
+        start, chunk = self._image_at(seq, len(seq.slot.tokens))
+        left = start + chunk.n_tokens - len(seq.slot.tokens)
+        if self.projector.non_causal:
+            return left
+        return min(left, max(budget, MIN_PROMPT_CHUNK) if mixed else budget)
+
+    def _image_at(self, seq: Sequence, pos: int) -> tuple[int, ImageChunk]:
+        for start, chunk in seq.params.images:
+            if start <= pos < start + chunk.n_tokens:
+                return start, chunk
+        raise AssertionError(f"no image at position {pos}")
+
+    def _read_image(self, seq: Sequence, n: int) -> int:
+        """Decode the next `n` rows of the image `seq` is reading (their own decode: a batch
+        holds tokens or embeddings). Returns llama_decode's code."""
+        slot, batch, projector = seq.slot, self.embd_batch, self.projector
+        assert slot is not None and batch is not None and projector is not None
+        base = len(slot.tokens)
+        start, chunk = self._image_at(seq, base)
+        rows = seq.embeds[chunk.digest]
+        batch.fill(rows[base - start: base - start + n], base, slot.seq_id)
+        rc = self.ctx.decode(batch, causal=not projector.non_causal)
+        if rc == 0:
+            slot.tokens.extend(seq.pending[:n])
+            del seq.pending[:n]
+            if base - start + n == chunk.n_tokens:
+                seq.embeds.pop(chunk.digest, None)  # (the cache keeps it, while it fits)
+        return rc
 
     def _prompt_budget(self, decode_rows: int) -> int:
         """Prompt tokens a step may read beside `decode_rows` rows of generating sequences
@@ -804,6 +965,7 @@ class Engine:
         if discard <= 0 or not self.ctx.shift(slot.seq_id, keep, discard):
             return False
         del slot.tokens[keep:keep + discard]
+        slot.images.clear()  # (positions moved: no image is where it was)
         seq.shifted += discard
         seq.kept = keep
         return True
@@ -922,6 +1084,7 @@ class Engine:
             assert seq.slot is not None
             self.ctx.seq_rm(seq.slot.seq_id, -1, -1)
             seq.slot.tokens.clear()
+            seq.slot.images.clear()
             seq.slot.seq = None
             if seq.sampler is not None:
                 seq.sampler.close()

@@ -49,10 +49,18 @@ from typing import Any
 
 from llmrun import config, ipc
 from llmrun.chat import templates, thinking, toolcalls, tools
-from llmrun.engine import constraint, sandbox
-from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix
+from llmrun.engine import constraint, images, sandbox
+from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix, image_ids
 from llmrun.engine.embed import Embedder
-from llmrun.engine.llama import Context, LlamaError, LoraAdapter, Model, RpcWorkers
+from llmrun.engine.llama import (
+    Context,
+    ImageChunk,
+    LlamaError,
+    LoraAdapter,
+    Model,
+    Projector,
+    RpcWorkers,
+)
 from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import ChannelClosed, SyncChannel
@@ -106,7 +114,8 @@ class ModelHost:
                  n_slots: int, n_threads: int = 1,
                  governor: ThreadGovernor | None = None,
                  prompt_cache: PromptCache | None = None,
-                 step_budget: tuple[float, int] = (0.0, 0)) -> None:
+                 step_budget: tuple[float, int] = (0.0, 0),
+                 projector: Projector | None = None) -> None:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
@@ -114,8 +123,11 @@ class ModelHost:
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
                              on_fatal=self._engine_failed, governor=governor,
-                             prompt_cache=prompt_cache, step_budget=step_budget)
+                             prompt_cache=prompt_cache, step_budget=step_budget,
+                             projector=projector)
         self.prompt_cache = prompt_cache
+        self.projector = projector
+        self.n_image_rows = min(ctx.n_batch, ctx.n_ubatch)  # most rows of one image (see render)
         self.template = model.chat_template()
         self.bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         self.eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
@@ -245,6 +257,7 @@ class ModelHost:
             "n_slots": len(self.engine.slots),
             "n_ctx_train": self.model.n_ctx_train,
             "has_template": self.template is not None,
+            "vision": self.projector is not None,
             "size": self.model.size,
             **self.sandbox_info,  # which confinement layers hold (main() sets it)
         }
@@ -256,10 +269,17 @@ class ModelHost:
         templates.check_size(source)
         return source
 
-    def render(self, req: ChatRequest,
-               plan: tools.ToolPlan | None = None) -> tuple[list[int], str]:
+    def render(self, req: ChatRequest, plan: tools.ToolPlan | None = None,
+               media: list[tuple[int, ImageChunk]] | None = None) -> tuple[list[int], str]:
         """The prompt's tokens and the text they came from (`plan`: tools.plan(req, source),
-        when the caller has it already)."""
+        when the caller has it already). Images in the messages take their positions as
+        image_ids; each one's chunk, with the index of its first position, goes to `media`
+        when it is given."""
+        pictures = [img for m in req.messages for img in m.images]
+        if pictures and (req.prompt is not None or req.suffix is not None):
+            raise ValueError("images need the chat template: a raw prompt cannot carry them")
+        if pictures and self.projector is None:
+            raise ValueError("this model has no vision projector: it cannot read images")
         if req.suffix is not None:
             return self._fill_in_the_middle(req.prompt or "", req.suffix), ""
         if req.prompt is not None:
@@ -269,7 +289,9 @@ class ModelHost:
             source = self.source(req)
             if plan is None:
                 plan = tools.plan(req, source)
-            messages, extra = tools.chat_inputs(req.messages, req.system, source, plan)
+            marked = [m.model_copy(update={"content": self._with_markers(m.content, m.images)})
+                      if m.images else m for m in req.messages]
+            messages, extra = tools.chat_inputs(marked, req.system, source, plan)
             if thinking.markers(source):
                 extra.update(thinking.template_vars(req.think))
             text = templates.render(source, messages, bos_token=self.bos_text,
@@ -277,10 +299,45 @@ class ModelHost:
             # Most templates write the BOS token themselves; adding another hurts quality.
             add_bos = self.model.add_bos and not (self.bos_text and
                                                   text.startswith(self.bos_text))
-        tokens = self.model.tokenize(text, add_special=add_bos, parse_special=True)
+        if pictures:
+            tokens = self._tokenize_images(text, pictures, add_bos, media)
+        else:
+            tokens = self.model.tokenize(text, add_special=add_bos, parse_special=True)
         if req.context:
+            if pictures:
+                raise ValueError("images cannot follow a `context` of earlier token ids")
             tokens = self._after_context(req.context, tokens)
         return tokens, text
+
+    def _with_markers(self, content: str, pictures: list[str]) -> str:
+        """A message's text with its images before it, as Ollama places them: one marker
+        each (the projector's own, which no client can write) on a line of its own."""
+        assert self.projector is not None
+        marks = "".join(self.projector.marker for _ in pictures)
+        return f"{marks}\n{content}" if content else marks
+
+    def _tokenize_images(self, text: str, pictures: list[str], add_bos: bool,
+                         media: list[tuple[int, ImageChunk]] | None) -> list[int]:
+        """`text` (with a marker per image) as tokens and image positions. The images are
+        decoded here, in the sandbox, each bounded before a pixel is read (engine/images.py)."""
+        assert self.projector is not None
+        if text.count(self.projector.marker) != len(pictures):
+            raise ValueError("the chat template dropped or repeated an image's place")
+        decoded = [images.decode(b64) for b64 in pictures]
+        tokens: list[int] = []
+        for part in self.projector.tokenize(text, decoded, add_bos):
+            if isinstance(part, ImageChunk):
+                if part.n_tokens > self.n_image_rows:
+                    raise ValueError(f"an image takes {part.n_tokens} positions; this model "
+                                     f"was loaded for at most {self.n_image_rows} (num_batch)")
+                if media is not None:
+                    media.append((len(tokens), part))
+                tokens += image_ids(part.digest, part.n_tokens)
+            else:
+                tokens += part
+        if tokens and tokens[-1] < 0:
+            raise ValueError("a prompt cannot end with an image: text must follow it")
+        return tokens
 
     def _truncate(self, req: ChatRequest, plan: tools.ToolPlan | None, prompt: list[int],
                   text: str) -> tuple[ChatRequest, list[int], str, tuple[int, int]]:
@@ -376,7 +433,8 @@ class ModelHost:
             req = ChatRequest.model_validate(raw)
             source = self.source(req)
             plan = tools.plan(req, source) if req.suffix is None else None
-            prompt, text = self.render(req, plan)
+            media: list[tuple[int, ImageChunk]] = []
+            prompt, text = self.render(req, plan, media)
             pair = thinking.markers(source) if req.prompt is None else None
             if req.think and req.think_required and pair is None and req.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
@@ -386,6 +444,11 @@ class ModelHost:
             truncated = (0, 0)
             if len(prompt) >= self.n_ctx_seq and req.options.truncate:
                 req, prompt, text, truncated = self._truncate(req, plan, prompt, text)
+                if media and truncated[0]:  # the images left, where they are now
+                    media = []
+                    prompt, text = self.render(req, plan, media)
+            if media and req.prompt_logprobs is not None:
+                raise ValueError("prompt logprobs (echo) cannot score a prompt with images")
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
@@ -397,7 +460,7 @@ class ModelHost:
                 prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
             return
         params = SeqParams.of(
-            req, matcher=matcher, lazy=lazy, truncated=truncated,
+            req, matcher=matcher, lazy=lazy, truncated=truncated, images=media,
             pieces=self.control_pieces() if plan is not None or pair is not None else {})
         if matcher is not None and pair is not None:
             # The thought stays free; the constraint starts with the answer: after the end
@@ -637,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lora", type=lora_arg, action="append", default=[],
                     metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
+    ap.add_argument("--mmproj", type=Path, metavar="PATH",
+                    help="vision projector GGUF (architecture clip) for images in prompts")
     ap.add_argument("--kv-type", choices=["f16", "q8_0", "q4_0"], default="f16",
                     help="KV cache element type")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
@@ -675,7 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, LlamaError) as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
-    confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora)], cache_dir)
+    if args.mmproj is not None:
+        images.preload()  # the decoders' modules, while files can still be opened
+    confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora),
+                                     *([args.mmproj] if args.mmproj else [])], cache_dir)
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
         return 1
@@ -693,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.set_loras(loras, [scale for _, scale in args.lora])
             log.info("applied LoRA adapters: %s",
                      ", ".join(f"{p.name} x{s:g}" for p, s in args.lora))
+        projector = Projector(args.mmproj, model, args.threads) if args.mmproj else None
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
@@ -708,8 +777,10 @@ def main(argv: list[str] | None = None) -> int:
                                        min_tokens=args.prompt_cache_min, n_vocab=model.n_vocab)
         except OSError as exc:
             log.warning("prompt cache: off (%s)", exc)
+    if projector is not None:
+        log.info("vision projector %s: images of this model are read here", args.mmproj.name)
     runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
-                       prompt_cache, step_budget=args.step_budget)
+                       prompt_cache, step_budget=args.step_budget, projector=projector)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

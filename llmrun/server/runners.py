@@ -106,6 +106,7 @@ class RunnerSpec:
     n_threads: int
     n_batch: int = 512
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
+    projector_path: Path | None = None  # a vision projector (mmproj GGUF) for images
     # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
     adaptive_threads: bool = False
     kv_type: str = "f16"  # engine/llama.py KV_TYPES
@@ -162,6 +163,8 @@ class RunnerProcess:
             cmd += ["--model", str(path)]
         for path in s.lora_paths:
             cmd += ["--lora", str(path)]
+        if s.projector_path is not None:
+            cmd += ["--mmproj", str(s.projector_path)]
         if s.adaptive_threads:
             cmd.append("--adaptive-threads")
         cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,

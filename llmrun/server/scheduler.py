@@ -98,7 +98,9 @@ def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) 
     v_len = int(info.arch_value("attention.value_length", k_len) or 0)
     kv = n_layer * n_head_kv * (k_len + v_len) * spec.n_ctx * spec.n_slots
     kv = int(kv * KV_BYTES[spec.kv_type])
-    return weights + kv + spec.prompt_cache_ram + (256 << 20)
+    # (a vision projector's weights are in `weights`; its encoder needs buffers of its own)
+    vision = (128 << 20) if spec.projector_path else 0
+    return weights + kv + spec.prompt_cache_ram + (256 << 20) + vision
 
 
 def parse_keep_alive(value: str | float | int | None) -> float:
@@ -271,6 +273,7 @@ class Scheduler:
             n_threads=n_threads,
             n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
+            projector_path=self.store.projector_path(manifest),
             adaptive_threads=not fixed,
             kv_type=kv_type,
             flash_attention=flash,
@@ -445,7 +448,8 @@ class Scheduler:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
         file version: size and mtime) and its GGUF header must pass the validator.
         Returns the memory the loaded model will need, in bytes (an estimate)."""
-        files = (*spec.model_paths, *spec.lora_paths)
+        files = (*spec.model_paths, *spec.lora_paths,
+                 *([spec.projector_path] if spec.projector_path else []))
         try:
             versions = {(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files}
             if not versions <= self._verified:

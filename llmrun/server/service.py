@@ -93,6 +93,22 @@ class Service:
         """The request's bounds (llmrun/bounds.py), before a runner is leased: what the
         engine cannot afford is answered 400 here and never reaches the shared runner."""
         bounds.check_request(req, self._model_stops(req))
+        if any(m.images for m in req.messages):
+            self._check_vision(req)
+
+    def _check_vision(self, req: ChatRequest) -> None:
+        """Images go only to a model with a vision projector: any other answers 400 here,
+        before it is loaded for nothing."""
+        try:
+            _, manifest = self.store.get(req.model)
+        except StoreError:
+            return  # the lease reports the unknown model
+        if manifest.remote is not None:
+            raise EngineError(f"model '{req.model}' is served by a remote server; images are "
+                              "not forwarded to remote models", status=400)
+        if manifest.projector is None:
+            raise EngineError(f"model '{req.model}' does not accept images: it has no vision "
+                              "projector (a Modelfile's second FROM names one)", status=400)
 
     def _model_stops(self, req: ChatRequest) -> frozenset[str]:
         """The model's own stop strings, which a dialect may add to the client's (they do
