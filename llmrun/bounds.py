@@ -4,8 +4,8 @@ A runner is shared by every request on its model, so nothing one request carries
 or stall it (docs: design.md, "Nothing one request carries ... can stop, crash or stall the
 engine"). Each function here checks one kind of input and raises `EngineError` (400) with a
 message naming the field, the value and the limit; each dialect words it in its own error
-shape. This module sits at the floor: it imports only `config`, `request` and the standard
-library, so the daemon checks requests without loading llama.cpp.
+shape. This module sits at the floor: it imports only `config`, `request`, `ipc` (its frame
+limit) and the standard library, so the daemon checks requests without loading llama.cpp.
 
 JSON schemas (Ollama `format`, OpenAI `response_format`, Anthropic `output_config.format`,
 and the parameters of a tool the model is forced to call) are enforced by llguidance
@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun import config
+from llmrun import config, ipc
 from llmrun.request import ChatRequest, EngineError, Message, NamedTool, Tool
 
 # -- the ceilings (see the measurements above) ------------------------------------------------
@@ -90,6 +90,9 @@ MAX_TOOLS = 512  # tools declared in one request (each is rendered into the prom
 # Load-time options are capped by the scheduler, not refused: num_batch past this only
 # grows the compute buffers (llama-server's largest default ubatch is 512, batch 2048).
 MAX_NUM_BATCH = 4096
+# All images of one request, decoded, as a share of the IPC frame the request travels to the
+# runner in: base64 takes 4/3 of it (5/6 of the frame), the rest is left for the text.
+IMAGES_FRAME_SHARE = 5 / 8
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +142,61 @@ def check_tools(tools: list[Tool], choice: Any, budget: Budget | None = None,
     for tool in forced_tools(tools, choice):
         budget.alternatives += 1  # the grammar chooses among the forced tools
         check_schema(tool.parameters, f"tool '{tool.name}' parameters", budget, strict)
+
+
+# -- images ----------------------------------------------------------------------------------
+
+
+def image_bytes(data: str) -> int:
+    """The decoded size of an image in canonical base64 (api/images.py makes every image so),
+    from its length alone: the bounds are checked without decoding."""
+    return len(data) // 4 * 3 - data[-2:].count("=")
+
+
+def images_total_limit() -> int:
+    """Decoded bytes all images of one request may take (read at call time, as MAX_FRAME)."""
+    return int(ipc.MAX_FRAME * IMAGES_FRAME_SHARE)
+
+
+def check_image_size(size: int, where: str) -> None:
+    limit = config.max_image_size()
+    if size > limit:
+        raise _refuse(f"{where}: image too large: {size} bytes, the limit is {limit} bytes "
+                      "(LLMRUN_MAX_IMAGE_SIZE)")
+
+
+def check_images_total(total: int, where: str = "images") -> None:
+    limit = images_total_limit()
+    if total > limit:
+        raise _refuse(f"{where}: the request's images take {total} bytes in all, the limit "
+                      f"is {limit} bytes (what one message to the model runner can carry)")
+
+
+def check_images_count(messages: list[Message]) -> None:
+    count = sum(len(m.images) for m in messages)
+    limit = config.max_images()
+    if count > limit:
+        raise _refuse(f"too many images: {count}, the limit is {limit} (LLMRUN_MAX_IMAGES)")
+
+
+def check_images(messages: list[Message]) -> None:
+    """At most LLMRUN_MAX_IMAGES images, each at most LLMRUN_MAX_IMAGE_SIZE decoded, all
+    within one runner message. The dialects checked each image as they read it (naming their
+    own field); this holds for every request, however it was built. An entry that is not
+    canonical base64 (an image URL never fetched) is refused, never sent to the runner."""
+    if not any(m.images for m in messages):
+        return
+    check_images_count(messages)
+    total = 0
+    for i, m in enumerate(messages):
+        for j, data in enumerate(m.images):
+            where = f"messages[{i}].images[{j}]"
+            if len(data) % 4 or ":" in data[:16]:
+                raise _refuse(f"{where}: not base64 image data")
+            size = image_bytes(data)
+            check_image_size(size, where)
+            total += size
+    check_images_total(total)
 
 
 # -- JSON schemas ----------------------------------------------------------------------------
@@ -350,10 +408,11 @@ def check_grammar(gbnf: str | None) -> None:
 
 
 def check_request(req: ChatRequest, model_stops: frozenset[str] = frozenset()) -> None:
-    """Every bound of a chat request: messages, stop strings, tools, the schemas that
+    """Every bound of a chat request: messages, images, stop strings, tools, the schemas that
     become one grammar (the format's, and the forced tools', share one budget), and a raw
     grammar."""
     check_messages(req.messages)
+    check_images(req.messages)
     check_stop(req.options.stop, model_stops)
     budget = Budget()
     check_schema(req.format, "format", budget, req.format_strict)

@@ -54,6 +54,12 @@ SETTINGS: list[Setting] = [
             "Largest blob uploaded to /api/blobs or pulled from a hub"),
     Setting("LLMRUN_MAX_MESSAGES", "4096", "Most messages in one chat request"),
     Setting("LLMRUN_MAX_STOP", "16", "Most stop strings in one request"),
+    Setting("LLMRUN_MAX_IMAGES", "16", "Most images in one request"),
+    Setting("LLMRUN_MAX_IMAGE_SIZE", "20MiB", "Largest image in a request (its file, decoded)"),
+    Setting("LLMRUN_IMAGE_URLS", "0",
+            "Fetch images that requests name by http(s) URL (1); off, only inline images "
+            "(base64, data: URLs) are taken, so no request can make the daemon connect to "
+            "another host"),
     Setting("LLMRUN_RATE_LIMIT", "0",
             "Requests per minute per API key (or client address), 429 past it; 0 = off"),
     Setting("LLMRUN_KV_CACHE_TYPE", "f16",
@@ -350,6 +356,19 @@ def max_messages() -> int:
 
 def max_stop() -> int:
     return _parsed("LLMRUN_MAX_STOP", _positive_int)
+
+
+def max_images() -> int:
+    return _parsed("LLMRUN_MAX_IMAGES", _positive_int)
+
+
+def max_image_size() -> int:
+    return _parsed("LLMRUN_MAX_IMAGE_SIZE", parse_size)
+
+
+def image_urls() -> bool:
+    """Whether the daemon downloads images named by http(s) URL (off by default)."""
+    return _parsed("LLMRUN_IMAGE_URLS", _flag)
 
 
 def rate_limit() -> int:

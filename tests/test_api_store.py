@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from llmrun.store import HOST_PATH_REFUSED, Store
 from tests.conftest import Daemon, make_home, wait_until
 from tests.test_service import tiny_home
+from tests.vision import write_projector
 
 MiB = 1 << 20
 DAY = 24 * 3600
@@ -111,6 +114,57 @@ def test_create_from_uploaded_blob(client: ollama.Client, store_daemon: Daemon,
     assert resp.status == "success"
     assert "from-blob:latest" in {m.model for m in client.list().models}
     client.delete("from-blob")
+
+
+def test_create_a_vision_model_from_uploaded_files(client: ollama.Client, store_daemon: Daemon,
+                                                  smollm2_path: Path, tmp_path: Path) -> None:
+    """`files` may hold a model and its projector (issue 21), told apart by their GGUF
+    headers, whatever their names or order; show then lists `vision`."""
+    model = client.create_blob(smollm2_path)
+    projector = client.create_blob(write_projector(tmp_path / "model.gguf"))
+    for name, files in (("seeing", {"model.gguf": model, "mmproj.gguf": projector}),
+                        ("seeing-too", {"mmproj.gguf": model, "model.gguf": projector})):
+        assert client.create(model=name, files=files).status == "success"
+        info = client.show(name)
+        assert info.capabilities == ["completion", "tools", "vision"]
+        assert [line.split()[0] for line in (info.modelfile or "").splitlines()[:2]] == \
+            ["FROM", "FROM"]
+        shown = httpx.post(f"{store_daemon.url}/api/show", json={"model": name}).json()
+        assert shown["projector_info"]["general.architecture"] == "clip"
+        assert shown["model_info"]["general.architecture"] == "llama"
+        assert shown["details"]["families"] == ["llama", "clip"]  # as Ollama lists one
+    assert "vision" not in (client.show("smollm2").capabilities or [])
+    for files, message in (
+            ({"a.gguf": model, "b.gguf": model}, "are both models"),
+            ({"a.gguf": projector, "b.gguf": projector}, "are both vision projectors"),
+            ({"mmproj.gguf": projector}, "is a vision projector (architecture 'clip'), not a "
+                                         "model"),
+            ({"a.gguf": model, "b.gguf": projector, "c.gguf": projector},
+             "'files' must name one .gguf blob")):
+        with pytest.raises(ollama.ResponseError) as err:
+            client.create(model="bad-vision", files=files)
+        assert err.value.status_code == 400 and message in str(err.value), files
+    blob = store_daemon.home / "blobs" / projector.replace(":", "-")
+    client.delete("seeing")
+    assert blob.is_file()  # still seeing-too's
+    client.delete("seeing-too")
+    assert not blob.exists()
+    assert (store_daemon.home / "blobs" / model.replace(":", "-")).is_file()  # smollm2's
+
+
+def test_cli_create_uploads_both_froms(store_daemon: Daemon, client: ollama.Client,
+                                       smollm2_path: Path, tmp_path: Path) -> None:
+    """`llmrun create` with a daemon up sends the model and the projector as blobs."""
+    write_projector(tmp_path / "mmproj.gguf", seed=3)
+    (tmp_path / "Modelfile").write_text(f"FROM ./mmproj.gguf\nFROM {smollm2_path}\n")
+    r = subprocess.run([sys.executable, "-m", "llmrun", "create", "cli-seeing", "-f",
+                        str(tmp_path / "Modelfile")], capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "LLMRUN_HOST": f"127.0.0.1:{store_daemon.port}"})
+    assert r.returncode == 0, r.stderr
+    assert "uploading mmproj.gguf" in r.stdout + r.stderr
+    assert "vision" in (client.show("cli-seeing").capabilities or [])
+    client.delete("cli-seeing")
 
 
 def test_blob_upload_with_wrong_digest_is_refused(store_daemon: Daemon) -> None:

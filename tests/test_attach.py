@@ -39,7 +39,7 @@ def test_words_that_are_not_image_files_stay(tmp_path: Path,
 def test_an_image_over_the_limit_is_refused(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(attach, "MAX_BYTES", 4)
+    monkeypatch.setenv("LLMRUN_MAX_IMAGE_SIZE", "4")
     (tmp_path / "big.png").write_bytes(b"12345")
     with pytest.raises(ValueError, match="at most 4"):
         attach.message("look at big.png")

@@ -25,6 +25,7 @@ REQUIRED = [
     "gemma3:270m", "gemma3:1b", "gemma3:4b",
     "phi4-mini:3.8b",
     "mistral:7b",
+    "smolvlm:256m", "smolvlm:500m",
 ]
 # What a bare name (`:latest`) means: smollm2 is llmrun's PyPI-installable default, the
 # others follow Ollama's library.
@@ -37,6 +38,7 @@ LATEST = {
     "gemma3": "4b",
     "phi4-mini": "3.8b",
     "mistral": "7b",
+    "smolvlm": "256m",
 }
 CONVERSATION = [
     {"role": "system", "content": "Answer in one word."},
@@ -118,6 +120,9 @@ def test_file_is_well_formed(filename: str) -> None:
             assert len(kinds) == 1, f"{filename}:{tag}: a source is exactly one of pypi/hf"
             unknown = set(source) - {"pypi", "hf", "sha256", "size"}
             assert not unknown, f"{filename}:{tag}: unknown source keys {unknown}"
+        if "projector" in spec:  # a vision projector comes from the Hub, like a model
+            unknown = set(spec["projector"]) - {"hf", "sha256", "size"}
+            assert "hf" in spec["projector"] and not unknown, f"{filename}:{tag}: projector"
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=entry_id)
@@ -144,6 +149,29 @@ def test_sources_are_well_formed(entry: catalog.CatalogModel) -> None:
             assert isinstance(source.sha256, str) and SHA256.fullmatch(source.sha256)
         if source.size is not None:
             assert isinstance(source.size, int) and source.size > 0
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.projector], ids=entry_id)
+def test_projectors_are_well_formed(entry: catalog.CatalogModel) -> None:
+    p = entry.projector
+    assert p is not None and p.kind == "hf"
+    assert REPO.fullmatch(str(p.spec.get("repo", ""))), p.spec
+    file = str(p.spec.get("file", ""))
+    assert file.endswith(".gguf") and "/" not in file and not file.startswith("."), p.spec
+    assert "mmproj" in file.lower(), "named as repos name projectors, so hf.co pulls find it"
+    assert p.spec["repo"] in {s.spec.get("repo") for s in entry.sources}, "its model's repo"
+    assert p.sha256 is None or SHA256.fullmatch(p.sha256)
+    assert p.size is None or (isinstance(p.size, int) and p.size > 0)
+
+
+def test_vision_entries() -> None:
+    """The small vision models (issue 21): each with the projector its repo pairs it with."""
+    for name in ("smolvlm:256m", "smolvlm:500m", "gemma3:4b"):
+        entry = catalog.lookup(names.parse(name))
+        assert entry is not None and entry.projector is not None, name
+    for name in ("gemma3:270m", "gemma3:1b", "smollm2"):
+        entry = catalog.lookup(names.parse(name))
+        assert entry is not None and entry.projector is None, name
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=entry_id)

@@ -234,10 +234,20 @@ def test_empty_from() -> None:
     assert "FROM needs a model name or a path" in str(err)
 
 
-def test_two_froms() -> None:
-    err = _error("FROM a\nSYSTEM s\nFROM b\n")
-    assert err.line == 3
-    assert str(err) == "Modelfile line 3: only one FROM is allowed"
+def test_two_froms_are_a_model_and_its_projector() -> None:
+    """As Ollama: a second FROM (a vision projector) parses; which FROM is the projector
+    only the files' headers tell, so the store decides (tests/test_store_vision.py)."""
+    mf = parse("FROM a\nSYSTEM s\nFROM ./mmproj.gguf\n")
+    assert (mf.from_, mf.extra_from, mf.froms) == ("a", ["./mmproj.gguf"], ["a", "./mmproj.gguf"])
+    assert mf.render().startswith("FROM a\nFROM ./mmproj.gguf\n")
+    assert parse(mf.render()) == mf
+
+
+def test_three_froms() -> None:
+    err = _error("FROM a\nSYSTEM s\nFROM b\nFROM c\n")
+    assert err.line == 4
+    assert str(err) == ("Modelfile line 4: at most two FROM lines: a model and its vision "
+                        "projector (an mmproj GGUF)")
 
 
 def test_bad_message_role() -> None:

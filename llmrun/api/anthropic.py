@@ -1,7 +1,8 @@
 """Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`): what Claude Code
 and the official `anthropic` SDKs speak.
 
-Content blocks become the internal `Message`s (text flattened, `tool_use` into
+Content blocks become the internal `Message`s (text flattened, `image` blocks into
+`Message.images` (user turns and tool results only; api/images.py), `tool_use` into
 `Message.tool_calls`, `tool_result` into `tool` turns, `thinking` dropped, every `system`
 part folded into one leading system message); the answer goes back as content blocks, or as
 Anthropic's named SSE events. Errors here always take Anthropic's shape,
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
+from llmrun.api.images import fetched, from_media_type, from_url
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import (
     ChatRequest,
@@ -172,14 +174,33 @@ def _invalid(message: str) -> EngineError:
     return EngineError(message, status=400, kind="invalid_request")
 
 
-def _no_images(model: str, where: str) -> EngineError:
-    return _invalid(f"{where}: model '{model}' does not support images or documents "
-                    f"(it is text-only); send the content as text")
+def _no_documents(model: str, where: str) -> EngineError:
+    return _invalid(f"{where}: model '{model}' cannot read documents other than text "
+                    "(PDFs, files); send the content as text")
 
 
-def _block_text(block: dict[str, Any], where: str, model: str) -> str | None:
+def _image(block: dict[str, Any], where: str) -> str:
+    """An image block's image: a `base64` source, or a `url` one (fetched only where
+    LLMRUN_IMAGE_URLS allows it); Files API ids are refused (there is no Files API here)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if isinstance(source, dict) and kind == "base64":
+        return from_media_type(source.get("media_type"), source.get("data"), f"{where}.source")
+    if isinstance(source, dict) and kind == "url":
+        return from_url(source.get("url"), f"{where}.source.url")
+    if kind == "file":
+        raise _invalid(f"{where}.source: images by file_id are not supported (there is no "
+                       "Files API here); send the image as a base64 source")
+    raise _invalid(f"{where}.source: expected {{\"type\": \"base64\", \"media_type\": ..., "
+                   "\"data\": ...} or {\"type\": \"url\", \"url\": ...}")
+
+
+def _block_text(block: dict[str, Any], where: str, model: str,
+                images: list[str] | None = None) -> str | None:
     """The text a user-side content block carries; None for blocks that are dropped
-    (thinking). Anything that cannot be expressed as text is refused, never lost."""
+    (thinking) and for images, which go to `images` (None where images may not be: system
+    text, assistant turns, as at Anthropic). Anything that cannot be expressed as text or an
+    image is refused, never lost."""
     kind = block.get("type")
     if kind == "text":
         text = block.get("text")
@@ -189,17 +210,21 @@ def _block_text(block: dict[str, Any], where: str, model: str) -> str | None:
     if kind in ("thinking", "redacted_thinking"):
         return None
     if kind == "image":
-        raise _no_images(model, where)
+        if images is None:
+            raise _invalid(f"{where}: image blocks are allowed only in user messages and in "
+                           "tool_result content")
+        images.append(_image(block, where))
+        return None
     if kind == "document":
         source = block.get("source") or {}
         if source.get("type") == "text" and isinstance(source.get("data"), str):
             title = block.get("title")
             return f"{title}\n\n{source['data']}" if title else source["data"]
         if source.get("type") == "content" and isinstance(source.get("content"), list):
-            return _join([_block_text(b, f"{where}.source.content.{i}", model) or ""
+            return _join([_block_text(b, f"{where}.source.content.{i}", model, images) or ""
                           for i, b in enumerate(source["content"])
                           if isinstance(b, dict)])
-        raise _no_images(model, where)
+        raise _no_documents(model, where)
     if kind == "search_result":
         parts = [block.get("title"), block.get("source")]
         parts += [b.get("text") for b in block.get("content") or [] if isinstance(b, dict)]
@@ -211,14 +236,15 @@ def _join(parts: list[str]) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-def _content_text(content: str | list[Any], where: str, model: str) -> str:
+def _content_text(content: str | list[Any], where: str, model: str,
+                  images: list[str] | None = None) -> str:
     if isinstance(content, str):
         return content
     texts = []
     for i, block in enumerate(content):
         if not isinstance(block, dict):
             raise _invalid(f"{where}.{i}: expected a content block object")
-        text = _block_text(block, f"{where}.{i}", model)
+        text = _block_text(block, f"{where}.{i}", model, images)
         if text is not None:
             texts.append(text)
     return _join(texts)
@@ -230,10 +256,13 @@ def _tool_result(block: dict[str, Any], where: str, model: str,
     if not isinstance(call_id, str):
         raise _invalid(f"{where}.tool_use_id: Field required")
     content = block.get("content")
-    text = "" if content is None else _content_text(content, f"{where}.content", model)
+    pictures: list[str] = []  # a tool may answer with images (a screenshot)
+    text = "" if content is None else _content_text(content, f"{where}.content", model,
+                                                    pictures)
     if block.get("is_error"):
         text = f"Error: {text}"
-    return Message(role="tool", content=text, tool_call_id=call_id, name=names.get(call_id))
+    return Message(role="tool", content=text, tool_call_id=call_id, name=names.get(call_id),
+                   images=pictures)
 
 
 def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
@@ -275,6 +304,7 @@ def to_messages(body: CountBody) -> list[Message]:
             out.append(Message(role=msg.role, content=msg.content))
             continue
         texts: list[str] = []
+        pictures: list[str] = []
         calls: list[ToolCall] = []
         for j, block in enumerate(msg.content):
             at = f"{where}.{j}"
@@ -286,22 +316,23 @@ def to_messages(body: CountBody) -> list[Message]:
                 names[call.id] = call.name
                 calls.append(call)
             elif kind == "tool_result" and msg.role == "user":
-                if texts:  # keep the order: text that came before the result goes first
-                    out.append(Message(role="user", content=_join(texts)))
-                    texts = []
+                if texts or pictures:  # keep the order: what came before the result first
+                    out.append(Message(role="user", content=_join(texts), images=pictures))
+                    texts, pictures = [], []
                 out.append(_tool_result(block, at, model, names))
             elif kind in ("tool_use", "tool_result"):
                 raise _invalid(f"{at}: a {kind} block belongs in a "
                                f"{'assistant' if kind == 'tool_use' else 'user'} message")
             else:
-                text = _block_text(block, at, model)
+                text = _block_text(block, at, model,
+                                   pictures if msg.role == "user" else None)
                 if text is not None:
                     texts.append(text)
         if msg.role == "assistant":
             out.append(Message(role="assistant", content=_join(texts), tool_calls=calls))
-        elif texts or not any(isinstance(b, dict) and b.get("type") == "tool_result"
-                              for b in msg.content):
-            out.append(Message(role="user", content=_join(texts)))
+        elif texts or pictures or not any(isinstance(b, dict) and b.get("type") == "tool_result"
+                                          for b in msg.content):
+            out.append(Message(role="user", content=_join(texts), images=pictures))
     if any(system):
         out.insert(0, Message(role="system", content=_join(system)))
     return out
@@ -646,14 +677,14 @@ def router(service: Service) -> APIRouter:
 
     @api.post("/v1/messages", response_model=None)
     async def messages(body: MessagesBody, request: Request) -> Response:
-        req = to_request(body, service)
+        req = await fetched(to_request(body, service))
         # A client that gives up (Esc in Claude Code) during prefill or a non-streamed
         # answer cancels the work; once streaming, Starlette cancels the stream itself.
         return await unless_disconnected(request, respond(body, req))
 
     @api.post("/v1/messages/count_tokens", response_model=None)
     async def count_tokens(body: CountBody, request: Request) -> Response:
-        req = to_request(body, service)
+        req = await fetched(to_request(body, service))  # images count: the runner reads them
         try:
             n = await unless_disconnected(request, service.count_tokens(req))
             if isinstance(n, Response):

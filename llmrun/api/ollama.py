@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from llmrun import __version__, config, jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
-from llmrun.chat import thinking
+from llmrun.api.images import from_base64, from_data_url
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -46,6 +46,7 @@ from llmrun.store import (
     StoreError,
     refuse_host_paths,
 )
+from llmrun.store.gguf import PROJECTOR_ARCHITECTURE
 from llmrun.store.modelfile import Modelfile, ModelfileError
 from llmrun.store.modelfile import parse as modelfile_parse
 
@@ -173,6 +174,10 @@ def stats_fields(stats: Stats) -> dict[str, Any]:
 
 def model_entry(m: Manifest) -> dict[str, Any]:
     d = m.details
+    # as Ollama lists a vision model (some clients look for "clip" here to offer images)
+    families = [d.family] if d.family else []
+    if m.projector is not None:
+        families.append(PROJECTOR_ARCHITECTURE)
     return {
         "name": m.name,
         "model": m.name,
@@ -183,7 +188,7 @@ def model_entry(m: Manifest) -> dict[str, Any]:
             "parent_model": "",
             "format": d.format,
             "family": d.family,
-            "families": [d.family] if d.family else None,
+            "families": families or None,
             "parameter_size": d.parameter_size,
             "quantization_level": d.quantization_level,
         },
@@ -223,14 +228,12 @@ def router(service: Service) -> APIRouter:
 
     @api.post("/api/chat", response_model=None)
     async def chat(body: ChatBody, request: Request) -> Response:
-        if any(m.images for m in body.messages):
-            return error(400, f"model '{body.model}' does not support images (it is text-only)")
         if isinstance(body.format, str) and body.format not in ("json", ""):
             return error(400, f"invalid format {body.format!r}: use \"json\" or a JSON schema")
         try:
             req = ChatRequest(
                 model=body.model,
-                messages=[_message(m) for m in body.messages],
+                messages=[_message(m, i) for i, m in enumerate(body.messages)],
                 tools=[_tool(t) for t in body.tools or []],
                 options=_with_fit(parse_options(body.options), body.truncate, body.shift),
                 stream=body.stream,
@@ -250,16 +253,19 @@ def router(service: Service) -> APIRouter:
 
     @api.post("/api/generate", response_model=None)
     async def generate(body: GenerateBody, request: Request) -> Response:
-        if body.images:
-            return error(400, f"model '{body.model}' does not support images (it is text-only)")
         if isinstance(body.format, str) and body.format not in ("json", ""):
             return error(400, f"invalid format {body.format!r}: use \"json\" or a JSON schema")
+        if body.images and (body.raw or body.suffix):
+            # a raw or fill-in-the-middle prompt is tokenized as is: no turn to place them in
+            return error(400, "images need a chat template; raw prompts (`raw`, `suffix`) "
+                              "cannot carry images")
         messages = []
         if body.system:
             messages.append(Message(role="system", content=body.system))
-        if body.prompt:
-            messages.append(Message(role="user", content=body.prompt))
         try:
+            pictures = _images(body.images, "images")
+            if body.prompt or pictures:  # the images go on the prompt's turn, before its text
+                messages.append(Message(role="user", content=body.prompt, images=pictures))
             req = ChatRequest(
                 model=body.model,
                 messages=messages,
@@ -281,7 +287,7 @@ def router(service: Service) -> APIRouter:
             )
         except EngineError as exc:
             return error(exc.status, exc.message, exc.retry_after)
-        if not body.prompt:
+        if not body.prompt and not body.images:  # images alone are a prompt (describe them)
             return await _load_only(service, req, "generate")
         return await _respond(req, service.chat(req), "generate", request)
 
@@ -443,7 +449,14 @@ def _tool(spec: dict[str, Any]) -> Tool:
                 parameters=fn.get("parameters") or {"type": "object", "properties": {}})
 
 
-def _message(m: OllamaMessage) -> Message:
+def _images(raw: list[str] | None, where: str) -> list[str]:
+    """Ollama's `images`: base64 image files (a data: URL is taken too, as some clients send
+    one). Any role may carry them, as in Ollama."""
+    return [from_data_url(x, f"{where}[{k}]") if x[:5].lower() == "data:"
+            else from_base64(x, f"{where}[{k}]") for k, x in enumerate(raw or [])]
+
+
+def _message(m: OllamaMessage, at: int) -> Message:
     """Ollama's message -> internal: assistant tool_calls carry arguments as objects; a tool
     result names its function in `tool_name`."""
     calls = []
@@ -458,6 +471,7 @@ def _message(m: OllamaMessage) -> Message:
         calls.append(ToolCall(id=call.get("id") or f"call_{i}", name=fn.get("name", ""),
                               arguments=args if isinstance(args, dict) else {"value": args}))
     return Message(role=m.role, content=m.content, tool_calls=calls,
+                   images=_images(m.images, f"messages[{at}].images"),
                    name=m.tool_name if m.role == "tool" else None,
                    thinking=m.thinking if m.role == "assistant" else None)
 
@@ -606,17 +620,6 @@ class CreateBody(BaseModel):
     modelfile: str | None = None  # pre-0.5 clients sent the Modelfile text
 
 
-def capabilities(template: str, info: dict[str, object]) -> list[str]:
-    """What clients may ask of the model (Open WebUI and VS Code read this). Every model
-    takes tools here: a template without tool support gets them in a system preamble."""
-    out = ["completion", "tools"]
-    if "tokenizer.ggml.fim_pre_token_id" in info:
-        out.append("insert")
-    if thinking.markers(template):
-        out.append("thinking")
-    return out
-
-
 def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
     params = []
     for key, value in manifest.parameters.items():
@@ -630,9 +633,13 @@ def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
         "template": manifest.template or "",
         "details": entry["details"],
         "model_info": info,
-        "capabilities": capabilities(store.template_of(manifest), info),
+        # the store decides, so `llmrun show` with no daemon says the same
+        "capabilities": store.capabilities(manifest, info),
         "modified_at": entry["modified_at"],
     }
+    projector = store.projector_info(manifest)
+    if projector is not None:  # Ollama's field: the projector's GGUF metadata
+        out["projector_info"] = projector
     if manifest.system:
         out["system"] = manifest.system
     if manifest.license:
@@ -769,11 +776,14 @@ def _modelfile_from(body: CreateBody, allow_remote: bool = False) -> Modelfile:
     if any(not d.startswith(("sha256:", "sha256-")) for d in
            [*(body.files or {}).values(), *(body.adapters or {}).values()]):
         raise CreateError(HOST_PATH_REFUSED)  # Ollama's clients send digests here, never paths
+    extra: list[str] = []
     if body.files:
+        # a model and its vision projector, which the store tells apart by their headers
         ggufs = [d for f, d in body.files.items() if f.lower().endswith(".gguf")]
-        if len(ggufs) != 1:
-            raise CreateError("'files' must name exactly one .gguf blob")
-        source = ggufs[0]
+        if not 1 <= len(ggufs) <= 2:
+            raise CreateError("'files' must name one .gguf blob: the model's (and, for a "
+                              "vision model, its projector's beside it)")
+        source, *extra = ggufs
     elif body.from_:
         source = body.from_
     else:
@@ -786,7 +796,8 @@ def _modelfile_from(body: CreateBody, allow_remote: bool = False) -> Modelfile:
         params["stop"] = [params["stop"]]
     licenses = [body.license] if isinstance(body.license, str) else list(body.license or [])
     mf = Modelfile(
-        from_=source, parameters=params, template=body.template, system=body.system,
+        from_=source, extra_from=extra, parameters=params, template=body.template,
+        system=body.system,
         adapters=list((body.adapters or {}).values()),  # uploaded blobs: sha256:<hex>
         messages=[Message(role=m.role, content=m.content) for m in body.messages or []
                   if m.role != "tool"],

@@ -2,7 +2,8 @@
 
 A request's `instructions` and `input` items become the internal `ChatRequest`: messages
 (every system and developer text folded into one leading system message, as templates expect
-it first), `function_call` / `custom_tool_call` items into assistant tool calls and their
+it first), `input_image` parts into `Message.images` (user turns and tool outputs only;
+api/images.py), `function_call` / `custom_tool_call` items into assistant tool calls and their
 `*_output` items into tool turns; `reasoning` items are dropped (the model's own thought is not
 fed back, as with the other dialects). Tools: `function` as is; a `namespace` group's
 functions flattened under qualified names (`namespace.name`) and mapped back when called;
@@ -36,6 +37,7 @@ from pydantic import Field
 from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import first_output
+from llmrun.api.images import fetched, from_url
 from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error
 from llmrun.api.openai.translate import _arguments
 from llmrun.api.openai.wire import LlamaExtras
@@ -118,7 +120,11 @@ class ToolMap:
 # -- the request ----------------------------------------------------------------------------
 
 
-def _part_text(part: Any, where: str, model: str) -> str | None:
+def _part_text(part: Any, where: str, model: str,
+               images: list[str] | None = None) -> str | None:
+    """A part's text; None for a refusal and for an image, which goes to `images` (None
+    where images may not be: instructions, system and developer text, the model's own
+    turns)."""
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
@@ -127,7 +133,13 @@ def _part_text(part: Any, where: str, model: str) -> str | None:
     if kind in TEXT_PARTS:
         text = part.get("text")
         return text if isinstance(text, str) else ""
-    if kind in ("input_image", "input_file", "input_audio"):
+    if kind == "input_image":
+        if images is None:
+            raise ApiError(400, "input_image parts are allowed only in user messages and in "
+                                "tool call outputs", where)
+        images.append(_image(part, where))
+        return None
+    if kind in ("input_file", "input_audio"):
         raise ApiError(400, f"model '{model}' does not support {kind} parts (it is "
                             "text-only)", where)
     if kind == "refusal":
@@ -135,12 +147,29 @@ def _part_text(part: Any, where: str, model: str) -> str | None:
     raise ApiError(400, f"content parts of type '{kind}' are not supported", f"{where}.type")
 
 
-def _content(content: Any, where: str, model: str) -> str:
+def _image(part: dict[str, Any], where: str) -> str:
+    """An `input_image` part's image: `image_url` a data URL (or an http(s) one, fetched only
+    where LLMRUN_IMAGE_URLS allows it); a `file_id` is refused (there is no Files API here).
+    `detail` is for OpenAI's tiling: the model's projector sizes images itself."""
+    if part.get("image_url") is None and part.get("file_id") is not None:
+        raise ApiError(400, "input_image by 'file_id' is not supported (there is no Files "
+                            "API here); send the image as a data URL in 'image_url'",
+                       f"{where}.file_id")
+    url = part.get("image_url")
+    if isinstance(url, dict):  # Chat Completions' shape, which some clients send here too
+        url = url.get("url")
+    try:
+        return from_url(url, f"{where}.image_url")
+    except EngineError as exc:
+        raise ApiError(exc.status, exc.message, f"{where}.image_url") from None
+
+
+def _content(content: Any, where: str, model: str, images: list[str] | None = None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise ApiError(400, "'content' must be a string or a list of parts", where)
-    texts = [_part_text(p, f"{where}[{j}]", model) for j, p in enumerate(content)]
+    texts = [_part_text(p, f"{where}[{j}]", model, images) for j, p in enumerate(content)]
     return "\n".join(t for t in texts if t is not None)
 
 
@@ -166,11 +195,13 @@ def to_messages(body: ResponsesBody, earlier: list[dict[str, Any]],
         kind = item.get("type") or ("message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
-            text = _content(item.get("content"), f"{where}.content", body.model)
+            pictures: list[str] = []
+            text = _content(item.get("content"), f"{where}.content", body.model,
+                            pictures if role == "user" else None)
             if role in ("system", "developer"):
                 system.append(text)
             elif role in ("user", "assistant"):
-                out.append(Message(role=role, content=text))
+                out.append(Message(role=role, content=text, images=pictures))
             else:
                 raise ApiError(400, f"unknown message role {role!r}", f"{where}.role")
         elif kind in ("function_call", "custom_tool_call"):
@@ -192,10 +223,11 @@ def to_messages(body: ResponsesBody, earlier: list[dict[str, Any]],
             if not isinstance(call_id, str):
                 raise ApiError(400, f"a {kind} item needs 'call_id'", f"{where}.call_id")
             output = item.get("output")
+            pictures = []  # a tool may answer with images (a screenshot)
             text = output if isinstance(output, str) else \
-                _content(output, f"{where}.output", body.model)
+                _content(output, f"{where}.output", body.model, pictures)
             out.append(Message(role="tool", content=text, tool_call_id=call_id,
-                               name=names.get(call_id)))
+                               name=names.get(call_id), images=pictures))
         elif kind == "item_reference":
             raise ApiError(400, "item references are not supported; send the items, or "
                                 "previous_response_id", where)
@@ -216,7 +248,8 @@ def _merged(messages: list[Message]) -> list[Message]:
     for m in messages:
         if out and m.role == "user" and out[-1].role == "user":
             out[-1] = out[-1].model_copy(
-                update={"content": "\n\n".join(t for t in (out[-1].content, m.content) if t)})
+                update={"content": "\n\n".join(t for t in (out[-1].content, m.content) if t),
+                        "images": [*out[-1].images, *m.images]})
         else:
             out.append(m)
     return out
@@ -601,6 +634,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
     async def create(body: ResponsesBody, request: Request) -> Response:
         try:
             req, mapping, _ = prepare(body)
+            req = await fetched(req)
         except NotStored:
             return _not_stored(body.previous_response_id or "", "previous_response_id")
         except (ApiError, EngineError) as exc:
@@ -653,6 +687,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
     async def input_tokens(body: ResponsesBody, request: Request) -> Response:
         try:
             req, _, _ = prepare(body)
+            req = await fetched(req)  # images count: the runner reads them
             n = await unless_disconnected(request, service.count_tokens(req))
         except NotStored:
             return _not_stored(body.previous_response_id or "", "previous_response_id")

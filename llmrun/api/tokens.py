@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.translate import chat_requests
 from llmrun.api.openai.wire import ChatCompletionBody
@@ -75,7 +76,7 @@ def router(service: Service) -> APIRouter:
     @api.post("/apply-template", response_model=None)
     async def apply_template(body: ChatCompletionBody, request: Request) -> Response:
         try:
-            req = chat_requests(body)[0]
+            req = await fetched(chat_requests(body)[0])  # images count: the runner reads them
         except (ApiError, EngineError) as exc:
             return _error(exc.status, exc.message)
         except ValidationError as exc:

@@ -13,10 +13,10 @@ import re
 import sys
 from pathlib import Path
 
+from llmrun import config
 from llmrun.client import APIError, Client
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
-MAX_BYTES = 20 * 1024 * 1024  # the daemon's limit per image (llmrun/bounds.py)
 
 # a quoted path, or a run of non-space characters and escaped spaces, ending in an image
 # extension (any case)
@@ -49,10 +49,12 @@ def message(text: str) -> tuple[dict[str, object], list[Path]]:
     takes them), and the files; ValueError for one too large to send."""
     rest, paths = find(text)
     pictures = []
+    limit = config.max_image_size()  # the daemon's (the same setting, on this machine)
     for path in paths:
         size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ValueError(f"{path} is {size} bytes; an image may be at most {MAX_BYTES}")
+        if size > limit:
+            raise ValueError(f"{path} is {size} bytes; an image may be at most {limit} "
+                             f"(LLMRUN_MAX_IMAGE_SIZE)")
         pictures.append(base64.b64encode(path.read_bytes()).decode())
     if not pictures:
         return {"role": "user", "content": text}, []

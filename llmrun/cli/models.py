@@ -56,30 +56,32 @@ def _split(text: str) -> bool:
     from llmrun.store import modelfile
 
     try:
-        return bool(re.search(r"-\d{5}-of-\d{5}\.gguf$", modelfile.parse(text).from_))
+        return any(re.search(r"-\d{5}-of-\d{5}\.gguf$", ref)
+                   for ref in modelfile.parse(text).froms)
     except modelfile.ModelfileError:
         return False
 
 
 def _upload_files(client: Client, text: str, base_dir: Path) -> dict[str, str]:
-    """The /api/create body for Modelfile `text`: its FROM and ADAPTER files uploaded as
-    blobs and named by digest."""
+    """The /api/create body for Modelfile `text`: its FROM (model, projector) and ADAPTER
+    files uploaded as blobs and named by digest."""
     from llmrun.store import CreateError, modelfile
 
     try:
         mf = modelfile.parse(text)
     except modelfile.ModelfileError as exc:
         raise CreateError(str(exc)) from None
-    for i, ref in enumerate([mf.from_, *mf.adapters]):
+
+    def upload(ref: str) -> str:
         path = _local_file(ref, base_dir)
         if path is None:
-            continue
+            return ref
         console.print(f"[dim]uploading {path.name}[/]", highlight=False)
-        digest = client.upload_blob(path)
-        if i == 0:
-            mf.from_ = digest
-        else:
-            mf.adapters[i - 1] = digest
+        return client.upload_blob(path)
+
+    mf.from_ = upload(mf.from_)
+    mf.extra_from = [upload(ref) for ref in mf.extra_from]
+    mf.adapters = [upload(ref) for ref in mf.adapters]
     return {"modelfile": mf.render()}
 
 
@@ -240,18 +242,23 @@ def register(app: typer.Typer) -> None:
 
         from llmrun.store import StoreError
         from llmrun.store.gguf import GGUFError
+        from llmrun.store.store import human_params
 
         store = _store()
         try:
             _, m = store.get(name)
             info = store.model_info(m)
+            capabilities = store.capabilities(m, info)
+            projector = store.projector_info(m)
         except (StoreError, GGUFError) as exc:
             fail(str(exc))
         if as_json:
             out = {"name": m.name, "id": m.id, "size": m.size, "source": m.source,
                    "details": m.details.model_dump(), "parameters": m.parameters,
                    "template": m.template, "system": m.system, "license": m.license,
-                   "model_info": info}
+                   "capabilities": capabilities, "model_info": info}
+            if projector is not None:
+                out["projector_info"] = projector
             console.print_json(json.dumps(out, default=str))
             return
         sections = [
@@ -262,8 +269,8 @@ def register(app: typer.Typer) -> None:
             (license_, lambda: "\n".join(m.license)),
         ]
         for wanted, render in sections:
-            if wanted:
-                console.print(render(), markup=False)
+            if wanted:  # never wrapped: a long blob path must stay on its FROM line
+                console.print(render(), markup=False, soft_wrap=True)
                 return
         arch = m.details.family
         d = m.details
@@ -277,6 +284,20 @@ def register(app: typer.Typer) -> None:
                 table.add_row(f"  {key}", str(value))
         console.print("[bold]Model[/]")
         console.print(table)
+        if projector is not None:
+            console.print("[bold]Projector[/]")
+            table = Table(box=None, show_header=False, pad_edge=False)
+            count = projector.get("general.parameter_count")
+            for key, value in (("architecture", projector.get("general.architecture")),
+                               ("parameters", human_params(count)
+                                if isinstance(count, int) else None),
+                               ("size", human_size(m.projector.size) if m.projector else None)):
+                if value not in (None, ""):
+                    table.add_row(f"  {key}", str(value))
+            console.print(table)
+        console.print("[bold]Capabilities[/]")
+        for capability in capabilities:
+            console.print(f"  {capability}", markup=False)
         if m.parameters:
             console.print("[bold]Parameters[/]")
             for k, v in m.parameters.items():

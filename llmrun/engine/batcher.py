@@ -40,6 +40,7 @@ daemon starts a fresh one rather than queueing requests to a thread that is gone
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -134,7 +135,7 @@ def image_ids(digest: str, n: int) -> list[int]:
     """Stand-in token ids for the `n` positions of the image with content hash `digest`:
     negative (no token is one), int32 (prompt-cache keys are), and the same for the same
     image. Equal ids are not trusted alone: `Slot.images` confirms the content."""
-    h = int(digest[:16] or "0", 16)
+    h = int.from_bytes(hashlib.blake2b(digest.encode(), digest_size=8).digest())
     return [-1 - (h + i) % 0x7FFFFFFE for i in range(n)]
 
 

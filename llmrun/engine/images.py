@@ -17,9 +17,8 @@ import warnings
 
 from PIL import Image
 
-# What one image may be: bytes of the file (the daemon checks this too, before it leases a
-# runner) and pixels declared by its header (64 Mpx: an 8192 x 8192 image, 192 MB as RGB).
-MAX_BYTES = 20 * 1024 * 1024
+# Pixels an image's header may declare (64 Mpx: 8192 x 8192, 192 MB as RGB). Its bytes were
+# bounded by the daemon (LLMRUN_MAX_IMAGE_SIZE, llmrun/bounds.py) and by the IPC frame.
 MAX_PIXELS = 64 * 1024 * 1024
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
@@ -39,8 +38,6 @@ def decode(data_b64: str) -> tuple[int, int, bytes, str]:
         data = base64.b64decode(data_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("an image is not valid base64") from None
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"an image is {len(data)} bytes; at most {MAX_BYTES} are accepted")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -690,6 +690,7 @@ class Projector:
                                   2: "an image could not be preprocessed for this projector"}
                                  .get(rc, f"images could not be read (mtmd error {rc})"))
             out: list[list[int] | ImageChunk] = []
+            slices: dict[str, int] = {}  # image hash -> its chunks so far
             for i in range(M.mtmd_input_chunks_size(chunks)):
                 chunk = M.mtmd_input_chunks_get(chunks, i)
                 kind = M.mtmd_input_chunk_get_type(chunk)
@@ -701,8 +702,12 @@ class Projector:
                     n_tokens = M.mtmd_input_chunk_get_n_tokens(chunk)
                     if M.mtmd_input_chunk_get_n_pos(chunk) != n_tokens:
                         raise LlamaError("an image chunk whose positions differ from its rows")
-                    digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
-                    out.append(ImageChunk(M.mtmd_input_chunk_copy(chunk), n_tokens, digest))
+                    image = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
+                    # projectors that slice a large image (LLaVA-UHD, SmolVLM) give it several
+                    # chunks: each is named by the image's hash and its place among them
+                    k = slices[image] = slices.get(image, -1) + 1
+                    out.append(ImageChunk(M.mtmd_input_chunk_copy(chunk), n_tokens,
+                                          f"{image}.{k}"))
                 else:
                     raise ValueError("audio input is not supported")
             return out

@@ -32,6 +32,7 @@ class CatalogModel:
     parameters: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
     system: str | None = None
+    projector: Source | None = None  # a vision projector (mmproj GGUF) fetched with the model
 
 
 def catalog_dir() -> Path:
@@ -45,10 +46,8 @@ def catalog_dir() -> Path:
 def _entries(doc: dict[str, Any]) -> dict[str, CatalogModel]:
     out: dict[str, CatalogModel] = {}
     for tag, spec in (doc.get("tags") or {}).items():
-        sources = []
-        for s in spec.get("sources", []):
-            kind = next(k for k in ("pypi", "hf") if k in s)
-            sources.append(Source(kind, dict(s[kind]), s.get("sha256"), s.get("size")))
+        sources = [_source(s) for s in spec.get("sources", [])]
+        projector = _source(spec["projector"]) if spec.get("projector") else None
         model = CatalogModel(
             name=doc["name"],
             tag=str(tag),
@@ -59,10 +58,16 @@ def _entries(doc: dict[str, Any]) -> dict[str, CatalogModel]:
             parameters={**(doc.get("parameters") or {}), **(spec.get("parameters") or {})},
             template=spec.get("template", doc.get("template")),
             system=spec.get("system", doc.get("system")),
+            projector=projector,
         )
         for t in [str(tag), *map(str, spec.get("aliases", []))]:
             out[t] = model
     return out
+
+
+def _source(s: dict[str, Any]) -> Source:
+    kind = next(k for k in ("pypi", "hf") if k in s)
+    return Source(kind, dict(s[kind]), s.get("sha256"), s.get("size"))
 
 
 @cache

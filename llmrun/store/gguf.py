@@ -52,6 +52,9 @@ FILE_TYPES = {
 }
 
 
+PROJECTOR_ARCHITECTURE = "clip"
+
+
 class GGUFError(ValueError):
     """The file is not a GGUF model llmrun is willing to hand to llama.cpp."""
 
@@ -84,6 +87,12 @@ class GGUFInfo:
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", "unknown"))
+
+    @property
+    def is_projector(self) -> bool:
+        """A vision projector (mmproj): llama.cpp's converters give every one, whatever
+        the model it serves, the architecture `clip`; a file's name proves nothing."""
+        return self.architecture == PROJECTOR_ARCHITECTURE
 
     def arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)

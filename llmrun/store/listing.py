@@ -55,7 +55,8 @@ def entries(root: Path) -> list[Entry] | None:
 def _entry(data: dict[str, Any]) -> Entry | None:
     digest, name = data["digest"], data["name"]
     own = [data["model"]] if data.get("model") is not None else []
-    layers = [*own, *data["parts"], *data["adapters"]]
+    projector = [data["projector"]] if data.get("projector") is not None else []
+    layers = [*own, *data["parts"], *data["adapters"], *projector]
     sizes = [layer["size"] for layer in layers]
     if not (isinstance(digest, str) and _DIGEST.match(digest) and isinstance(name, str)
             and all(type(s) is int and s >= 0 for s in sizes)):

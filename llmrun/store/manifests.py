@@ -55,6 +55,8 @@ class Manifest(BaseModel):
     remote: Remote | None = None
     parts: list[Layer] = Field(default_factory=list)  # further files of a split GGUF, in order
     adapters: list[Layer] = Field(default_factory=list)
+    # a vision projector (an mmproj GGUF, architecture `clip`) the runner loads beside the model
+    projector: Layer | None = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     template: str | None = None
     system: str | None = None
@@ -80,14 +82,19 @@ class Manifest(BaseModel):
             raise ValueError(f"{self.name} is served by a remote server: it has no model file")
         return self.model
 
+    @property
+    def layers(self) -> list[Layer]:
+        """Every blob the model needs: model file, its parts, adapters, projector."""
+        own = [self.model] if self.model is not None else []
+        projector = [self.projector] if self.projector is not None else []
+        return [*own, *self.parts, *self.adapters, *projector]
+
     def digests(self) -> set[str]:
-        own = {self.model.digest} if self.model is not None else set()
-        return {*own, *(p.digest for p in self.parts), *(a.digest for a in self.adapters)}
+        return {x.digest for x in self.layers}
 
     @property
     def size(self) -> int:
-        own = self.model.size if self.model is not None else 0
-        return own + sum(x.size for x in (*self.parts, *self.adapters))
+        return sum(x.size for x in self.layers)
 
     def serialize(self) -> bytes:
         # the digest goes along (not a field: reading ignores it) so `llmrun list` can show
@@ -99,7 +106,11 @@ class Manifest(BaseModel):
     @property
     def digest(self) -> str:
         """Identity of the content (not the name): same weights and settings, same digest."""
-        body = self.model_dump_json(exclude={"name", "modified_at", "source"})
+        # without a projector the field is left out, so models made before it existed keep
+        # their ids (and the digest stored in their manifests stays right)
+        skip = {"name", "modified_at", "source"} | ({"projector"} if self.projector is None
+                                                   else set())
+        body = self.model_dump_json(exclude=skip)
         return hashlib.sha256(body.encode()).hexdigest()
 
     @property

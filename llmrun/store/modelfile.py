@@ -1,5 +1,8 @@
 """Ollama's Modelfile syntax: FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, LICENSE, ADAPTER.
 
+FROM may appear twice, as Ollama allows: a model and its vision projector (an mmproj GGUF),
+in either order. Which is which only the files' headers tell, so the store decides.
+
 Values are a bare rest-of-line, a "quoted" string or a \"\"\"multi-line\"\"\" block; `#`
 starts a comment line; instructions are case-insensitive. Every error names its line.
 """
@@ -18,6 +21,7 @@ INSTRUCTIONS = ("from", "parameter", "template", "system", "message", "license",
 # options, so they live apart from them (Modelfile.remote); remote_replica may repeat.
 REMOTE_PARAMETERS = ("remote_model", "remote_replica", "remote_key_env")
 ROLES = ("system", "user", "assistant")
+MAX_FROM = 2  # a model and its vision projector
 
 
 class ModelfileError(ValueError):
@@ -29,6 +33,7 @@ class ModelfileError(ValueError):
 @dataclass
 class Modelfile:
     from_: str = ""
+    extra_from: list[str] = field(default_factory=list)  # a second FROM (a projector)
     parameters: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
     system: str | None = None
@@ -37,12 +42,17 @@ class Modelfile:
     adapters: list[str] = field(default_factory=list)
     remote: dict[str, Any] = field(default_factory=dict)  # REMOTE_PARAMETERS given
 
+    @property
+    def froms(self) -> list[str]:
+        """Every FROM, in the order written."""
+        return [self.from_, *self.extra_from]
+
     def options(self) -> Options:
         return Options.model_validate(self.parameters)
 
     def render(self) -> str:
         """Print back as Modelfile text (parse(render(m)) == m)."""
-        out = [f"FROM {self.from_}"]
+        out = [f"FROM {ref}" for ref in self.froms]
         out += [f"ADAPTER {a}" for a in self.adapters]
         for name, value in [*self.remote.items(), *self.parameters.items()]:
             values = value if isinstance(value, list) else [value]
@@ -167,9 +177,13 @@ def _apply(mf: Modelfile, line: int, instruction: str, text: str, block: str | N
     if instruction == "from":
         if not value:
             raise ModelfileError(line, "FROM needs a model name or a path to a GGUF file")
+        if mf.from_ and len(mf.froms) >= MAX_FROM:
+            raise ModelfileError(line, "at most two FROM lines: a model and its vision "
+                                       "projector (an mmproj GGUF)")
         if mf.from_:
-            raise ModelfileError(line, "only one FROM is allowed")
-        mf.from_ = value
+            mf.extra_from.append(value)
+        else:
+            mf.from_ = value
     elif instruction == "template":
         mf.template = value
     elif instruction == "system":

@@ -92,7 +92,16 @@ def quant_of(filename: str) -> str | None:
 
 
 def list_gguf(repo: str, revision: str | None = None) -> list[RemoteFile]:
-    """The repo's .gguf files (projector files excluded) with their sizes and sha256."""
+    """The repo's .gguf model files (projector files excluded) with their sizes and sha256."""
+    return list_repo(repo, revision)[0]
+
+
+def list_repo(repo: str, revision: str | None = None,
+              ) -> tuple[list[RemoteFile], list[RemoteFile]]:
+    """The repo's .gguf files with their sizes and sha256, in one listing: (model files,
+    vision projector files). Repos mark projectors `mmproj` in the name (llama.cpp's `-hf`
+    relies on it too); the name only sorts the listing, the downloaded file's header is
+    what makes it a projector."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -111,20 +120,64 @@ def list_gguf(repo: str, revision: str | None = None) -> list[RemoteFile]:
         raise PullError(f"revision '{revision}' not found in '{repo}'") from None
     except (HfHubHTTPError, httpx.HTTPError, OSError, *_hub_transport_errors()) as exc:
         raise PullError(f"cannot list '{repo}' on Hugging Face: {exc}") from None
-    files = []
+    files: list[RemoteFile] = []
+    projectors: list[RemoteFile] = []
     for s in info.siblings or []:
         name = s.rfilename
-        if not name.lower().endswith(".gguf") or "mmproj" in name.lower():
+        if not name.lower().endswith(".gguf"):
             continue
         if not safe_repo_path(name):
             continue  # a hostile listing: never let a remote name near the file system
         lfs = s.lfs
         sha = lfs.sha256 if lfs is not None else None
         size = lfs.size if lfs is not None else (s.size or 0)
-        files.append(RemoteFile(repo, name, int(size or 0), sha, info.sha or revision or "main"))
+        found = RemoteFile(repo, name, int(size or 0), sha, info.sha or revision or "main")
+        (projectors if _is_projector_name(name) else files).append(found)
     if not files:
         raise PullError(f"Hugging Face repo '{repo}' has no GGUF files")
-    return files
+    return files, projectors
+
+
+def _is_projector_name(path: str) -> bool:
+    return "mmproj" in PurePosixPath(path).name.lower()
+
+
+def choose_projector(projectors: list[RemoteFile], model: RemoteFile,
+                     ) -> tuple[RemoteFile | None, str]:
+    """The projector to fetch with `model`, and why (None: the repo has none).
+
+    llama-server's `-hf` takes the one the Hub's manifest API names; that API is not the
+    listing we read, so the choice is made here, to the same end: the projector that goes
+    with the model file chosen. In order: one in the model's quantization (Q8_0 with Q8_0);
+    else one of the same precision family (Q4_0 with Q4_K_M; F16 with BF16: the bits per
+    weight the user chose); else F16, the precision projectors are made in and the one every
+    repo offers; else the first by name, so the choice never depends on listing order. Ties
+    go to F16 (BF16 model, F16 and F32 projectors: F16)."""
+    if not projectors:
+        return None, ""
+    ordered = sorted(projectors, key=lambda f: (quant_of(f.path) != "F16", f.path))
+    quant = quant_of(model.path)
+    for f in ordered:
+        if quant and quant_of(f.path) == quant:
+            return f, f"projector {PurePosixPath(f.path).name} (same quantization)"
+    family = _precision_family(quant)
+    for f in ordered:
+        if family and _precision_family(quant_of(f.path)) == family:
+            return f, f"projector {PurePosixPath(f.path).name} (same precision family)"
+    for f in ordered:
+        if quant_of(f.path) == "F16":
+            return f, f"projector {PurePosixPath(f.path).name} (F16)"
+    return ordered[0], f"projector {PurePosixPath(ordered[0].path).name}"
+
+
+def _precision_family(quant: str | None) -> str | None:
+    """Q4_K_M, Q4_0 and IQ4_XS are `4` (bits); F16, BF16 and F32 `float`."""
+    if quant is None:
+        return None
+    if quant in ("F16", "BF16", "F32"):
+        return "float"
+    m = re.match(r"I?Q(\d)", quant)
+    return m.group(1) if m else None
 
 
 def choose(files: list[RemoteFile], tag: str) -> tuple[list[RemoteFile], str]:

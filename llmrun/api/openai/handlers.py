@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from llmrun.api.disconnect import unless_disconnected
+from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError, _invalid, api_error, error
 from llmrun.api.openai.stream import (
     Choices,
@@ -75,6 +76,15 @@ async def _answer(request: Request, service: Service, reqs: list[ChatRequest], i
     return await unless_disconnected(request, respond())
 
 
+async def _with_images(reqs: list[ChatRequest]) -> list[ChatRequest]:
+    """The choices of one request with their image URLs downloaded, once for all of them
+    (the choices share their messages)."""
+    first = await fetched(reqs[0])
+    if first is reqs[0]:
+        return reqs
+    return [first, *(r.model_copy(update={"messages": first.messages}) for r in reqs[1:])]
+
+
 def router(service: Service) -> APIRouter:
     api = APIRouter()
 
@@ -82,7 +92,7 @@ def router(service: Service) -> APIRouter:
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
         body.log_extras()
         try:
-            reqs = chat_requests(body)
+            reqs = await _with_images(chat_requests(body))
         except (ApiError, EngineError) as exc:
             return api_error(exc)
         except ValidationError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmrun.api.images import from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import (
     ChatCompletionBody,
@@ -14,6 +15,7 @@ from llmrun.api.openai.wire import (
 )
 from llmrun.request import (
     ChatRequest,
+    EngineError,
     Format,
     Message,
     NamedTool,
@@ -39,20 +41,38 @@ def _options(body: ChatCompletionBody | CompletionBody, max_tokens: int | None) 
     return Options(**{k: v for k, v in values.items() if v is not None})
 
 
-def _text(content: str | list[ContentPart] | None, param: str, model: str) -> str:
+def _content(content: str | list[ContentPart] | None, param: str,
+             role: str) -> tuple[str, list[str]]:
+    """A message's text (its text parts joined) and images (its `image_url` parts, in order).
+    Only user messages carry images, as at OpenAI: elsewhere one is a 400, never dropped."""
     if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
+        return content or "", []
+    texts: list[str] = []
+    pictures: list[str] = []
     for j, part in enumerate(content):
         if part.type == "text":
             texts.append(part.text or "")
-        elif part.type in ("image_url", "input_image", "image"):
-            raise ApiError(400, f"model '{model}' does not support images (it is text-only)",
-                           f"{param}[{j}]")
+        elif part.type == "image_url":
+            if role != "user":
+                raise ApiError(400, "Image URLs are only allowed for messages with role "
+                                    f"'user', but this message with role '{role}' contains "
+                                    "an image URL.", f"{param}[{j}]")
+            pictures.append(_image(part, f"{param}[{j}].image_url"))
         elif part.type != "refusal":
             raise ApiError(400, f"content parts of type '{part.type}' are not supported",
                            f"{param}[{j}].type")
-    return "\n".join(texts)
+    return "\n".join(texts), pictures
+
+
+def _image(part: ContentPart, param: str) -> str:
+    """An `image_url` part's image: `{"url": ..., "detail": ...}` (`detail` is for OpenAI's
+    tiling; the model's projector sizes images itself), or the URL alone as some clients
+    send it."""
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    try:
+        return from_url(url, param)
+    except EngineError as exc:
+        raise ApiError(exc.status, exc.message, param) from None
 
 
 def _arguments(raw: Any, param: str) -> dict[str, Any]:
@@ -75,11 +95,11 @@ def _messages(body: ChatCompletionBody) -> list[Message]:
     names: dict[str, str] = {}  # tool call id -> function name, to name tool results
     for i, m in enumerate(body.messages):
         param = f"messages[{i}].content"
-        text = _text(m.content, param, body.model)
+        text, pictures = _content(m.content, param, m.role)
         if m.role in ("system", "developer"):
             out.append(Message(role="system", content=text))
         elif m.role == "user":
-            out.append(Message(role="user", content=text))
+            out.append(Message(role="user", content=text, images=pictures))
         elif m.role == "assistant":
             calls = []
             for j, c in enumerate(m.tool_calls or []):

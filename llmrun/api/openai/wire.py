@@ -42,6 +42,7 @@ class LlamaExtras(Body):
 class ContentPart(Body):
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | str | None = None  # {"url": ..., "detail": ...}
 
 
 class FunctionCall(Body):
