@@ -209,3 +209,40 @@ def test_cli_run_attaches_an_image_path(vision_daemon: Daemon, tmp_path: Path) -
     assert "Added image './photo.png'" in out.stderr or "Added image 'photo.png'" in out.stderr
     with_image = ask_ollama(ollama.Client(host=vision_daemon.url), image(1))[0]
     assert out.stdout.strip() == with_image.strip()
+
+
+class _Lines:
+    """The chat's line reader, replaying given lines."""
+
+    def __init__(self, *lines: str) -> None:
+        self.lines = list(lines)
+        self.save = True
+
+    def read(self, prompt: str) -> str:
+        return self.lines.pop(0)
+
+
+def test_chat_attaches_an_image_path_for_a_vision_model_only(
+        vision_daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmrun.cli.repl import Session, _turn
+    from llmrun.client import Client
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photo.png").write_bytes(image(1))
+    sent: list[list[dict[str, Any]]] = []
+
+    def stream(session: Session, messages: list[dict[str, Any]]) -> str:
+        sent.append(messages)
+        return "An answer."
+
+    client = Client(vision_daemon.url)
+    for model, attached in (("vis", True), ("smollm2", False)):
+        session = Session(model)
+        assert _turn(client, session, stream, _Lines("What is in photo.png?"))  # type: ignore[arg-type]
+        question = sent[-1][-1]
+        if attached:
+            assert question == {"role": "user", "content": "What is in ?",
+                                "images": [b64(image(1))]}
+        else:  # a text model gets the words as typed
+            assert question == {"role": "user", "content": "What is in photo.png?"}
+        assert session.history[-1] == {"role": "assistant", "content": "An answer."}

@@ -132,6 +132,20 @@ def test_second_turn_reads_the_image_from_the_cache(host: Host) -> None:
     assert third["cached_tokens"] < first["prompt_tokens"] - N_IMAGE_TOKENS
 
 
+def test_an_image_sent_again_is_not_encoded_again(host: Host) -> None:
+    kind, _, answer = host.ask([user(image(8))])
+    assert kind == "done" and host.encodes == 1
+    # the first turn's image again, later in the conversation, beside a new one: only the
+    # new one is encoded (the other comes from the slot, then from the embeddings kept)
+    turn2 = [user(image(8)), {"role": "assistant", "content": answer},
+             user(image(8), image(9), text="And these two?")]
+    kind, stats, _ = host.ask(turn2)
+    assert kind == "done" and host.encodes == 2, stats
+    # the same twice in one message: the same positions' ids, each read
+    kind, both, _ = host.ask([user(image(9), image(9))])
+    assert kind == "done" and host.encodes == 2, both
+
+
 def test_image_read_in_pieces_beside_a_stream_equals_alone(
         model: Model, mmproj: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 5 rows per step while another sequence generates: the image takes four steps

@@ -268,7 +268,8 @@ class Engine:
         self.embd_batch = EmbdBatch(ctx.n_batch, projector.n_embd) if projector else None
         self._image_rows: dict[str, np.ndarray] = {}  # embeddings by image hash, oldest first
         self._encoder: threading.Thread | None = None
-        self._to_encode: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self._to_encode: queue.SimpleQueue[tuple[Sequence, list[ImageChunk]] | None] = \
+            queue.SimpleQueue()
         self._last_emit = time.monotonic()
         self.stats = EngineStats()
         self._last_stats = 0.0  # monotonic time the stats were last sent
@@ -313,10 +314,10 @@ class Engine:
         """The encoder thread: runs the vision encoder on the images a placed sequence
         needs, while the engine thread goes on decoding the others."""
         assert self.projector is not None
-        while (seq := self._to_encode.get()) is not None:
+        while (job := self._to_encode.get()) is not None:
+            seq, chunks = job
             try:
-                rows = {chunk.digest: self.projector.encode(chunk)
-                        for _, chunk in seq.params.images if chunk.digest not in seq.embeds}
+                rows = {chunk.digest: self.projector.encode(chunk) for chunk in chunks}
                 self._inbox.put(("encoded", (seq, rows)))
             except Exception as exc:
                 self._inbox.put(("encoded", (seq, exc)))
@@ -467,7 +468,7 @@ class Engine:
     def _need_images(self, seq: Sequence, n: int) -> None:
         """The embeddings of the images `seq` reads beyond the `n` positions its slot holds:
         from the cache, else from the encoder thread (the sequence waits; others go on)."""
-        missing = False
+        missing: dict[str, ImageChunk] = {}
         for start, chunk in seq.params.images:
             slot = seq.slot
             assert slot is not None
@@ -478,14 +479,14 @@ class Engine:
             if rows is not None:
                 seq.embeds[chunk.digest] = rows
             else:
-                missing = True
+                missing[chunk.digest] = chunk  # (once, if it comes twice)
         if missing:
             seq.encoding = True
             if self._encoder is None:
                 self._encoder = threading.Thread(target=self._encode_loop, daemon=True,
                                                  name="llmrun-vision")
                 self._encoder.start()
-            self._to_encode.put(seq)
+            self._to_encode.put((seq, list(missing.values())))
 
     def _restorable(self, seq: Sequence, n: int) -> tuple[Entry, int] | None:
         """The saved state to load for `seq` into a slot holding `n` of its tokens, and how
@@ -751,8 +752,6 @@ class Engine:
         if rc == 0:
             slot.tokens.extend(seq.pending[:n])
             del seq.pending[:n]
-            if base - start + n == chunk.n_tokens:
-                seq.embeds.pop(chunk.digest, None)  # (the cache keeps it, while it fits)
         return rc
 
     def _prompt_budget(self, decode_rows: int) -> int:

@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -690,7 +691,15 @@ class Projector:
                                   2: "an image could not be preprocessed for this projector"}
                                  .get(rc, f"images could not be read (mtmd error {rc})"))
             out: list[list[int] | ImageChunk] = []
-            slices: dict[str, int] = {}  # image hash -> its chunks so far
+            # Projectors that slice a large image (LLaVA-UHD, SmolVLM) give it several
+            # chunks: each is named by the image's hash and its place among the image's
+            # chunks (the same image twice in a prompt: the same names twice)
+            sent = Counter(digest for *_, digest in images)
+            total = Counter((M.mtmd_input_chunk_get_id(M.mtmd_input_chunks_get(chunks, i))
+                             or b"").decode() for i in range(M.mtmd_input_chunks_size(chunks))
+                            if M.mtmd_input_chunk_get_type(M.mtmd_input_chunks_get(chunks, i))
+                            == M.MTMD_INPUT_CHUNK_TYPE_IMAGE)
+            seen: Counter[str] = Counter()
             for i in range(M.mtmd_input_chunks_size(chunks)):
                 chunk = M.mtmd_input_chunks_get(chunks, i)
                 kind = M.mtmd_input_chunk_get_type(chunk)
@@ -703,9 +712,8 @@ class Projector:
                     if M.mtmd_input_chunk_get_n_pos(chunk) != n_tokens:
                         raise LlamaError("an image chunk whose positions differ from its rows")
                     image = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
-                    # projectors that slice a large image (LLaVA-UHD, SmolVLM) give it several
-                    # chunks: each is named by the image's hash and its place among them
-                    k = slices[image] = slices.get(image, -1) + 1
+                    k = seen[image] % max(1, total[image] // max(1, sent[image]))
+                    seen[image] += 1
                     out.append(ImageChunk(M.mtmd_input_chunk_copy(chunk), n_tokens,
                                           f"{image}.{k}"))
                 else:
