@@ -113,7 +113,8 @@ def main() -> None:
             print(f"beside a stream: image first token after {seconds:.2f} s; the stream's "
                   f"gaps before p50 {statistics.median(before):.1f} ms, while the image was "
                   f"read p50 {statistics.median(gaps):.1f} / max {max(gaps):.0f} ms over "
-                  f"{len(gaps)} tokens, stood still {stalled:.2f} s")
+                  f"{len(gaps)} tokens, stood still {stalled:.2f} s (gaps over 100 ms: "
+                  f"{', '.join(f'{g:.0f}' for g in gaps if g > 100)})")
     finally:
         daemon.terminate()
         daemon.wait(30)

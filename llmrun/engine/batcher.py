@@ -317,7 +317,10 @@ class Engine:
         while (job := self._to_encode.get()) is not None:
             seq, chunks = job
             try:
+                t0 = time.perf_counter()
                 rows = {chunk.digest: self.projector.encode(chunk) for chunk in chunks}
+                log.info("request %s: %d image chunks (%d positions) encoded in %.2f s", seq.id,
+                         len(chunks), sum(c.n_tokens for c in chunks), time.perf_counter() - t0)
                 self._inbox.put(("encoded", (seq, rows)))
             except Exception as exc:
                 self._inbox.put(("encoded", (seq, exc)))
@@ -681,8 +684,8 @@ class Engine:
             st.mixed_steps += mixed
         if not fed:  # every row is a token to sample: the steps drafting is weighed by
             self.step_cost.observe(batch.n, elapsed)
-        elif batch.n >= MIN_PROMPT_CHUNK:
-            per_token = elapsed / batch.n
+        elif (rows := batch.n + (image[1] if image is not None else 0)) >= MIN_PROMPT_CHUNK:
+            per_token = elapsed / rows  # (an image's rows cost about what tokens do)
             self.prompt_token_s = per_token if self.prompt_token_s is None else \
                 0.8 * self.prompt_token_s + 0.2 * per_token
         if self.prompt_cache is not None:
