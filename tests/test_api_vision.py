@@ -246,3 +246,19 @@ def test_chat_attaches_an_image_path_for_a_vision_model_only(
         else:  # a text model gets the words as typed
             assert question == {"role": "user", "content": "What is in photo.png?"}
         assert session.history[-1] == {"role": "assistant", "content": "An answer."}
+
+
+def test_responses_api_takes_input_image(oa: openai.OpenAI) -> None:
+    def ask(picture: bytes) -> tuple[str, int]:
+        r = oa.responses.create(model="vis", max_output_tokens=12, temperature=0, input=[
+            {"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64," + b64(picture),
+                 "detail": "auto"},
+                {"type": "input_text", "text": QUESTION}]}])
+        assert r.usage is not None
+        return r.output_text, r.usage.input_tokens
+
+    (first, n1), (again, n2), (other, _) = ask(image(1)), ask(image(1)), ask(image(2))
+    assert first == again and first != other and n1 == n2
+    _, n_plain, _ = ask_openai(oa)
+    assert n1 - n_plain in (N_IMAGE_TOKENS, N_IMAGE_TOKENS + 1)
