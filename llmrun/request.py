@@ -55,6 +55,9 @@ class Options(BaseModel):
     # speculative decoding: the most tokens (up to 16) guessed ahead per step by prompt
     # lookup and checked in the same decode; 0 (the default) is off. engine/draft.py
     num_draft: int | None = Field(None, ge=0, le=64)
+    # ... or guessed by this smaller model of the same vocabulary (a model in the store, by
+    # name), loaded beside the model; num_draft then defaults to 8 (engine/draft.py)
+    draft_model: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("kv_cache_type", "flash_attention", mode="before")
     @classmethod
@@ -69,6 +72,7 @@ class Options(BaseModel):
 
 
 LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap", "kv_cache_type",
+                "draft_model",
                 "flash_attention")
 
 # Ollama's defaults for what a request and the Modelfile leave unset.

@@ -16,12 +16,13 @@ from llmrun.engine.batcher import SeqParams
 from llmrun.engine.draft import (
     PROBE_ROWS,
     Acceptance,
+    DraftModel,
     History,
     StepCost,
     draft_length,
     probe_exact_rows,
 )
-from llmrun.engine.llama import Batch, Context, Model
+from llmrun.engine.llama import Batch, Context, LlamaError, Model
 from tests.conftest import wait_until
 from tests.test_engine import GREEDY, Harness
 
@@ -258,3 +259,112 @@ def test_probe_measures_and_leaves_no_cells(model: Model) -> None:
         assert ctx.seq_pos_max(0) == 19
     finally:
         ctx.close()
+
+
+# -- a draft model ----------------------------------------------------------------------------
+
+
+def with_draft_model(model: Model, path: Path, prompts: list[list[int]], slots: int = 1,
+                     n_ctx: int = 1024, **params: Any
+                     ) -> tuple[list[str], list[dict[str, Any]], Harness]:
+    """Generate for every prompt at once with `path` as the draft model, drafting up to 8
+    tokens whenever it can (rows and the draft model's time taken as free)."""
+    draft = Model(path)
+    ctx = Context(draft, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=1)
+    drafter = DraftModel(draft, ctx, slots)
+    drafter.check_vocabulary(model)
+    h = forced(Harness(model, slots=slots, n_ctx=n_ctx, drafter=drafter))
+    h.engine._drafter_share = lambda: 0.0  # type: ignore[method-assign]
+    sampling = {**GREEDY, **params.pop("sampling", {})}
+    rids = [f"d{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(rids, prompts, strict=True):
+        h.engine.submit(rid, prompt, SeqParams(sampling=sampling, draft=8, **params))
+    try:
+        texts = h.wait(*rids)
+    finally:
+        h.close_drafter = drafter.close  # type: ignore[attr-defined]
+    return texts, [h.final[r][1] for r in rids], h
+
+
+def closed_with_drafter(h: Harness) -> None:
+    try:
+        closed(h)
+    finally:
+        h.close_drafter()  # type: ignore[attr-defined]
+
+
+def test_draft_model_greedy_output_is_plain_output(model: Model, smollm2_path: Path) -> None:
+    # SmolLM2 drafting for itself: nearly every guess comes true, and nothing changes
+    prompts = [model.tokenize(EDIT, add_special=True),
+               model.tokenize("Once upon a time, in a small village,", add_special=True)]
+    plain, plain_stats, h = run(model, prompts, 0, slots=2, max_tokens=60)
+    closed(h)
+    texts, stats, h = with_draft_model(model, smollm2_path, prompts, slots=2, max_tokens=60)
+    try:
+        assert texts == plain
+        for a, b in zip(stats, plain_stats, strict=True):
+            assert (a["finish_reason"], a["completion_tokens"]) == \
+                (b["finish_reason"], b["completion_tokens"])
+            assert a["draft_tokens"] >= 20 and a["draft_accepted"] >= 0.8 * a["draft_tokens"], a
+    finally:
+        closed_with_drafter(h)
+
+
+def test_draft_model_sampled_output_is_the_same_with_the_same_seed(model: Model,
+                                                                   smollm2_path: Path) -> None:
+    prompt = model.tokenize("Tell me about the sea.", add_special=True)
+    sampling = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 11}
+    plain, _, h = run(model, [prompt], 0, max_tokens=50, sampling=dict(sampling))
+    closed(h)
+    texts, stats, h = with_draft_model(model, smollm2_path, [prompt], max_tokens=50,
+                                       sampling=dict(sampling))
+    try:
+        assert texts == plain and stats[0]["draft_tokens"] > 0
+    finally:
+        closed_with_drafter(h)
+
+
+def test_draft_model_of_another_vocabulary_is_refused(model: Model, gemma3_path: Path) -> None:
+    draft = Model(gemma3_path)
+    ctx = Context(draft, n_ctx_seq=256, n_seq=1, n_batch=512, n_threads=1)
+    drafter = DraftModel(draft, ctx, 1)
+    try:
+        with pytest.raises(LlamaError, match="vocabulary"):
+            drafter.check_vocabulary(model)
+    finally:
+        drafter.close()
+
+
+def test_a_modelfile_names_a_draft_model(tmp_path: Path, smollm2_path: Path,
+                                         gemma3_path: Path) -> None:
+    import httpx
+
+    from llmrun.store import Store
+    from tests.conftest import Daemon, make_home
+
+    home = make_home(tmp_path / "home", smollm2_path)
+    store = Store(home)
+    store.create("gemma3", f"FROM {gemma3_path}\n")
+    store.create("spec", f"FROM {smollm2_path}\nPARAMETER draft_model smollm2\n")
+    store.create("wrong", f"FROM {smollm2_path}\nPARAMETER draft_model gemma3\n")
+    store.create("missing", f"FROM {smollm2_path}\nPARAMETER draft_model nothing-here\n")
+    d = Daemon(home, env={"LLMRUN_NUM_PARALLEL": "1"}).start()
+    try:
+        def ask(model: str) -> httpx.Response:
+            return httpx.post(d.url + "/api/generate", timeout=120, json={
+                "model": model, "prompt": EDIT, "raw": True, "stream": False,
+                "options": {"temperature": 0, "num_predict": 60}})
+
+        plain, drafted = ask("smollm2"), ask("spec")
+        assert drafted.status_code == 200, drafted.text
+        assert drafted.json()["response"] == plain.json()["response"]
+        # loaded beside it (whether its guesses are sent is the cost model's call: on this
+        # CPU a model drafting for itself never pays; the engine tests above force it)
+        logs = "".join(p.read_text() for p in (home / "logs").glob("runner-*.log"))
+        assert "draft model" in logs and "checked in the model's decodes" in logs
+        bad = ask("wrong")
+        assert bad.status_code >= 400 and "vocabulary" in bad.text, bad.text
+        gone = ask("missing")
+        assert gone.status_code == 400 and "nothing-here" in gone.text, gone.text
+    finally:
+        d.stop()

@@ -28,7 +28,8 @@ GREEDY = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, typical_p=1.0,
 
 class Harness:
     def __init__(self, model: Model, slots: int = 4, n_ctx: int = 1024,
-                 flash_attn: bool | None = None, prompt_cache: PromptCache | None = None) -> None:
+                 flash_attn: bool | None = None, prompt_cache: PromptCache | None = None,
+                 drafter: Any = None) -> None:
         self.model = model
         self.ctx = Context(model, n_ctx_seq=n_ctx, n_seq=slots, n_batch=512, n_threads=1,
                            flash_attn=flash_attn)
@@ -41,7 +42,7 @@ class Harness:
         self.engine_stats: dict[str, Any] = {}
         self.cond = threading.Condition()
         self.engine = Engine(model, self.ctx, n_ctx_seq=n_ctx, n_slots=slots, emit=self._emit,
-                             prompt_cache=prompt_cache)
+                             prompt_cache=prompt_cache, drafter=drafter)
         self.engine.start()
         self.template = model.chat_template() or ""
         self._n = 0

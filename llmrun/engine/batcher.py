@@ -60,6 +60,7 @@ from llmrun.engine.draft import (
     DRAFT_MAX,
     PROBE_ROWS,
     Acceptance,
+    DraftModel,
     History,
     StepCost,
     draft_length,
@@ -231,6 +232,7 @@ class Sequence:
     shadow: int | None = None
     drafted: int = 0
     accepted: int = 0
+    model_drafts: bool = False  # guessed ahead by the draft model (else by prompt lookup)
     encoding: bool = False  # waiting for the encoder thread (its images' embeddings)
     embeds: dict[str, np.ndarray] = field(default_factory=dict)  # image hash -> its rows
 
@@ -254,7 +256,8 @@ class Engine:
                  governor: ThreadGovernor | None = None,
                  prompt_cache: PromptCache | None = None,
                  step_budget: tuple[float, int] = (0.0, 0),
-                 projector: Projector | None = None) -> None:
+                 projector: Projector | None = None,
+                 drafter: DraftModel | None = None) -> None:
         self.model = model
         self.ctx = ctx
         self.n_ctx_seq = n_ctx_seq
@@ -265,6 +268,8 @@ class Engine:
         self.governor = governor  # None: a fixed thread count
         self.prompt_cache = prompt_cache  # None: prefixes live only in the slots
         self.projector = projector  # None: a text-only model
+        self.drafter = drafter  # None: drafts (when asked for) come from prompt lookup
+        self.decode_token_s: float | None = None  # a generated token's share of a decode
         self.embd_batch = EmbdBatch(ctx.n_batch, projector.n_embd) if projector else None
         self._image_rows: dict[str, np.ndarray] = {}  # embeddings by image hash, oldest first
         self._encoder: threading.Thread | None = None
@@ -460,7 +465,10 @@ class Engine:
         seq.text = TextStream(seq.params.stops)
         if seq.params.draft > 0 and seq.params.matcher is None and seq.params.lazy is None \
                 and not seq.params.images:
-            seq.history = History(seq.prompt)
+            if self.drafter is not None:
+                seq.model_drafts = True
+            else:
+                seq.history = History(seq.prompt)
         seq.cached = n
         seq.pending = seq.prompt[n:]
         seq.slot = slot
@@ -596,6 +604,7 @@ class Engine:
         # no drafts beside a prompt being read: its rows would share the drafts' kernels
         reading = any(seq.pending and seq.next_token is None for seq in active)
         drafted: list[tuple[Sequence, Slot]] = []  # whose draft rows are in this batch
+        guesses = self._model_drafts(active, row_share) if self.drafter and not reading else {}
         for seq in active:
             slot = seq.slot
             assert slot is not None
@@ -605,7 +614,9 @@ class Engine:
                 slot.tokens.append(seq.next_token)
                 seq.next_token = None
                 decoding -= 1
-                if not reading:
+                if seq.model_drafts:
+                    seq.drafts = guesses.get(seq.id, [])
+                elif not reading:
                     seq.drafts = self._draft(seq, row_share, batch.n + decoding)
                 for i, tok in enumerate(seq.drafts):
                     batch.add(tok, len(slot.tokens) + i, slot.seq_id, True)
@@ -684,6 +695,10 @@ class Engine:
             st.mixed_steps += mixed
         if not fed:  # every row is a token to sample: the steps drafting is weighed by
             self.step_cost.observe(batch.n, elapsed)
+            if not drafted:
+                per = elapsed / batch.n
+                self.decode_token_s = per if self.decode_token_s is None else \
+                    0.8 * self.decode_token_s + 0.2 * per
         elif (rows := batch.n + (image[1] if image is not None else 0)) >= MIN_PROMPT_CHUNK:
             per_token = elapsed / rows  # (an image's rows cost about what tokens do)
             self.prompt_token_s = per_token if self.prompt_token_s is None else \
@@ -771,6 +786,77 @@ class Engine:
         fits = int(seconds / self.prompt_token_s) - decode_rows
         return max(MIN_PROMPT_CHUNK, fits)
 
+    def _model_drafts(self, active: list[Sequence], row_share: float) -> dict[str, list[int]]:
+        """The draft model's guesses for this step's generating sequences that draft with it
+        (by request id), all made in its batched decodes before the step's own. A guess
+        costs a row here and the draft model's time there: each sequence guesses as far as
+        both are expected to pay (draft_length), within the rows that stay exact."""
+        drafter = self.drafter
+        assert drafter is not None
+        share = row_share + self._drafter_share()
+        used = sum(seq.next_token is not None for seq in active)
+        wants: list[tuple[int, object, list[int], int, int]] = []
+        owners: dict[int, Sequence] = {}
+        for seq in active:
+            slot = seq.slot
+            if not seq.model_drafts or seq.next_token is None or slot is None:
+                continue
+            pos = len(slot.tokens)  # where its next token goes
+            k = draft_length(seq.accept.p, share, self._draft_room(seq, pos, used))
+            k = self._exact_drafts(seq, pos, k, used)
+            if k > 0:
+                wants.append((slot.seq_id, (seq.id, seq.shifted), slot.tokens, seq.next_token,
+                              k))
+                owners[slot.seq_id] = seq
+                used += k
+        if not wants:
+            return {}
+        try:
+            made = drafter.propose(wants)
+        except LlamaError:  # a draft costs speed, never the answer
+            log.exception("the draft model failed; no drafts this step")
+            return {}
+        out = {}
+        for slot_id, guess in made.items():
+            owners[slot_id].drafted += len(guess)
+            out[owners[slot_id].id] = guess
+        return out
+
+    def _drafter_share(self) -> float:
+        """What a draft model's guess costs, over what a generated token costs here (0
+        until both were measured)."""
+        token_s = self.drafter.token_s if self.drafter is not None else None
+        if token_s is None or not self.decode_token_s:
+            return 0.0
+        return token_s / self.decode_token_s
+
+    def _draft_room(self, seq: Sequence, pos: int, used: int) -> int:
+        """The most tokens `seq` may draft after its token at position `pos`, with `used`
+        rows in the batch: within its num_draft, the rows known to stay exact there, the
+        context and its num_predict (each kept draft and the token after it are output)."""
+        rows = min(self.batch.capacity, self.exact_rows.get(pos.bit_length(), PROBE_ROWS))
+        limit = min(seq.params.draft, rows - used, self.n_ctx_seq - pos - 2)
+        if seq.params.max_tokens > 0:
+            limit = min(limit, seq.params.max_tokens - seq.generated - 1)
+        return limit
+
+    def _exact_drafts(self, seq: Sequence, pos: int, k: int, used: int) -> int:
+        """`k`, or fewer when the rows a decode may hold exactly from `pos` on are not
+        known yet: they are probed then (in the sequence's own cells, from `pos`)."""
+        where = pos.bit_length()
+        if not k or where in self.exact_rows:
+            return k
+        slot = seq.slot
+        assert slot is not None
+        if self.n_ctx_seq - pos - 1 < PROBE_ROWS:
+            return 0  # no room to probe in: another time
+        exact = probe_exact_rows(self.ctx, slot.seq_id, pos, seq.prompt[-PROBE_ROWS:])
+        self.exact_rows[where] = exact
+        log.info("speculative decoding: from position %d, a decode of up to %d rows "
+                 "gives each row the logits it has alone; drafts stay within that",
+                 1 << (where - 1) if where else 0, exact)
+        return max(0, min(k, exact - used))
+
     def _draft(self, seq: Sequence, row_share: float, used: int) -> list[int]:
         """The tokens to feed after `seq`'s next token (now the last of its slot, not yet
         decoded) as a guess of what follows, or none, when the batch holds `used` rows
@@ -780,26 +866,15 @@ class Engine:
             return []
         slot = seq.slot
         assert slot is not None
-        where = (len(slot.tokens) - 1).bit_length()
-        rows = min(self.batch.capacity, self.exact_rows.get(where, PROBE_ROWS))
-        limit = min(seq.params.draft, rows - used, self.n_ctx_seq - len(slot.tokens) - 1)
-        if seq.params.max_tokens > 0:  # each kept draft and the token after it are output
-            limit = min(limit, seq.params.max_tokens - seq.generated - 1)
+        pos = len(slot.tokens) - 1  # (its next token is in the slot's list already)
+        limit = self._draft_room(seq, pos, used)
         guess = seq.history.propose(max(limit, 1))
         k = draft_length(seq.accept.p, row_share, min(limit, len(guess)))
+        if k and pos.bit_length() not in self.exact_rows and \
+                self.n_ctx_seq - pos - 1 < PROBE_ROWS:
+            return []  # no room to probe the rows that stay exact: another time
+        k = self._exact_drafts(seq, pos, k, used)
         seq.shadow = guess[0] if guess and not k else None
-        if k and where not in self.exact_rows:
-            if self.n_ctx_seq - len(slot.tokens) < PROBE_ROWS:
-                return []  # no room to probe in: another time
-            # probed where this sequence's next token goes, in its own cells
-            exact = probe_exact_rows(self.ctx, slot.seq_id, len(slot.tokens) - 1,
-                                     seq.prompt[-PROBE_ROWS:])
-            self.exact_rows[where] = exact
-            log.info("speculative decoding: from position %d, a decode of up to %d rows "
-                     "gives each row the logits it has alone; drafts stay within that",
-                     1 << (where - 1) if where else 0, exact)
-            k = max(0, min(k, exact - used))
-            seq.shadow = guess[0] if not k else None
         seq.drafted += k
         return guess[:k]
 

@@ -26,10 +26,11 @@ for free). A sequence drafts k tokens when the k-th is still expected to pay for
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
-from llmrun.engine.llama import Batch, Context
+from llmrun.engine.llama import Batch, Context, LlamaError, Model
 
 # Most tokens drafted for one sequence in one step.
 DRAFT_MAX = 16
@@ -40,6 +41,9 @@ DRAFT_MAX = 16
 # the text and every log-probability are the same). And on a small CPU it rarely pays
 # (docs/benchmarks.md): each row of a decode costs most of a token there.
 DRAFT_DEFAULT = 0
+# ... and with a draft model, which a Modelfile names on purpose: on, as llama-server's `-md`
+# (its guesses are paid for: draft_length keeps only those worth their cost).
+DRAFT_MODEL_DEFAULT = 8
 # The shortest tail that must recur before its continuation is proposed: single tokens
 # recur everywhere in text, their continuations rarely.
 MIN_NGRAM = 2
@@ -187,3 +191,132 @@ def probe_exact_rows(ctx: Context, seq: int, pos: int, tokens: list[int]) -> int
     finally:
         ctx.seq_rm(seq, pos, -1)
         batch.close()
+
+
+class DraftModel:
+    """A second, smaller model with the same vocabulary that guesses each sequence's next
+    tokens greedily (speculative decoding with a draft model, as llama-server's `-md`).
+
+    It keeps one KV sequence per slot of the main engine (the same ids), each holding a
+    prefix of that slot's tokens: before guessing it reads what it lacks (a whole prompt the
+    first time, then the tokens kept since), then decodes its guesses one step at a time, all
+    sequences in one batch per step. Its guesses are checked by the main model exactly as
+    prompt lookup's are, so what they change is speed only."""
+
+    def __init__(self, model: Model, ctx: Context, n_slots: int) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.held: list[list[int]] = [[] for _ in range(n_slots)]  # each sequence's tokens
+        # of `held`, how many are known to equal the slot's tokens, for the request `owner`:
+        # the next comparison starts there (a slot's tokens only grow while one request has it)
+        self.sure = [0] * n_slots
+        self.owner: list[object] = [None] * n_slots
+        self.batch = Batch(ctx.n_batch)
+        self.token_s: float | None = None  # seconds per drafted token (moving average)
+
+    def check_vocabulary(self, main: Model) -> None:
+        """LlamaError unless this model tokenizes as `main` does: same size, same special
+        tokens, the same text for a sample of tokens."""
+        n = main.n_vocab
+        same = self.model.n_vocab == n and (self.model.bos, self.model.eos) == (main.bos,
+                                                                                 main.eos)
+        sample = range(0, n, max(1, n // 512)) if same else range(0)
+        if not same or any(self.model.piece(t) != main.piece(t) or
+                           self.model.token_text(t) != main.token_text(t) for t in sample):
+            raise LlamaError("the draft model's vocabulary is not the model's: its guesses "
+                             "would be other tokens (use a model of the same family)")
+
+    def propose(self, wants: list[tuple[int, object, list[int], int, int]]
+                ) -> dict[int, list[int]]:
+        """Guesses for each (slot, owner, the slot's tokens, the token about to be decoded
+        after them, most tokens to guess): up to that many tokens each, by slot; a guess
+        ends early at an end-of-generation token. `owner` names what the slot's tokens
+        belong to (a request, and how often its context was shifted): while it is the same,
+        they only grow."""
+        t0 = time.perf_counter()
+        rest: dict[int, list[int]] = {}
+        for slot, owner, tokens, last, _ in wants:
+            held = self.held[slot]
+            start = self.sure[slot] if self.owner[slot] == owner else 0
+            n = start + _common_prefix(held[start:], tokens[start:])
+            n = min(n, len(tokens))  # `last` is read (again): its logits give the first guess
+            if n < len(held):
+                if not self.ctx.seq_rm(slot, n, -1):
+                    self.ctx.seq_rm(slot, -1, -1)
+                    n = 0
+                del held[n:]
+            self.owner[slot], self.sure[slot] = owner, n
+            rest[slot] = [*tokens[n:], last]
+        guesses: dict[int, list[int]] = {slot: [] for slot, *_ in wants}
+        # read what each sequence lacks, in batches; the last token's logits give the first
+        # guess (taken at once: a row's logits last until the next decode)
+        while any(rest.values()):
+            batch = self.batch
+            batch.clear()
+            ends: list[tuple[int, int]] = []
+            for slot, todo in rest.items():
+                room = batch.capacity - batch.n
+                if not todo or room <= 0:
+                    continue
+                take = todo[:room]
+                held = self.held[slot]
+                for i, tok in enumerate(take):
+                    idx = batch.add(tok, len(held) + i, slot, i == len(todo) - 1)
+                held.extend(take)
+                del todo[: len(take)]
+                if not todo:
+                    ends.append((slot, idx))
+            self._decode()
+            for slot, idx in ends:
+                guesses[slot].append(self._greedy(idx))
+        limits = {slot: k for slot, *_, k in wants}
+        while True:  # then one guess after another (held takes them; `sure` does not)
+            going = [slot for slot, g in guesses.items() if 0 < len(g) < limits[slot]
+                     and not self.model.is_eog(g[-1])]
+            if not going:
+                break
+            batch = self.batch
+            batch.clear()
+            rows = []
+            for slot in going:
+                held = self.held[slot]
+                rows.append((slot, batch.add(guesses[slot][-1], len(held), slot, True)))
+                held.append(guesses[slot][-1])
+            self._decode()
+            for slot, idx in rows:
+                guesses[slot].append(self._greedy(idx))
+        out = {slot: g[: limits[slot]] for slot, g in guesses.items()}
+        for g in out.values():  # (an end-of-generation guess ends it)
+            eog = next((i for i, t in enumerate(g) if self.model.is_eog(t)), None)
+            if eog is not None:
+                del g[eog:]
+        made = sum(len(g) for g in out.values())
+        if made:
+            per = (time.perf_counter() - t0) / made
+            self.token_s = per if self.token_s is None else 0.8 * self.token_s + 0.2 * per
+        return out
+
+    def _decode(self) -> None:
+        rc = self.ctx.decode(self.batch)
+        if rc != 0:
+            for held in self.held:  # what the cells hold is unknown now: start over
+                held.clear()
+            self.ctx.seq_rm(-1, -1, -1)
+            self.sure = [0] * len(self.sure)
+            raise LlamaError(f"the draft model's decode failed ({rc})")
+
+    def _greedy(self, idx: int) -> int:
+        return int(np.argmax(self.ctx.logits(idx)))
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+        self.model.close()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -51,6 +51,7 @@ from llmrun import config, ipc
 from llmrun.chat import templates, thinking, toolcalls, tools
 from llmrun.engine import constraint, images, sandbox
 from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix, image_ids
+from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import (
     Context,
@@ -115,7 +116,8 @@ class ModelHost:
                  governor: ThreadGovernor | None = None,
                  prompt_cache: PromptCache | None = None,
                  step_budget: tuple[float, int] = (0.0, 0),
-                 projector: Projector | None = None) -> None:
+                 projector: Projector | None = None,
+                 drafter: DraftModel | None = None) -> None:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
@@ -124,7 +126,8 @@ class ModelHost:
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
                              on_fatal=self._engine_failed, governor=governor,
                              prompt_cache=prompt_cache, step_budget=step_budget,
-                             projector=projector)
+                             projector=projector, drafter=drafter)
+        self.drafter = drafter
         self.prompt_cache = prompt_cache
         self.projector = projector
         self.n_image_rows = min(ctx.n_batch, ctx.n_ubatch)  # most rows of one image (see render)
@@ -459,6 +462,8 @@ class ModelHost:
                                    f"or raise num_ctx",
                 prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
             return
+        if self.drafter is not None and req.options.num_draft is None:
+            req.options.num_draft = DRAFT_MODEL_DEFAULT
         params = SeqParams.of(
             req, matcher=matcher, lazy=lazy, truncated=truncated, images=media,
             pieces=self.control_pieces() if plan is not None or pair is not None else {})
@@ -686,6 +691,28 @@ def _placement(workers: RpcWorkers, model: Model, offload: int,
                                                       workers.memory, strict=False)]}
 
 
+def _drafter(args: argparse.Namespace, model: Model, n_ctx_seq: int) -> DraftModel:
+    """The draft model (--draft-model), with a KV sequence for each slot as long as the
+    model's; LlamaError when its vocabulary is not the model's."""
+    draft = Model(args.draft_model)
+    try:
+        ctx = Context(draft, n_ctx_seq=n_ctx_seq, n_seq=args.slots, n_batch=args.batch,
+                      n_threads=args.threads, kv_type=args.kv_type,
+                      flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
+    except LlamaError:
+        draft.close()
+        raise
+    drafter = DraftModel(draft, ctx, args.slots)
+    try:
+        drafter.check_vocabulary(model)
+    except LlamaError:
+        drafter.close()
+        raise
+    log.info("draft model %s: its guesses are checked in the model's decodes",
+             args.draft_model[0].name)
+    return drafter
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
     ap.add_argument("--fd", type=int, required=True)
@@ -702,6 +729,9 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="PATH[:SCALE]", help="LoRA adapter GGUF to apply; repeatable")
     ap.add_argument("--mmproj", type=Path, metavar="PATH",
                     help="vision projector GGUF (architecture clip) for images in prompts")
+    ap.add_argument("--draft-model", type=Path, action="append", default=[], metavar="PATH",
+                    help="a smaller model with the same vocabulary whose guesses are checked "
+                         "in the same decode (speculative decoding); repeat for split parts")
     ap.add_argument("--kv-type", choices=["f16", "q8_0", "q4_0"], default="f16",
                     help="KV cache element type")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
@@ -743,7 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mmproj is not None:
         images.preload()  # the decoders' modules, while files can still be opened
     confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora),
-                                     *([args.mmproj] if args.mmproj else [])], cache_dir)
+                                     *([args.mmproj] if args.mmproj else []),
+                                     *args.draft_model], cache_dir)
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
         return 1
@@ -762,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("applied LoRA adapters: %s",
                      ", ".join(f"{p.name} x{s:g}" for p, s in args.lora))
         projector = Projector(args.mmproj, model, args.threads) if args.mmproj else None
+        drafter = _drafter(args, model, n_ctx_seq) if args.draft_model else None
     except LlamaError as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
@@ -780,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
     if projector is not None:
         log.info("vision projector %s: images of this model are read here", args.mmproj.name)
     runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
-                       prompt_cache, step_budget=args.step_budget, projector=projector)
+                       prompt_cache, step_budget=args.step_budget, projector=projector,
+                       drafter=drafter)
     runner.sandbox_info = confinement
     runner.serve()
     return 0

@@ -107,6 +107,8 @@ class RunnerSpec:
     n_batch: int = 512
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
     projector_path: Path | None = None  # a vision projector (mmproj GGUF) for images
+    draft_model: str = ""  # a model guessing tokens ahead (speculative decoding), by name
+    draft_paths: tuple[Path, ...] = ()  # its file (or split parts)
     # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
     adaptive_threads: bool = False
     kv_type: str = "f16"  # engine/llama.py KV_TYPES
@@ -165,6 +167,8 @@ class RunnerProcess:
             cmd += ["--lora", str(path)]
         if s.projector_path is not None:
             cmd += ["--mmproj", str(s.projector_path)]
+        for path in s.draft_paths:
+            cmd += ["--draft-model", str(path)]
         if s.adaptive_threads:
             cmd.append("--adaptive-threads")
         cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import re
@@ -263,6 +264,8 @@ class Scheduler:
             log.warning("KV cache type %s needs flash attention, which is off: using f16",
                         kv_type)
             kv_type = "f16"
+        draft_model, draft_paths = self._draft_model(
+            options.draft_model or manifest.options().draft_model, manifest)
         fixed = options.num_thread or config.num_threads_fixed()
         cores = config.usable_cores()  # the runner's governor counts the same cores
         n_threads = min(fixed or cores, cores)
@@ -274,6 +277,8 @@ class Scheduler:
             n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
             projector_path=self.store.projector_path(manifest),
+            draft_model=draft_model,
+            draft_paths=draft_paths,
             adaptive_threads=not fixed,
             kv_type=kv_type,
             flash_attention=flash,
@@ -285,6 +290,22 @@ class Scheduler:
             rpc_split=config.rpc_split(),
             gpu_layers=options.num_gpu if options.num_gpu is not None else -1,
         )
+
+    def _draft_model(self, name: str | None, manifest: Manifest) -> tuple[str, tuple[Path, ...]]:
+        """The draft model `name` (draft_model: a Modelfile PARAMETER or a request option)
+        as (its full name, its files); a clear 400 when it is no local model."""
+        if not name:
+            return "", ()
+        try:
+            parsed, draft = self.store.get(name)
+        except (ModelNotFound, InvalidName) as exc:
+            raise EngineError(f"draft model {name!r} of {manifest.name}: {exc}", status=400,
+                              kind="invalid_request") from None
+        if draft.remote is not None or draft.digest == manifest.digest:
+            raise EngineError(f"draft model {name!r} of {manifest.name}: it must be another "
+                              f"model in this store, not a remote one or the model itself",
+                              status=400, kind="invalid_request")
+        return str(parsed), tuple(self.store.model_paths(draft))
 
     def models(self) -> list[ModelState]:
         """The loaded models (not those still loading), as snapshots."""
@@ -449,18 +470,28 @@ class Scheduler:
         file version: size and mtime) and its GGUF header must pass the validator.
         Returns the memory the loaded model will need, in bytes (an estimate)."""
         files = (*spec.model_paths, *spec.lora_paths,
-                 *([spec.projector_path] if spec.projector_path else []))
+                 *([spec.projector_path] if spec.projector_path else []), *spec.draft_paths)
+        draft = None
         try:
+            if spec.draft_model:
+                _, draft = self.store.get(spec.draft_model)
             versions = {(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files}
             if not versions <= self._verified:
                 self.store.verify(manifest)  # hashes every file of the model once
+                if draft is not None:
+                    self.store.verify(draft)
                 for p in files[1:]:
                     gguf_reader.read(p)
             info = gguf_reader.read(files[0])
             self._verified |= versions
+            need = estimate_memory(info, manifest.size, spec)
+            if draft is not None:  # its weights, its own KV cache and compute buffers
+                need += estimate_memory(gguf_reader.read(spec.draft_paths[0]), draft.size,
+                                        dataclasses.replace(spec, prompt_cache_ram=0,
+                                                            projector_path=None))
         except (OSError, StoreError, gguf_reader.GGUFError) as exc:
             raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
-        return estimate_memory(info, manifest.size, spec)
+        return need
 
     async def _make_room(self, loading: Loaded, need: int) -> None:
         """Unload idle models, least recently used first, until the other models (loaded or
