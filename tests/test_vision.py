@@ -179,6 +179,32 @@ def test_image_read_in_pieces_beside_a_stream_equals_alone(
         h.close()
 
 
+def test_images_beside_each_other_and_text_answer_as_alone(model: Model, mmproj: Path) -> None:
+    # three at once on three slots (the encoder takes one sequence's images at a time):
+    # each answer is the one it gets alone
+    asks = [[user(image(20))], [user(image(21), image(22))],
+            [{"role": "user", "content": "Name three colours."}]]
+    alone = []
+    for messages in asks:
+        h = Host(model, mmproj, slots=3)
+        try:
+            kind, _, text = h.ask(messages, num_predict=16)
+            assert kind == "done"
+            alone.append(text)
+        finally:
+            h.close()
+    h = Host(model, mmproj, slots=3)
+    try:
+        rids = [h.send(messages, num_predict=16) for messages in asks]
+        for rid, expected in zip(rids, alone, strict=True):
+            assert h.frames.final(rid)[0] == "done"
+            assert h.frames.text(rid) == expected
+        assert h.encodes == 3  # each image once
+        assert_serving(h.r, h.frames)
+    finally:
+        h.close()
+
+
 def reference_first_logits(model: Model, mmproj: Path, prompt: str, png: bytes) -> np.ndarray:
     """The next-token logits after `prompt` (with libmtmd's default marker for the image),
     evaluated by plain llama-cpp-python: mtmd_tokenize and mtmd_helper_eval_chunks."""
