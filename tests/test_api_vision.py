@@ -262,3 +262,16 @@ def test_responses_api_takes_input_image(oa: openai.OpenAI) -> None:
     assert first == again and first != other and n1 == n2
     _, n_plain, _ = ask_openai(oa)
     assert n1 - n_plain in (N_IMAGE_TOKENS, N_IMAGE_TOKENS + 1)
+
+
+def test_counting_tokens_counts_the_image(an: anthropic.Anthropic) -> None:
+    blocks: list[Any] = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                      "data": b64(image(1))}},
+                         {"type": "text", "text": QUESTION}]
+    counted = an.messages.count_tokens(model="vis", messages=[{"role": "user",
+                                                               "content": blocks}])
+    _, used, _ = ask_anthropic(an, image(1))
+    assert counted.input_tokens == used  # (input + cache reads: the whole prompt)
+    plain = an.messages.count_tokens(model="vis", messages=[{"role": "user",
+                                                             "content": QUESTION}])
+    assert counted.input_tokens - plain.input_tokens in (N_IMAGE_TOKENS, N_IMAGE_TOKENS + 1)

@@ -233,8 +233,13 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     model_drafts: bool = False  # guessed ahead by the draft model (else by prompt lookup)
-    encoding: bool = False  # waiting for the encoder thread (its images' embeddings)
+    encoding: bool = False  # its images are with the encoder thread (text is read meanwhile)
     embeds: dict[str, np.ndarray] = field(default_factory=dict)  # image hash -> its rows
+
+    @property
+    def blocked(self) -> bool:
+        """Waiting for the encoder: its next positions are an image's, not encoded yet."""
+        return self.encoding and bool(self.pending) and self.pending[0] < 0
 
 
 class ConstraintError(ValueError):
@@ -392,7 +397,7 @@ class Engine:
     def _runnable(self) -> bool:
         """Whether a step has work: a sequence not waiting for its images, or one waiting
         for a free slot (_admit places it)."""
-        return any(not s.encoding for s in self._active()) or (
+        return any(not s.blocked for s in self._active()) or (
             bool(self._waiting) and any(s.seq is None for s in self.slots))
 
     def _run(self) -> None:
@@ -400,7 +405,7 @@ class Engine:
             while not self._stopping:
                 self._drain_inbox(block=not self._runnable())
                 self._admit()
-                if any(not s.encoding for s in self._active()):
+                if any(not s.blocked for s in self._active()):
                     self._step()
         except Exception as exc:  # never die silently: fail everything in flight
             log.exception("engine thread failed")
@@ -450,6 +455,9 @@ class Engine:
         for start, chunk in seq.params.images:  # an image's ids matched: is it the same?
             if start < n and slot.images.get(start) != chunk.digest:
                 n = start
+            elif start < n < start + chunk.n_tokens and self.projector is not None \
+                    and self.projector.non_causal:
+                n = start  # its rows attend to each other: all are read again, at once
         if seq.params.prompt_logprobs is not None:
             n = 0
         if n == len(seq.prompt):
@@ -622,7 +630,7 @@ class Engine:
                     batch.add(tok, len(slot.tokens) + i, slot.seq_id, True)
                 if seq.drafts:
                     drafted.append((seq, slot))
-            elif seq.pending and not seq.encoding:
+            elif seq.pending and not seq.blocked:
                 prefilling.append(seq)
         budget = batch.capacity - batch.n
         mixed = bool(outputs and prefilling)
@@ -749,7 +757,8 @@ class Engine:
         left = start + chunk.n_tokens - len(seq.slot.tokens)
         if self.projector.non_causal:
             return left
-        return min(left, max(budget, MIN_PROMPT_CHUNK) if mixed else budget)
+        piece = max(budget, MIN_PROMPT_CHUNK) if mixed else budget
+        return min(left, piece, self.embd_batch.capacity if self.embd_batch else 0)
 
     def _image_at(self, seq: Sequence, pos: int) -> tuple[int, ImageChunk]:
         for start, chunk in seq.params.images:
