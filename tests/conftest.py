@@ -241,3 +241,14 @@ def an(daemon: Daemon) -> Iterator[Any]:
     with anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0,
                              timeout=120) as c:
         yield c
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A local Hugging Face Hub (tests/hubserver.py), empty, that huggingface_hub talks to."""
+    from tests.hubserver import HubServer, use_hub
+
+    server = HubServer(chunk_size=64 * 1024)
+    with server:
+        use_hub(monkeypatch, server)
+        yield server

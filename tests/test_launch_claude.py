@@ -25,7 +25,7 @@ import pytest
 
 from llmrun.api.anthropic import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
-from llmrun.engine.batcher import common_prefix
+from llmrun.engine.draft import common_prefix
 from llmrun.engine.llama import Context, Model
 from llmrun.engine.runner import ModelHost
 from llmrun.request import ChatRequest

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -23,14 +22,6 @@ from tests.tinymodel import write_tiny_llama
 @pytest.fixture
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
-
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
-    server = HubServer(chunk_size=64 * 1024)
-    with server:
-        use_hub(monkeypatch, server)
-        yield server
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from llmrun.store import HOST_PATH_REFUSED, CreateError, PullError, Store, listing
 from llmrun.store import pull as hub_pull
 from llmrun.store.manifests import Manifest
-from tests.hubserver import HubServer, use_hub
+from tests.hubserver import HubServer
 from tests.test_store import write_gguf
 from tests.tinymodel import write_tiny_llama
 from tests.vision import write_projector
@@ -264,14 +263,6 @@ def test_cli_show_lists_vision(store: Store, src: Path) -> None:
 
 
 # -- pulls from the Hub --------------------------------------------------------------------------
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
-    server = HubServer(chunk_size=64 * 1024)
-    with server:
-        use_hub(monkeypatch, server)
-        yield server
-
 
 @pytest.fixture
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

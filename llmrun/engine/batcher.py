@@ -63,6 +63,7 @@ from llmrun.engine.draft import (
     DraftModel,
     History,
     StepCost,
+    common_prefix,
     draft_length,
     probe_exact_rows,
 )
@@ -244,14 +245,6 @@ class Sequence:
 
 class ConstraintError(ValueError):
     """The sequence's grammar failed (a dead end, a limit): that request's fault (400)."""
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Engine:
@@ -488,9 +481,9 @@ class Engine:
         """The embeddings of the images `seq` reads beyond the `n` positions its slot holds:
         from the cache, else from the encoder thread (the sequence waits; others go on)."""
         missing: dict[str, ImageChunk] = {}
+        slot = seq.slot
+        assert slot is not None
         for start, chunk in seq.params.images:
-            slot = seq.slot
-            assert slot is not None
             slot.images[start] = chunk.digest  # (its positions join slot.tokens as read)
             if start + chunk.n_tokens <= n or chunk.digest in seq.embeds:
                 continue

@@ -238,7 +238,7 @@ class DraftModel:
         for slot, owner, tokens, last, _ in wants:
             held = self.held[slot]
             start = self.sure[slot] if self.owner[slot] == owner else 0
-            n = start + _common_prefix(held[start:], tokens[start:])
+            n = start + common_prefix(held[start:], tokens[start:])
             n = min(n, len(tokens))  # `last` is read (again): its logits give the first guess
             if n < len(held):
                 if not self.ctx.seq_rm(slot, n, -1):
@@ -314,7 +314,8 @@ class DraftModel:
         self.model.close()
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens `a` and `b` share from the start (a slot's and a prompt's)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

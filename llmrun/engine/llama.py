@@ -690,19 +690,19 @@ class Projector:
                 raise ValueError({1: "the prompt's images and their places do not match",
                                   2: "an image could not be preprocessed for this projector"}
                                  .get(rc, f"images could not be read (mtmd error {rc})"))
-            out: list[list[int] | ImageChunk] = []
+            parts = [M.mtmd_input_chunks_get(chunks, i)
+                     for i in range(M.mtmd_input_chunks_size(chunks))]
+            kinds = [M.mtmd_input_chunk_get_type(chunk) for chunk in parts]
             # Projectors that slice a large image (LLaVA-UHD, SmolVLM) give it several
             # chunks: each is named by the image's hash and its place among the image's
             # chunks (the same image twice in a prompt: the same names twice)
             sent = Counter(digest for *_, digest in images)
-            total = Counter((M.mtmd_input_chunk_get_id(M.mtmd_input_chunks_get(chunks, i))
-                             or b"").decode() for i in range(M.mtmd_input_chunks_size(chunks))
-                            if M.mtmd_input_chunk_get_type(M.mtmd_input_chunks_get(chunks, i))
-                            == M.MTMD_INPUT_CHUNK_TYPE_IMAGE)
+            total = Counter((M.mtmd_input_chunk_get_id(chunk) or b"").decode()
+                            for chunk, kind in zip(parts, kinds, strict=True)
+                            if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE)
             seen: Counter[str] = Counter()
-            for i in range(M.mtmd_input_chunks_size(chunks)):
-                chunk = M.mtmd_input_chunks_get(chunks, i)
-                kind = M.mtmd_input_chunk_get_type(chunk)
+            out: list[list[int] | ImageChunk] = []
+            for chunk, kind in zip(parts, kinds, strict=True):
                 if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
                     n = ctypes.c_size_t(0)
                     toks = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))

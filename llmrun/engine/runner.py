@@ -50,8 +50,8 @@ from typing import Any
 from llmrun import config, ipc
 from llmrun.chat import templates, thinking, toolcalls, tools
 from llmrun.engine import constraint, images, sandbox
-from llmrun.engine.batcher import Engine, Event, SeqParams, common_prefix, image_ids
-from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
+from llmrun.engine.batcher import Engine, Event, SeqParams, image_ids
+from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel, common_prefix
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import (
     Context,
@@ -475,7 +475,10 @@ class ModelHost:
             if inside or req.think is not False:
                 params.constrain_after = pair[1].encode()
                 params.think_open = None if inside else pair[0].encode()
-        if self.prompt_cache is not None and len(prompt) >= self.prompt_cache.min_tokens:
+        # (not with images: a state holding one is never kept, and the boundary comes after
+        # them, so rendering the request again, images decoded again, would buy nothing)
+        if self.prompt_cache is not None and not media \
+                and len(prompt) >= self.prompt_cache.min_tokens:
             params.save_at = self._boundary(req, plan, prompt, self.prompt_cache.min_tokens)
         if plan is not None:
             self._tool_streams[req_id] = plan.stream()
