@@ -431,3 +431,22 @@ def test_create_through_a_running_daemon_uploads_files_as_blobs(home_with_model:
     mf.write_text("FROM ./missing.gguf\n")
     missing = llmrun("create", "nope", "-f", str(mf))
     assert missing.returncode == 1 and "missing.gguf: no such file" in missing.stderr
+
+
+def test_serve_starts_on_a_port_its_last_daemon_just_left() -> None:
+    from llmrun.server.main import ServeError, check_port
+
+    # a daemon that answered a request and stopped: its side of the connection closed
+    # first, so the port has a connection in TIME_WAIT (for a minute) and no listener
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()
+    listener.close()
+    client.close()
+    check_port("127.0.0.1", port)  # no error: a new daemon may listen there
+    # while a daemon listens, the port is taken
+    with socket.create_server(("127.0.0.1", port)), pytest.raises(ServeError,
+                                                                 match="already in use"):
+        check_port("127.0.0.1", port)

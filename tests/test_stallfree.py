@@ -107,3 +107,32 @@ def test_a_bad_step_budget_is_the_default(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.step_budget() == "150ms"
     monkeypatch.setenv("LLMRUN_STEP_BUDGET", "48")
     assert config.step_budget() == "48"
+
+
+def _budget(**state: object) -> int:
+    """Engine._prompt_budget on an engine in the given state (what it reads of itself)."""
+    from types import SimpleNamespace
+
+    from llmrun.engine.batcher import Engine
+
+    fake = SimpleNamespace(batch=SimpleNamespace(capacity=512), **state)
+    fake._decode_time = lambda rows: Engine._decode_time(fake, rows)  # type: ignore[attr-defined]
+    return Engine._prompt_budget(fake, 1)  # type: ignore[arg-type]
+
+
+def test_the_time_budget_leaves_the_decode_rows_their_time() -> None:
+    base = {"step_budget": (0.1, 0), "min_chunk": 8}
+    # unmeasured: a first small chunk
+    assert _budget(**base, prompt_token_s=None, decode_token_s=None) == 16
+    # 100 ms, of which the generating row takes 20: 80 ms of prompt at 5 ms a token
+    assert _budget(**base, prompt_token_s=0.005, decode_token_s=0.020) == 16
+    # a decode that takes the whole budget still lets the prompt move on
+    assert _budget(**base, prompt_token_s=0.005, decode_token_s=0.150) == 8
+    # with flash attention on the CPU, chunks stay on its fast path
+    assert _budget(**{**base, "min_chunk": 65}, prompt_token_s=0.005,
+                   decode_token_s=0.020) == 65
+    # no limit, or a token count
+    assert _budget(step_budget=(0.0, 0), min_chunk=8, prompt_token_s=0.005,
+                   decode_token_s=0.02) == 512
+    assert _budget(step_budget=(0.0, 24), min_chunk=8, prompt_token_s=0.005,
+                   decode_token_s=0.02) == 24

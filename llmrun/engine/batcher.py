@@ -116,15 +116,16 @@ class EngineStats:
 # With `shift` and no num_predict, generation still ends after this many contexts' worth of
 # tokens: a request cannot hold its slot forever.
 SHIFT_LIMIT = 10
-# Beside sequences that generate, a step reads at least this many prompt tokens, and this
-# many until the time of a prompt token is measured: with flash attention on the CPU, a
-# chunk under 64 tokens takes llama.cpp's row-by-row attention path, at half the speed per
-# token over a long context (docs/benchmarks.md, stall-free batching), which would double
-# the long prompt's time for what it saves the others. And llama.cpp splits a step over
-# separate KV streams into a first ubatch holding one token of every sequence, then the
-# rest of the prompt's chunk: 65 keeps that rest at 64.
-MIN_PROMPT_CHUNK = 65
-FIRST_PROMPT_CHUNK = 65
+# Beside sequences that generate, a step reads at least this many prompt tokens (so a long
+# prompt always moves on), and this many until the time of a prompt token is measured.
+MIN_PROMPT_CHUNK = 8
+FIRST_PROMPT_CHUNK = 16
+# With flash attention on the CPU, a chunk under 64 tokens takes llama.cpp's row-by-row
+# attention path, at half the speed per token over a long context (docs/benchmarks.md,
+# stall-free batching), which would double the long prompt's time for what it saves the
+# others. And llama.cpp splits a step over separate KV streams into a first ubatch holding
+# one token of every sequence, then the rest of the prompt's chunk: 65 keeps that rest at 64.
+FLASH_PROMPT_CHUNK = 65
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
@@ -289,7 +290,10 @@ class Engine:
         # this many prompt tokens; (0, 0): no limit. The time of a prompt token is measured
         # from the steps that read prompts (an average over the recent ones).
         self.step_budget = step_budget
+        # what one more prompt token adds to a step that also decodes (the decode rows' own
+        # time taken out): measured on the steps that read a prompt beside others
         self.prompt_token_s: float | None = None
+        self.min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False else FLASH_PROMPT_CHUNK
         # most rows a decode may hold with each row's logits exactly as if decoded alone
         # (draft.probe_exact_rows), by the bit length of the position drafted from: kernels
         # change with the context's length too (llama.cpp splits a single row's attention
@@ -700,8 +704,10 @@ class Engine:
                 per = elapsed / batch.n
                 self.decode_token_s = per if self.decode_token_s is None else \
                     0.8 * self.decode_token_s + 0.2 * per
-        elif (rows := batch.n + (image[1] if image is not None else 0)) >= MIN_PROMPT_CHUNK:
-            per_token = elapsed / rows  # (an image's rows cost about what tokens do)
+        elif mixed and read >= self.min_chunk:
+            # (an image's rows cost about what tokens do)
+            decode_rows = batch.n + (image[1] if image is not None else 0) - read
+            per_token = max(elapsed - self._decode_time(decode_rows), 0.0) / read
             self.prompt_token_s = per_token if self.prompt_token_s is None else \
                 0.8 * self.prompt_token_s + 0.2 * per_token
         if self.prompt_cache is not None:
@@ -743,14 +749,14 @@ class Engine:
 
     def _image_piece(self, seq: Sequence, budget: int, mixed: bool) -> int:
         """How many rows of the image `seq` reads next go in this step: what the budget
-        allows (at least MIN_PROMPT_CHUNK beside others, as for text), or the whole image
+        allows (at least min_chunk beside others, as for text), or the whole image
         for a projector whose rows attend both ways (one decode, up to a batch)."""
         assert seq.slot is not None and self.projector is not None
         start, chunk = self._image_at(seq, len(seq.slot.tokens))
         left = start + chunk.n_tokens - len(seq.slot.tokens)
         if self.projector.non_causal:
             return left
-        piece = max(budget, MIN_PROMPT_CHUNK) if mixed else budget
+        piece = max(budget, self.min_chunk) if mixed else budget
         return min(left, piece, self.embd_batch.capacity if self.embd_batch else 0)
 
     def _image_at(self, seq: Sequence, pos: int) -> tuple[int, ImageChunk]:
@@ -784,9 +790,14 @@ class Engine:
         if seconds <= 0:
             return self.batch.capacity
         if self.prompt_token_s is None:
-            return FIRST_PROMPT_CHUNK
-        fits = int(seconds / self.prompt_token_s) - decode_rows
-        return max(MIN_PROMPT_CHUNK, fits)
+            return max(FIRST_PROMPT_CHUNK, self.min_chunk)
+        left = seconds - self._decode_time(decode_rows)
+        return max(self.min_chunk, int(left / self.prompt_token_s))
+
+    def _decode_time(self, rows: int) -> float:
+        """About how long a decode of `rows` generating rows takes (0 until measured): a
+        step's part that does not depend on the prompt chunk beside them."""
+        return (self.decode_token_s or 0.0) * rows
 
     def _model_drafts(self, active: list[Sequence], row_share: float) -> dict[str, list[int]]:
         """The draft model's guesses for this step's generating sequences that draft with it

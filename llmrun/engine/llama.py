@@ -395,6 +395,7 @@ class Context:
             True: C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
             False: C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[flash_attn]
+        self.flash_attn = flash_attn  # None: llama.cpp's choice (on, on the CPU)
         ptr = C.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LlamaError("llama.cpp could not create a context (out of memory?)")

@@ -7,6 +7,7 @@ in-process (the CLI starts `llmrun serve` in the background instead, see client.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 
 import uvicorn
@@ -20,8 +21,13 @@ class ServeError(Exception):
     """The daemon cannot start; the message says why, for the user."""
 
 
-def run(host: str, port: int) -> None:
+def check_port(host: str, port: int) -> None:
+    """ServeError unless the daemon can listen on host:port."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # as uvicorn binds: the last daemon's connections in TIME_WAIT do not hold the port
+        # (without it, serve refused to start for a minute after a daemon stopped)
+        if os.name == "posix":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
@@ -30,6 +36,10 @@ def run(host: str, port: int) -> None:
                                  "ollama running?); set LLMRUN_HOST to use another port"
                                  ) from None
             raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def run(host: str, port: int) -> None:
+    check_port(host, port)
     pid_path = config.home() / "daemon.pid"
     try:
         pidfile.claim(pid_path)
