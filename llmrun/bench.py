@@ -557,6 +557,7 @@ class BenchResult:
     label: str = "llmrun"  # llmrun's row, with the API it was asked over
     draft: dict[str, dict[str, float]] = field(default_factory=dict)  # drafting(), by task
     stall: dict[str, float] = field(default_factory=dict)  # stall(): a stream beside a prompt
+    stall_against: dict[str, dict[str, float]] = field(default_factory=dict)  # by label
     against: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -600,13 +601,13 @@ class BenchResult:
             lines.append(f"prompt cache: a {n}-token system prompt, TTFT {cold:.2f} s cold, "
                          f"{restored:.2f} s in a new session after the model was unloaded "
                          f"({100 * restored / cold:.1f}% of cold)")
-        if self.stall:
-            st = self.stall
-            lines.append(f"a stream beside a fresh long prompt: gaps between tokens p50 / max "
-                         f"{1000 * st['alone_p50']:.1f} / {1000 * st['alone_max']:.1f} ms "
-                         f"alone, {1000 * st['beside_p50']:.1f} / "
-                         f"{1000 * st['beside_max']:.1f} ms beside it, stood still "
-                         f"{st['stalled']:.2f} s; the prompt read in "
+        stalls = {self.label: self.stall, **self.stall_against} if self.stall else {}
+        for label, st in stalls.items():
+            lines.append(f"{label}, a stream beside a fresh long prompt: gaps between tokens "
+                         f"p50 / max {1000 * st['alone_p50']:.1f} / "
+                         f"{1000 * st['alone_max']:.1f} ms alone, "
+                         f"{1000 * st['beside_p50']:.1f} / {1000 * st['beside_max']:.1f} ms "
+                         f"beside it, stood still {st['stalled']:.2f} s; the prompt read in "
                          f"{st['prompt_alone']:.2f} s alone, {st['prompt_beside']:.2f} s "
                          "beside the stream")
         for task, d in self.draft.items():
@@ -703,8 +704,11 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         result.cache = asyncio.run(prompt_cache(url, model, cache_tokens))
     if draft:
         result.draft = drafting(url, model, max(tokens, 128), max(rounds, 3))
-    if stall_tokens > 0:
+    if stall_tokens > 0:  # (each server in turn: the scenario needs the machine to itself)
         result.stall = asyncio.run(stall(url, model, stall_tokens))
+        for other in against:
+            result.stall_against[other.label] = asyncio.run(
+                stall(other.url, other.model, stall_tokens))
     if baselines:
         result.raw1 = raw_high_level(gguf, tokens, threads)
     return result
