@@ -290,11 +290,10 @@ class Engine:
         self._masks = np.zeros((n_slots, (model.n_vocab + 31) // 32), dtype=np.int32)
         self.step_cost = StepCost()  # what a row of a decode costs here, for drafting
         # stall-free batching: while others generate, a step reads at most this long (s) or
-        # this many prompt tokens; (0, 0): no limit. The time of a prompt token is measured
-        # from the steps that read prompts (an average over the recent ones).
+        # this many prompt tokens; (0, 0): no limit
         self.step_budget = step_budget
         # what one more prompt token adds to a step that also decodes (the decode rows' own
-        # time taken out): measured on the steps that read a prompt beside others
+        # time taken out): an average over the recent steps that read a prompt beside others
         self.prompt_token_s: float | None = None
         self.min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False else FLASH_PROMPT_CHUNK
         # most rows a decode may hold with each row's logits exactly as if decoded alone
