@@ -4,7 +4,8 @@
 # Why this exists: a default build of llama.cpp uses -march=native, and on these machines the
 # CPU advertises AMX while AMX instructions fault, so the first matmul dies with SIGILL.
 # pip's wheel cache is keyed by version only, never by CMAKE_ARGS, so it would happily reuse
-# an unsafe wheel. We keep our own cache keyed by version, flags, Python tag and CPU flags.
+# an unsafe wheel. We keep our own cache keyed by version, flags, Python tag, CPU flags and
+# llmrun's patches to llama.cpp (scripts/llama-sources.sh applies them).
 #
 # Usage: scripts/llama-wheel.sh PYTHON   (installs into that interpreter's environment)
 set -euo pipefail
@@ -17,9 +18,13 @@ NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 SAFE_CMAKE_ARGS="-DCMAKE_C_FLAGS=\"$NOAMX\" -DCMAKE_CXX_FLAGS=\"$NOAMX\" -DGGML_RPC=ON"
 CMAKE_ARGS_ALL="${SAFE_CMAKE_ARGS} ${LLMRUN_EXTRA_CMAKE_ARGS:-}"
 
+here=$(cd "$(dirname "$0")" && pwd)
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 cpuflags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m)
-key=$(printf '%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$cpuflags" | sha256sum | cut -c1-16)
+# llmrun's patches to the vendored llama.cpp (scripts/llama-patches) are part of the build
+patches=$("$here/llama-sources.sh" --digest)
+key=$(printf '%s\n%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$cpuflags" "$patches" \
+  | sha256sum | cut -c1-16)
 cache_root=${LLMRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/wheels}
 cache="$cache_root/llama-cpp-python-$VERSION-$pytag-$key"
 
@@ -44,8 +49,10 @@ if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "Building llama-cpp-python $VERSION without AMX (one time, ~7 min on 2 cores)..."
   tmp=$(mktemp -d "$cache_root.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$cache_root"; mktemp -d "$cache_root.tmp.XXXXXX"; })
   trap 'rm -rf "$tmp"' EXIT
+  "$here/llama-sources.sh" "$PY" "$VERSION" "$tmp/src"
   CMAKE_ARGS="$CMAKE_ARGS_ALL" FORCE_CMAKE=1 "$PY" -m pip wheel --no-deps --no-cache-dir \
-    --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$VERSION"
+    -w "$tmp" "$tmp/src/llama_cpp_python-$VERSION"
+  rm -rf "$tmp/src"
   mkdir -p "$cache_root"
   # Rename is atomic: a concurrent or interrupted build never leaves a half-written cache entry.
   mv -T "$tmp" "$cache" 2>/dev/null || rm -rf "$tmp"
