@@ -61,12 +61,13 @@ fi
 
 wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
 "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
-"$PY" - "$key" <<'PYEOF'
+"$PY" - "$key" "$patches" <<'PYEOF'
 import hashlib, importlib.metadata as md, pathlib, sys
 d = md.distribution("llama-cpp-python")
 lib = pathlib.Path(d.locate_file("llama_cpp/lib/libggml-cpu.so"))
 digest = hashlib.sha256(lib.read_bytes()).hexdigest()
 pathlib.Path(d.locate_file("llama_cpp/.llmrun-safe-build")).write_text(
-    f"{digest} {sys.argv[1]} libggml-cpu.so built without AMX by scripts/llama-wheel.sh\n")
+    f"{digest} {sys.argv[1]} patches={sys.argv[2]} libggml-cpu.so built without AMX by"
+    " scripts/llama-wheel.sh\n")
 PYEOF
 echo "installed $wheel"
