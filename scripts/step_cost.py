@@ -4,7 +4,8 @@ Sequence 0 stands for a streaming neighbour: its context is filled to NEIGHBOUR 
 and every step decodes one more row of it. Sequence 1 stands for a long prompt: before each
 measurement it holds DEPTH cells, and the step writes a chunk of N of its tokens beside the
 neighbour's row. The time of that decode, median of --repeat, is printed per (depth, N),
-with the cost per prompt token once the neighbour's row alone (N = 0) is taken off.
+with the step's time per prompt token (docs/benchmarks.md's column) and the marginal cost of
+one, once the neighbour's row alone (N = 0 in --chunks) is taken off.
 
 It drives `engine/llama.py`'s Context, as the batcher does (separate KV streams, the same
 batch and ubatch sizes), with no daemon or runner around it.
@@ -73,8 +74,8 @@ def main() -> None:
     neighbour_pos = args.neighbour + 1
     print(f"{args.model.name}: {args.threads} threads, flash attention {args.flash_attn}, "
           f"neighbour at {args.neighbour} cells, median of {args.repeat}")
-    print("| depth | N | step ms | ms per prompt token |")
-    print("|---|---|---|---|")
+    print("| depth | N | step ms | step ms / N | (step - row alone) ms / N |")
+    print("|---|---|---|---|---|")
     for depth in depths:
         ctx.seq_rm(1, 0)
         fill(ctx, batch, 1, 0, depth, 1000)
@@ -88,8 +89,9 @@ def main() -> None:
             ms = statistics.median(times) * 1000
             if n == 0:
                 alone = ms
-            per = f"{(ms - alone) / n:.1f}" if n and alone is not None else "-"
-            print(f"| {depth:,} | {n} | {ms:.0f} | {per} |", flush=True)
+            per = f"{ms / n:.1f}" if n else "-"
+            marginal = f"{(ms - alone) / n:.1f}" if n and alone is not None else "-"
+            print(f"| {depth:,} | {n} | {ms:.0f} | {per} | {marginal} |", flush=True)
     batch.close()
     ctx.close()
     model.close()
