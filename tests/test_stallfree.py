@@ -77,6 +77,33 @@ def test_alone_a_prompt_is_read_in_whole_batches(model: Model) -> None:
     assert chunks and chunks[0] == 512  # the batch's capacity: nobody to wait for it
 
 
+def test_a_prompt_read_in_chunks_beside_a_stream_answers_as_read_alone(model: Model) -> None:
+    """Chunking changes no greedy answer: a long prompt read in whole batches with nobody
+    beside it, and in 24-token chunks beside a stream (flash attention on, the default;
+    two engines, so the second read reuses nothing of the first)."""
+    question = [{"role": "user", "content": FACTS + " Which fact comes last?"}]
+    h = Harness(model, slots=2, n_ctx=2048)
+    try:
+        alone = h.submit_tokens(h.tokens(question), max_tokens=24)
+        h.wait(alone)
+    finally:
+        h.close()
+    big = steps(h.progress.get(alone, []), 0)
+    h2 = Harness(model, slots=2, n_ctx=2048)
+    h2.engine.step_budget = (0.0, 24)
+    try:
+        story = start_story(h2)
+        beside = h2.submit_tokens(h2.tokens(question), max_tokens=24)
+        h2.wait(beside)
+        h2.engine.cancel(story)
+        h2.wait(story)
+    finally:
+        h2.close()
+    chunks = steps(h2.progress[beside], h2.started[beside]["cached_tokens"])
+    assert big and big[0] == 512 and len(chunks) > 10 and max(chunks) <= 24, (big, chunks)
+    assert h2.text[beside] == h.text[alone] and h.text[alone]
+
+
 def test_a_short_prompt_is_not_stuck_behind_a_long_one(model: Model) -> None:
     h = Harness(model, slots=3, n_ctx=2048)
     h.engine.step_budget = (0.0, 32)
@@ -129,8 +156,8 @@ def test_the_time_budget_leaves_the_decode_rows_their_time() -> None:
     # a decode that takes the whole budget still lets the prompt move on
     assert _budget(**base, prompt_token_s=0.005, decode_token_s=0.150) == 8
     # with flash attention on the CPU, chunks stay on its fast path
-    assert _budget(**{**base, "min_chunk": 65}, prompt_token_s=0.005,
-                   decode_token_s=0.020) == 65
+    assert _budget(**{**base, "min_chunk": 18}, prompt_token_s=0.005,
+                   decode_token_s=0.020) == 18
     # no limit, or a token count
     assert _budget(step_budget=(0.0, 0), min_chunk=8, prompt_token_s=0.005,
                    decode_token_s=0.02) == 512

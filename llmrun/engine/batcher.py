@@ -120,12 +120,13 @@ SHIFT_LIMIT = 10
 # prompt always moves on), and this many until the time of a prompt token is measured.
 MIN_PROMPT_CHUNK = 8
 FIRST_PROMPT_CHUNK = 16
-# With flash attention on the CPU, a chunk under 64 tokens takes llama.cpp's row-by-row
-# attention path, at half the speed per token over a long context (docs/benchmarks.md,
-# stall-free batching), which would double the long prompt's time for what it saves the
-# others. And llama.cpp splits a step over separate KV streams into a first ubatch holding
-# one token of every sequence, then the rest of the prompt's chunk: 65 keeps that rest at 64.
-FLASH_PROMPT_CHUNK = 65
+# With flash attention on the CPU, a chunk under 17 rows takes llama.cpp's row-by-row
+# attention path (64 unpatched; scripts/llama-patches/0003), at half the speed per token
+# over a long context (docs/benchmarks.md, stall-free batching), which would double the long
+# prompt's time for what it saves the others. And llama.cpp splits a step over separate KV
+# streams into a first ubatch holding one token of every sequence, then the rest of the
+# prompt's chunk: 18 keeps that rest at 17.
+FLASH_PROMPT_CHUNK = 18
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
