@@ -88,9 +88,9 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_RPC_SPLIT", "",
             "The workers' shares of the layers, comma-separated (3,1); default: by their "
             "free memory"),
-    Setting("LLMRUN_STEP_BUDGET", "150ms",
+    Setting("LLMRUN_STEP_BUDGET", "250ms",
             "While others are generating, how long one engine step may take reading a new "
-            "prompt (a duration such as 150ms, or a number of prompt tokens per step), so "
+            "prompt (a duration such as 250ms, or a number of prompt tokens per step), so "
             "a long prompt never freezes the streams beside it; 0 = no limit"),
     Setting("LLMRUN_WATCHDOG", "300s",
             "A runner with requests in flight that reports nothing for this long is "

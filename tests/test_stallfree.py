@@ -131,7 +131,7 @@ def test_step_budget_setting(text: str, budget: tuple[float, int]) -> None:
 
 def test_a_bad_step_budget_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMRUN_STEP_BUDGET", "fast")
-    assert config.step_budget() == "150ms"
+    assert config.step_budget() == "250ms"
     monkeypatch.setenv("LLMRUN_STEP_BUDGET", "48")
     assert config.step_budget() == "48"
 
