@@ -6,8 +6,8 @@
 # Why patches at all: a few hot paths of llama.cpp's CPU kernels cost llmrun's defaults more
 # than they cost llama.cpp's own server; each patch says what it changes and what it measured,
 # and is small enough to carry to the next version (as Ollama carries its llama.cpp patches).
-# A patch leaves results unchanged to the last bit, or says exactly which sums it changes and
-# what holds after (0003: a prompt's logits no longer depend on its chunk size from 17 up).
+# A patch leaves results unchanged to the last bit unless its caller asks for a change it
+# names (0003: a lower row count for flash attention's tiled path, around chosen decodes).
 #
 # Usage: scripts/llama-sources.sh PYTHON VERSION DEST   (unpacks DEST/llama_cpp_python-VERSION)
 #        scripts/llama-sources.sh --digest                (what the patches are, for cache keys)

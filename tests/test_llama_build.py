@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from llmrun.engine.llama import Batch, Context, Model
+from llmrun.engine import llama
+from llmrun.engine.llama import Batch, Context, Model, small_tiles_available
 
 pytestmark = pytest.mark.model  # needs the installed llama-cpp-python
 
@@ -33,7 +35,8 @@ def test_the_installed_llama_cpp_is_the_safe_build_with_this_checkouts_patches()
 
 
 
-def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int) -> list[bytes]:
+def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int,
+                 small_tiles: bool = False) -> list[bytes]:
     """The digest of every row's logits, the prompt read alone in chunks of `chunk`."""
     ctx.seq_rm(0, 0)
     out = []
@@ -42,17 +45,18 @@ def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int) -> l
         batch.clear()
         for i, tok in enumerate(piece):
             batch.add(tok, start + i, 0, True)
-        assert ctx.decode(batch) == 0
+        assert ctx.decode(batch, small_tiles=small_tiles) == 0
         out += [hashlib.sha256(ctx.logits(i).tobytes()).digest() for i in range(len(piece))]
     return out
 
 
-def test_a_prompts_logits_do_not_depend_on_its_chunk_size_from_17_tokens(
-        smollm2_path: Path) -> None:
-    """scripts/llama-patches/0003: flash attention sums a ubatch of 17 rows or more in its
-    tiled path, where a row's numbers do not depend on the other rows, so the step budget's
-    small chunks read a prompt exactly as one large chunk does, to the last bit. (Unpatched,
-    only chunks of 64 or more did; a chunk under 17 rows sums row by row, differently.)"""
+def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -> None:
+    """scripts/llama-patches/0003: with `small_tiles`, flash attention sums a ubatch of 17
+    rows or more in its tiled path, where a row's numbers do not depend on the other rows,
+    so the step budget's small chunks read a prompt exactly as one large chunk does, to the
+    last bit. Without it (every other decode), nothing changes: under 64 rows the row-by-row
+    path, another order of sums."""
+    assert small_tiles_available()
     model = Model(smollm2_path)
     ctx = Context(model, n_ctx_seq=1024, n_seq=1, n_batch=512, n_threads=2, flash_attn=True)
     batch = Batch(512)
@@ -61,9 +65,24 @@ def test_a_prompts_logits_do_not_depend_on_its_chunk_size_from_17_tokens(
         tokens = [100 + (i * 7919) % 20000 for i in range(612)]
         whole = _row_digests(ctx, batch, tokens, 512)
         for chunk in (17, 18, 36, 102):
-            assert _row_digests(ctx, batch, tokens, chunk) == whole, chunk
-        # the row-by-row path is another order of sums: the check above can fail
-        assert _row_digests(ctx, batch, tokens, 16) != whole
+            assert _row_digests(ctx, batch, tokens, chunk, small_tiles=True) == whole, chunk
+        # under 17 rows, and without the switch (it is off again after each decode), the
+        # row-by-row path: the checks above can fail
+        assert _row_digests(ctx, batch, tokens, 16, small_tiles=True) != whole
+        default = _row_digests(ctx, batch, tokens, 36)
+        assert default != whole
+        # the switch is the calling thread's: set here, a decode on another thread (as the
+        # image encoder's) keeps the default
+        llama._set_tiled_rows(llama.SMALL_TILE_ROWS)
+        try:
+            other: list[list[bytes]] = []
+            t = threading.Thread(target=lambda: other.append(
+                _row_digests(ctx, batch, tokens, 36)))
+            t.start()
+            t.join()
+        finally:
+            llama._set_tiled_rows(0)
+        assert other == [default]
     finally:
         batch.close()
         ctx.close()

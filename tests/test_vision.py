@@ -151,6 +151,7 @@ def test_image_read_in_pieces_beside_a_stream_equals_alone(
     # 5 rows per step while another sequence generates: the image takes four steps
     monkeypatch.setattr(batcher, "MIN_PROMPT_CHUNK", 5)
     monkeypatch.setattr(batcher, "FLASH_PROMPT_CHUNK", 5)
+    monkeypatch.setattr(batcher, "SMALL_TILE_CHUNK", 5)
     alone = Host(model, mmproj)
     try:
         _, _, expected = alone.ask([user(image(5), image(6))], num_predict=16,

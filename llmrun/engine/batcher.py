@@ -68,6 +68,7 @@ from llmrun.engine.draft import (
     probe_exact_rows,
 )
 from llmrun.engine.llama import (
+    SMALL_TILE_ROWS,
     Batch,
     Context,
     EmbdBatch,
@@ -76,6 +77,7 @@ from llmrun.engine.llama import (
     Model,
     Projector,
     Sampler,
+    small_tiles_available,
 )
 from llmrun.engine.promptcache import Entry, PromptCache
 from llmrun.engine.threads import ThreadGovernor
@@ -120,13 +122,16 @@ SHIFT_LIMIT = 10
 # prompt always moves on), and this many until the time of a prompt token is measured.
 MIN_PROMPT_CHUNK = 8
 FIRST_PROMPT_CHUNK = 16
-# With flash attention on the CPU, a chunk under 17 rows takes llama.cpp's row-by-row
-# attention path (64 unpatched; scripts/llama-patches/0003), at half the speed per token
-# over a long context (docs/benchmarks.md, stall-free batching), which would double the long
-# prompt's time for what it saves the others. And llama.cpp splits a step over separate KV
-# streams into a first ubatch holding one token of every sequence, then the rest of the
-# prompt's chunk: 18 keeps that rest at 17.
-FLASH_PROMPT_CHUNK = 18
+# With flash attention on the CPU, a chunk under 64 rows takes llama.cpp's row-by-row
+# attention path, at half the speed per token over a long context (docs/benchmarks.md,
+# stall-free batching), which would double the long prompt's time for what it saves the
+# others. And llama.cpp splits a step over separate KV streams into a first ubatch holding
+# one token of every sequence, then the rest of the prompt's chunk: 65 keeps that rest at 64.
+# A step that reads beside others lowers that path's threshold to SMALL_TILE_ROWS where the
+# build allows it (scripts/llama-patches/0003): there 18 is enough. (Image rows are read in
+# a decode of their own, without it: 65.)
+FLASH_PROMPT_CHUNK = 65
+SMALL_TILE_CHUNK = SMALL_TILE_ROWS + 1
 # A saved prompt state is loaded only when it covers at least this many tokens more than the
 # slot already holds (and a 64th of its own length: loading costs in proportion to it).
 RESTORE_MIN_GAIN = 64
@@ -296,7 +301,10 @@ class Engine:
         # what one more prompt token adds to a step that also decodes (the decode rows' own
         # time taken out): an average over the recent steps that read a prompt beside others
         self.prompt_token_s: float | None = None
-        self.min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False else FLASH_PROMPT_CHUNK
+        self.image_min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False \
+            else FLASH_PROMPT_CHUNK
+        self.min_chunk = SMALL_TILE_CHUNK if ctx.flash_attn is not False and \
+            small_tiles_available() else self.image_min_chunk
         # most rows a decode may hold with each row's logits exactly as if decoded alone
         # (draft.probe_exact_rows), by the bit length of the position drafted from: kernels
         # change with the context's length too (llama.cpp splits a single row's attention
@@ -653,6 +661,7 @@ class Engine:
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
         read = 0  # prompt tokens this step reads
         image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
+        whole = False  # a prompt read from its start to its end in this step
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -689,6 +698,7 @@ class Engine:
             budget -= len(chunk)
             read += len(chunk)
             fed.append(seq)
+            whole = whole or (base == seq.cached and not seq.pending)
             if not seq.pending:
                 outputs.append((seq, idx))
         t0 = time.perf_counter()
@@ -697,7 +707,10 @@ class Engine:
             if rc != 0:
                 self._decode_failed(rc)
                 return
-        rc = self.ctx.decode(batch) if batch.n else 0
+        # A prompt read in pieces beside generating rows is already split unlike a read alone
+        # (each piece's first token goes in a ubatch with theirs), so its pieces may take the
+        # fast path for short ones; a prompt read whole in this step answers as alone.
+        rc = self.ctx.decode(batch, small_tiles=mixed and not whole) if batch.n else 0
         if rc != 0:
             self._decode_failed(rc)
             return
@@ -760,14 +773,14 @@ class Engine:
 
     def _image_piece(self, seq: Sequence, budget: int, mixed: bool) -> int:
         """How many rows of the image `seq` reads next go in this step: what the budget
-        allows (at least min_chunk beside others, as for text), or the whole image
+        allows (at least image_min_chunk beside others), or the whole image
         for a projector whose rows attend both ways (one decode, up to a batch)."""
         assert seq.slot is not None and self.projector is not None
         start, chunk = self._image_at(seq, len(seq.slot.tokens))
         left = start + chunk.n_tokens - len(seq.slot.tokens)
         if self.projector.non_causal:
             return left
-        piece = max(budget, self.min_chunk) if mixed else budget
+        piece = max(budget, self.image_min_chunk) if mixed else budget
         return min(left, piece, self.embd_batch.capacity if self.embd_batch else 0)
 
     def _image_at(self, seq: Sequence, pos: int) -> tuple[int, ImageChunk]:

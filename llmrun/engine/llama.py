@@ -47,6 +47,37 @@ class LlamaError(RuntimeError):
     pass
 
 
+# With scripts/llama-patches/0003, a decode may have llama.cpp's CPU flash attention sum from
+# this many query rows on in its tiled path (64 otherwise): twice as fast per row as its
+# row-by-row path over a long context, in a different order of sums (Context.decode). The
+# setting is the calling thread's: graphs other threads compute meanwhile keep the default.
+SMALL_TILE_ROWS = 17
+
+
+def _tiled_rows_setter() -> Any:
+    """The patch's setter in the libggml-cpu llama.cpp loaded, or None on a build without it.
+    (A wheel holds copies of the library under several names, not links: RTLD_NOLOAD finds
+    the one in use, where loading another name would load a second copy.)"""
+    base = Path(getattr(C, "_base_path", Path(C.__file__).parent / "lib"))
+    for path in sorted(base.glob("libggml-cpu*")):
+        try:
+            lib = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue  # not loaded under this name
+        fn = getattr(lib, "llmrun_ggml_cpu_set_fa_tiled_min_rows", None)
+        if fn is not None:
+            fn.argtypes, fn.restype = [ctypes.c_int], None
+        return fn
+    return None
+
+
+_set_tiled_rows = _tiled_rows_setter()
+
+
+def small_tiles_available() -> bool:
+    return _set_tiled_rows is not None
+
+
 def _meta_str(getter: Any, ptr: Any, key: str, size: int) -> str | None:
     """A metadata value as text through one of llama.cpp's `*_meta_val_str` getters,
     retrying with a buffer of the reported length when the first one is too small."""
@@ -406,17 +437,27 @@ class Context:
         self.n_ubatch = C.llama_n_ubatch(ptr)
         self.memory = C.llama_get_memory(ptr)
 
-    def decode(self, batch: Batch | EmbdBatch, causal: bool = True) -> int:
+    def decode(self, batch: Batch | EmbdBatch, causal: bool = True,
+               small_tiles: bool = False) -> int:
         """0 on success; 1 when no KV slot was found; negative on error. `causal` False:
-        the rows attend to each other both ways (an image, for some projectors)."""
+        the rows attend to each other both ways (an image, for some projectors).
+        `small_tiles`: flash attention sums a sequence's rows in its tiled path from
+        SMALL_TILE_ROWS on (where the build allows it), so a short prompt chunk reads about
+        as fast per token as a long one; its numbers then differ in the last bits from those
+        of the same rows in a ubatch under 64 without it."""
         batch.raw.n_tokens = batch.n
-        if causal:
-            return C.llama_decode(self.ptr, batch.raw)
-        C.llama_set_causal_attn(self.ptr, False)
+        tiles = small_tiles and _set_tiled_rows is not None
+        if tiles:
+            _set_tiled_rows(SMALL_TILE_ROWS)
+        if not causal:
+            C.llama_set_causal_attn(self.ptr, False)
         try:
             return C.llama_decode(self.ptr, batch.raw)
         finally:
-            C.llama_set_causal_attn(self.ptr, True)
+            if not causal:
+                C.llama_set_causal_attn(self.ptr, True)
+            if tiles:
+                _set_tiled_rows(0)
 
     def set_threads(self, n_threads: int) -> None:
         """Decode (and prefill) with `n_threads` threads from the next decode on."""
