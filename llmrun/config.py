@@ -139,6 +139,11 @@ def _file_settings(path: Path) -> dict[str, Any]:
     return {str(k).upper(): v for k, v in data.items()}
 
 
+def default(name: str) -> str:
+    """The built-in value of one setting (what it is when nothing sets it)."""
+    return _DEFAULTS[name]
+
+
 def raw(name: str) -> str:
     """The string value of one setting: environment first (an empty variable counts as
     unset), then config.yaml, then the default."""
@@ -395,8 +400,8 @@ def step_budget() -> str:
         parse_step_budget(value)
     except ValueError:
         log.warning("invalid LLMRUN_STEP_BUDGET=%r, using default %r", value,
-                    _DEFAULTS["LLMRUN_STEP_BUDGET"])
-        return _DEFAULTS["LLMRUN_STEP_BUDGET"]
+                    default("LLMRUN_STEP_BUDGET"))
+        return default("LLMRUN_STEP_BUDGET")
     return value
 
 

@@ -34,7 +34,6 @@ def test_the_installed_llama_cpp_is_the_safe_build_with_this_checkouts_patches()
         "holds: run `make install`")
 
 
-
 def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int,
                  small_tiles: bool = False) -> list[bytes]:
     """The digest of every row's logits, the prompt read alone in chunks of `chunk`."""

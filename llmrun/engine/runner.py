@@ -748,8 +748,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="bytes of states kept in memory at most")
     ap.add_argument("--prompt-cache-min", type=int, default=1024,
                     help="tokens a prompt must add before its state is kept")
-    ap.add_argument("--step-budget", type=config.parse_step_budget, default=(0.25, 0),
-                    help="prompt reading per step while others generate: 250ms, or tokens")
+    ap.add_argument("--step-budget", type=config.parse_step_budget,
+                    default=config.parse_step_budget(config.default("LLMRUN_STEP_BUDGET")),
+                    help="prompt reading per step while others generate: a duration "
+                         "(250ms), or tokens")
     ap.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
                     help="an RPC worker (llmrun rpc-worker) to place layers on; repeatable")
     ap.add_argument("--rpc-split", type=lambda v: [float(x) for x in v.split(",")],

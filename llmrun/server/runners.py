@@ -116,8 +116,8 @@ class RunnerSpec:
     prompt_cache_size: int = 0  # bytes on disk for prompt states, all models; 0: none
     prompt_cache_ram: int = 0  # bytes of them this runner keeps in memory
     prompt_cache_min: int = 1024  # prompt tokens read before a state is kept
-    step_budget: str = "250ms"  # config.parse_step_budget: prompt reading per step beside
-    # others that generate
+    # config.parse_step_budget: prompt reading per step beside others that generate
+    step_budget: str = config.default("LLMRUN_STEP_BUDGET")
     rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) to place layers on
     rpc_split: str = ""  # their shares of the layers, "3,1" (empty: by free memory)
     gpu_layers: int = -1  # layers placed on the workers (num_gpu); -1: all
