@@ -86,3 +86,26 @@ def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -
         batch.close()
         ctx.close()
         model.close()
+
+
+def test_masked_tiles_are_remembered_per_graph_only(gemma3_path: Path) -> None:
+    """scripts/llama-patches/0004: the tiled kernel remembers which mask tiles are fully
+    masked for the rest of the graph it computes. Gemma 3's sliding layers over llmrun's
+    full-size cache mask nearly every tile of a long context, and consecutive 64-token
+    pieces reuse one mask buffer of one shape, where the same mask row and tile are masked
+    in one piece and live in the next: a memo that outlived its graph would skip live tiles
+    and change the numbers. Read in such pieces, the prompt's logits equal one large chunk's,
+    to the last bit (in the tiled path a row's sums do not depend on the chunk)."""
+    model = Model(gemma3_path)
+    ctx = Context(model, n_ctx_seq=2048, n_seq=1, n_batch=512, n_threads=2, flash_attn=True)
+    batch = Batch(512)
+    try:
+        # 1,536 tokens: three times the sliding window, every piece below 64 rows or more
+        tokens = [300 + (i * 7919) % 200000 for i in range(1536)]
+        whole = _row_digests(ctx, batch, tokens, 512)
+        assert _row_digests(ctx, batch, tokens, 64) == whole
+        assert _row_digests(ctx, batch, tokens, 128) == whole
+    finally:
+        batch.close()
+        ctx.close()
+        model.close()
