@@ -5,6 +5,8 @@
 # once), starts it and an llmrun daemon (a scratch LLMRUN_HOME holding GGUF) with the same
 # thread count and 4 slots of 4096 tokens each, runs `llmrun bench --against`, and stops both.
 # Run it on an otherwise idle machine; paste the table into docs/benchmarks.md.
+# STOCK=1 measures a llama-server built without llmrun's llama.cpp patches
+# (build_llama_server.sh --stock); by default it carries them, as the engine does.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -20,7 +22,7 @@ for port in "$LS_PORT" "$LR_PORT"; do  # a server left from an earlier run would
     exit 1
   fi
 done
-SERVER=$("$ROOT/scripts/build_llama_server.sh")
+SERVER=$("$ROOT/scripts/build_llama_server.sh" ${STOCK:+--stock})
 WORK=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }

@@ -3,12 +3,16 @@
 # llama-cpp-python sdist llmrun installs, with llmrun's patches and the same AMX-safe flags
 # as scripts/llama-wheel.sh, so `llmrun bench --against` compares like with like.
 # A benchmark step, not an install step.
-#   scripts/build_llama_server.sh [OUT_DIR]      prints the path of the built binary
+#   scripts/build_llama_server.sh [--stock] [OUT_DIR]    prints the path of the built binary
+# --stock: the vendored sources as released, without llmrun's patches (the llama-server a
+# user would build; the default, patched, one is the stricter comparison).
 set -euo pipefail
 VERSION=0.3.36
 NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/llama-server-$VERSION-$("$here/llama-sources.sh" --digest)}
+flavour=$("$here/llama-sources.sh" --digest)
+if [ "${1:-}" = "--stock" ]; then export LLAMA_STOCK=1; flavour=stock; shift; fi
+OUT=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/llama-server-$VERSION-$flavour}
 BIN="$OUT/build/bin/llama-server"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 mkdir -p "$OUT"

@@ -11,10 +11,12 @@
 #
 # Usage: scripts/llama-sources.sh PYTHON VERSION DEST   (unpacks DEST/llama_cpp_python-VERSION)
 #        scripts/llama-sources.sh --digest                (what the patches are, for cache keys)
+# LLAMA_STOCK=1 unpacks the sources as released, without the patches (a benchmark's stock
+# llama-server, build_llama_server.sh --stock).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 patches=("$here"/llama-patches/*.patch)
-[ -e "${patches[0]}" ] || patches=()
+[ -e "${patches[0]}" ] && [ "${LLAMA_STOCK:-0}" != 1 ] || patches=()
 if [ "${1:-}" = "--digest" ]; then
   { for p in "${patches[@]}"; do basename "$p"; cat "$p"; done; } | sha256sum | cut -c1-16
   exit 0

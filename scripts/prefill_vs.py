@@ -1,10 +1,15 @@
-"""Prompt reading alone, llmrun against another OpenAI-compatible server (llama-server) on
-the same GGUF and threads, in alternating turns (issue 19's "prefill speed kept").
+"""Prompt reading alone, llmrun against other OpenAI-compatible servers (llama-server, stock
+and patched) on the same GGUF and threads, in alternating turns (issue 19's "prefill speed
+kept").
 
 Each turn sends a fresh prompt (a unique first line, so no cache helps) with max_tokens 1;
 the time to the answer is the time to read the prompt and sample one token.
 
-    python scripts/prefill_vs.py LLMRUN_URL MODEL OTHER_URL WORDS TURNS
+    python scripts/prefill_vs.py LLMRUN_URL MODEL OTHER_URL[,OTHER_URL...] WORDS TURNS
+
+Each turn reads one prompt on every server, in the opposite order to the turn before; the
+end prints each server's median and its rate over llmrun's, the median of the per-turn
+ratios (a turn's servers run minutes apart at most, while the machine drifts more).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ def read(url: str, model: str, text: str) -> tuple[float, int]:
 
 
 def main() -> None:
-    llmrun_url, model, other_url, n_words, turns = sys.argv[1:6]
-    servers = [("llmrun", llmrun_url, model), ("other", other_url, model)]
+    llmrun_url, model, other_urls, n_words, turns = sys.argv[1:6]
+    servers = [("llmrun", llmrun_url, model)]
+    servers += [(url.split("://", 1)[-1], url, model) for url in other_urls.split(",") if url]
     for _, url, name in servers:
         read(url, name, "hi")  # loaded before the clock starts
     rates: dict[str, list[float]] = {label: [] for label, _, _ in servers}
@@ -49,7 +55,9 @@ def main() -> None:
             print(f"{label}: {tokens} tokens in {seconds:.2f} s, {tokens / seconds:.0f} tok/s",
                   flush=True)
     for label, values in rates.items():
-        print(f"{label}: median {statistics.median(values):.0f} tok/s")
+        over = statistics.median(a / b for a, b in zip(rates["llmrun"], values, strict=True))
+        print(f"{label}: median {statistics.median(values):.0f} tok/s; llmrun / {label}, "
+              f"the median of the turns' ratios: {over:.3f}")
 
 
 if __name__ == "__main__":
