@@ -104,6 +104,34 @@ def test_a_prompt_read_in_chunks_beside_a_stream_answers_as_read_alone(model: Mo
     assert h2.text[beside] == h.text[alone] and h.text[alone]
 
 
+def test_the_stream_beside_a_prompt_read_in_chunks_writes_what_it_writes_alone(
+        model: Model) -> None:
+    """The generating rows of a step that reads a prompt piece are decoded apart from the
+    piece, as in a step of their own: the neighbour's greedy text is the same to the token
+    as without the prompt beside it."""
+    tell = "Tell me a very long story about a dragon."
+    h = Harness(model, slots=2, n_ctx=2048)
+    try:
+        alone = h.submit(tell, max_tokens=80)
+        h.wait(alone)
+    finally:
+        h.close()
+    h2 = Harness(model, slots=2, n_ctx=2048)
+    h2.engine.step_budget = (0.0, 24)
+    try:
+        story = h2.submit(tell, max_tokens=80)
+        with h2.cond:
+            assert h2.cond.wait_for(lambda: len(h2.text.get(story, "")) > 0, timeout=120)
+        reader = h2.submit_tokens(h2.tokens([{"role": "user", "content": FACTS}]),
+                                  max_tokens=2)
+        h2.wait(reader)
+        h2.wait(story)
+    finally:
+        h2.close()
+    assert h2.engine.stats.mixed_steps > 10  # the story wrote beside the prompt's pieces
+    assert h2.text[story] == h.text[alone] and h.text[alone]
+
+
 def test_a_short_prompt_is_not_stuck_behind_a_long_one(model: Model) -> None:
     h = Harness(model, slots=3, n_ctx=2048)
     h.engine.step_budget = (0.0, 32)

@@ -648,6 +648,7 @@ class Engine:
                     drafted.append((seq, slot))
             elif seq.pending and not seq.blocked:
                 prefilling.append(seq)
+        generating = batch.n  # rows of sequences that generate; prompt rows follow them
         budget = batch.capacity - batch.n
         mixed = bool(outputs and prefilling)
         if mixed:  # others generate: a prompt is read in bounded chunks
@@ -707,14 +708,33 @@ class Engine:
             if rc != 0:
                 self._decode_failed(rc)
                 return
-        # A prompt read in pieces beside generating rows is already split unlike a read alone
-        # (each piece's first token goes in a ubatch with theirs), so its pieces may take the
-        # fast path for short ones; a prompt read whole in this step answers as alone.
-        rc = self.ctx.decode(batch, small_tiles=mixed and not whole) if batch.n else 0
+        events: list[Event] = []
+        sampling = 0.0  # seconds spent sampling between the two decodes of a split step
+        if mixed and 0 < generating < batch.n:
+            # Prompt pieces beside generating rows are decoded after those rows, apart: in
+            # one llama_decode llama.cpp would put each piece's first token in a ubatch with
+            # them (one token of each sequence), where attention sums it in another order
+            # than a read alone does. Apart, a piece's rows take flash attention's tiled path
+            # together (small_tiles), as they do in a read alone, and the generating rows
+            # decode as in a step of their own; the weights are read twice either way.
+            rc = self.ctx.decode(batch, rows=(0, generating))
+            if rc != 0:
+                self._decode_failed(rc)
+                return
+            t1 = time.perf_counter()
+            self._sample([(seq, i) for seq, i in outputs if i < generating], [], t1, events)
+            outputs = [(seq, i - generating) for seq, i in outputs if i >= generating]
+            scored = [(seq, i - generating if i >= 0 else i, tok) for seq, i, tok in scored]
+            sampling = time.perf_counter() - t1
+            rc = self.ctx.decode(batch, small_tiles=not whole, rows=(generating, batch.n))
+        else:
+            rc = self.ctx.decode(batch, small_tiles=mixed and not whole) if batch.n else 0
         if rc != 0:
+            if events:
+                self.emit(events)
             self._decode_failed(rc)
             return
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0 - sampling
         st = self.stats
         st.steps += 1
         st.step_seconds += elapsed
@@ -741,13 +761,29 @@ class Engine:
                         self._save_prompt(seq)
                     except Exception:  # a cache that fails costs speed, never the answer
                         log.exception("prompt cache: saving a prompt failed")
-        events: list[Event] = []
         now = time.perf_counter()
         for seq in (s for s in fed if s.pending):  # a prompt that takes steps: how far it
             # is (llama-server's prompt_progress), for clients that show it
             events.append((seq.id, "progress", {
                 "total": len(seq.prompt), "cached": seq.cached,
                 "processed": len(seq.slot.tokens) if seq.slot else 0}))
+        self._sample(outputs, scored, now, events)
+        for seq, slot in drafted:  # the cells of drafted tokens that did not come true
+            seq.drafts = []
+            self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
+        clock = time.monotonic()
+        if self._ended or clock - self._last_stats >= STATS_SECONDS:
+            self._ended, self._last_stats = False, clock
+            events.append(("", "engine", self.stats.payload()))
+        if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
+            self._last_emit = clock
+            self.emit(events)  # (empty: a heartbeat)
+
+    def _sample(self, outputs: list[tuple[Sequence, int]],
+                scored: list[tuple[Sequence, int, int]], now: float,
+                events: list[Event]) -> None:
+        """After a decode: score the prompt rows in `scored`, then take each output's next
+        token (and check its drafts) from the logits of the row it names."""
         if scored:
             self._score_prompt(scored, events)
         masks = self._compute_masks(outputs, events)
@@ -760,16 +796,6 @@ class Engine:
                     self._verify(seq, idx, events)
             except Exception as exc:
                 self._fail(seq, exc, events)
-        for seq, slot in drafted:  # the cells of drafted tokens that did not come true
-            seq.drafts = []
-            self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
-        clock = time.monotonic()
-        if self._ended or clock - self._last_stats >= STATS_SECONDS:
-            self._ended, self._last_stats = False, clock
-            events.append(("", "engine", self.stats.payload()))
-        if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
-            self._last_emit = clock
-            self.emit(events)  # (empty: a heartbeat)
 
     def _image_piece(self, seq: Sequence, budget: int, mixed: bool) -> int:
         """How many rows of the image `seq` reads next go in this step: what the budget

@@ -298,6 +298,18 @@ class Batch:
         self.n = i + 1
         return i
 
+    def rows(self, start: int, stop: int) -> Any:
+        """A llama_batch over rows start..stop-1 of this one (no copy: its arrays, offset),
+        valid while this batch lives; llama.cpp numbers its rows from 0."""
+        view = C.llama_batch()
+        view.n_tokens = stop - start
+        for name in ("token", "pos", "n_seq_id", "seq_id", "logits"):
+            field = getattr(self.raw, name)
+            size = ctypes.sizeof(field._type_)
+            address = ctypes.cast(field, ctypes.c_void_p).value or 0
+            setattr(view, name, ctypes.cast(address + start * size, type(field)))
+        return view
+
     def close(self) -> None:
         if self.raw is not None:
             C.llama_batch_free(self.raw)
@@ -438,21 +450,23 @@ class Context:
         self.memory = C.llama_get_memory(ptr)
 
     def decode(self, batch: Batch | EmbdBatch, causal: bool = True,
-               small_tiles: bool = False) -> int:
+               small_tiles: bool = False, rows: tuple[int, int] | None = None) -> int:
         """0 on success; 1 when no KV slot was found; negative on error. `causal` False:
         the rows attend to each other both ways (an image, for some projectors).
         `small_tiles`: flash attention sums a sequence's rows in its tiled path from
         SMALL_TILE_ROWS on (where the build allows it), so a short prompt chunk reads about
         as fast per token as a long one; its numbers then differ in the last bits from those
-        of the same rows in a ubatch under 64 without it."""
+        of the same rows in a ubatch under 64 without it. `rows` (start, stop): decode only
+        those rows of a token batch; their logits are then rows 0.. of this decode."""
         batch.raw.n_tokens = batch.n
+        raw = batch.raw if rows is None else batch.rows(*rows)  # type: ignore[union-attr]
         tiles = small_tiles and _set_tiled_rows is not None
         if tiles:
             _set_tiled_rows(SMALL_TILE_ROWS)
         if not causal:
             C.llama_set_causal_attn(self.ptr, False)
         try:
-            return C.llama_decode(self.ptr, batch.raw)
+            return C.llama_decode(self.ptr, raw)
         finally:
             if not causal:
                 C.llama_set_causal_attn(self.ptr, True)
