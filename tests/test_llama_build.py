@@ -3,10 +3,12 @@ llmrun's patches to llama.cpp (scripts/llama-patches) applied, the ones in this 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,21 @@ def test_the_installed_llama_cpp_is_the_safe_build_with_this_checkouts_patches()
         "holds: run `make install`")
 
 
+@contextlib.contextmanager
+def _one_sequence(path: Path, n_ctx_seq: int) -> Iterator[tuple[Context, Batch]]:
+    """A flash-attention context of one sequence on the model at `path`, and a batch of 512."""
+    model = Model(path)
+    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=1, n_batch=512, n_threads=2,
+                  flash_attn=True)
+    batch = Batch(512)
+    try:
+        yield ctx, batch
+    finally:
+        batch.close()
+        ctx.close()
+        model.close()
+
+
 def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int,
                  small_tiles: bool = False) -> list[bytes]:
     """The digest of every row's logits, the prompt read alone in chunks of `chunk`."""
@@ -56,10 +73,7 @@ def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -
     last bit. Without it (every other decode), nothing changes: under 64 rows the row-by-row
     path, another order of sums."""
     assert small_tiles_available()
-    model = Model(smollm2_path)
-    ctx = Context(model, n_ctx_seq=1024, n_seq=1, n_batch=512, n_threads=2, flash_attn=True)
-    batch = Batch(512)
-    try:
+    with _one_sequence(smollm2_path, 1024) as (ctx, batch):
         # 612 tokens: every chunking below ends on a piece of 17 rows or more
         tokens = [100 + (i * 7919) % 20000 for i in range(612)]
         whole = _row_digests(ctx, batch, tokens, 512)
@@ -82,10 +96,6 @@ def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -
         finally:
             llama._set_tiled_rows(0)
         assert other == [default]
-    finally:
-        batch.close()
-        ctx.close()
-        model.close()
 
 
 def test_masked_tiles_are_remembered_per_graph_only(gemma3_path: Path) -> None:
@@ -96,16 +106,9 @@ def test_masked_tiles_are_remembered_per_graph_only(gemma3_path: Path) -> None:
     in one piece and live in the next: a memo that outlived its graph would skip live tiles
     and change the numbers. Read in such pieces, the prompt's logits equal one large chunk's,
     to the last bit (in the tiled path a row's sums do not depend on the chunk)."""
-    model = Model(gemma3_path)
-    ctx = Context(model, n_ctx_seq=2048, n_seq=1, n_batch=512, n_threads=2, flash_attn=True)
-    batch = Batch(512)
-    try:
-        # 1,536 tokens: three times the sliding window, every piece below 64 rows or more
+    with _one_sequence(gemma3_path, 2048) as (ctx, batch):
+        # 1,536 tokens: three times the sliding window; each piece below has 64 rows or more
         tokens = [300 + (i * 7919) % 200000 for i in range(1536)]
         whole = _row_digests(ctx, batch, tokens, 512)
         assert _row_digests(ctx, batch, tokens, 64) == whole
         assert _row_digests(ctx, batch, tokens, 128) == whole
-    finally:
-        batch.close()
-        ctx.close()
-        model.close()
