@@ -37,10 +37,12 @@ def test_the_installed_llama_cpp_is_the_safe_build_with_this_checkouts_patches()
 
 
 @contextlib.contextmanager
-def _one_sequence(path: Path, n_ctx_seq: int) -> Iterator[tuple[Context, Batch]]:
-    """A flash-attention context of one sequence on the model at `path`, and a batch of 512."""
+def _flash_context(path: Path, n_ctx_seq: int,
+                   n_seq: int = 1) -> Iterator[tuple[Context, Batch]]:
+    """A flash-attention context of `n_seq` sequences (one KV stream each, as the engine's)
+    on the model at `path`, and a batch of 512."""
     model = Model(path)
-    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=1, n_batch=512, n_threads=2,
+    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=n_seq, n_batch=512, n_threads=2,
                   flash_attn=True)
     batch = Batch(512)
     try:
@@ -73,7 +75,7 @@ def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -
     last bit. Without it (every other decode), nothing changes: under 64 rows the row-by-row
     path, another order of sums."""
     assert small_tiles_available()
-    with _one_sequence(smollm2_path, 1024) as (ctx, batch):
+    with _flash_context(smollm2_path, 1024) as (ctx, batch):
         # 612 tokens: every chunking below ends on a piece of 17 rows or more
         tokens = [100 + (i * 7919) % 20000 for i in range(612)]
         whole = _row_digests(ctx, batch, tokens, 512)
@@ -106,9 +108,51 @@ def test_masked_tiles_are_remembered_per_graph_only(gemma3_path: Path) -> None:
     in one piece and live in the next: a memo that outlived its graph would skip live tiles
     and change the numbers. Read in such pieces, the prompt's logits equal one large chunk's,
     to the last bit (in the tiled path a row's sums do not depend on the chunk)."""
-    with _one_sequence(gemma3_path, 2048) as (ctx, batch):
+    with _flash_context(gemma3_path, 2048) as (ctx, batch):
         # 1,536 tokens: three times the sliding window; each piece below has 64 rows or more
         tokens = [300 + (i * 7919) % 200000 for i in range(1536)]
         whole = _row_digests(ctx, batch, tokens, 512)
         assert _row_digests(ctx, batch, tokens, 64) == whole
         assert _row_digests(ctx, batch, tokens, 128) == whole
+
+
+def _read(ctx: Context, batch: Batch, seq: int, tokens: list[int]) -> None:
+    for start in range(0, len(tokens), 512):
+        batch.clear()
+        for i, tok in enumerate(tokens[start:start + 512]):
+            batch.add(tok, start + i, seq, False)
+        assert ctx.decode(batch) == 0
+
+
+@pytest.mark.parametrize("length", [300, 1500])
+def test_a_decode_row_is_summed_alike_whatever_the_threads_and_neighbours(
+        smollm2_path: Path, length: int) -> None:
+    """scripts/llama-patches/0005: flash attention cuts a decode row's KV at fixed 256-cell
+    boundaries. llama.cpp cut it into one chunk per thread, and only for a row decoded alone
+    over 512 cells or more (a row beside others was summed in one pass), so past 256 tokens
+    a greedy answer changed with the thread count, which the engine adapts to the machine's
+    load (engine/threads.py), and with the streams decoded beside it. The next token's
+    logits of a `length`-token sequence are the same to the last bit with 1 thread and 2,
+    alone and beside a longer sequence's row (whose length sets the KV view's)."""
+    mine = [100 + (i * 7919) % 20000 for i in range(length)]
+    other = [200 + (i * 104729) % 20000 for i in range(2000)]
+    with _flash_context(smollm2_path, 2048, n_seq=2) as (ctx, batch):
+        _read(ctx, batch, 0, mine)
+        _read(ctx, batch, 1, other)
+
+        def next_row(threads: int, beside: bool) -> bytes:
+            ctx.set_threads(threads)
+            batch.clear()
+            batch.add(7, length, 0, True)
+            if beside:
+                batch.add(8, len(other), 1, True)
+            assert ctx.decode(batch) == 0
+            row = hashlib.sha256(ctx.logits(0).tobytes()).digest()
+            ctx.seq_rm(0, length)  # the next call decodes the same position again
+            ctx.seq_rm(1, len(other))
+            return row
+
+        alone = next_row(2, beside=False)
+        assert next_row(1, beside=False) == alone
+        assert next_row(2, beside=True) == alone
+        assert next_row(1, beside=True) == alone
