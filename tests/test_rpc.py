@@ -80,13 +80,25 @@ def test_a_worker_refuses_a_public_address_without_insecure() -> None:
     assert done.returncode == 2 and "--insecure" in done.stderr
 
 
-def test_split_model_answers_as_the_local_one(daemon: Daemon,
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
+    """A daemon of its own, as fresh as the split one. Not the suite's shared daemon: a slot
+    there may hold this prompt's system prompt as an earlier, longer prompt read it, through
+    flash attention's tiled path (64 rows or more), whose last bits differ from the row-by-row
+    path a short prompt read whole takes; reused, it can change the greedy answer (seen once
+    in CI, and reproduced by sending a 64+ token prompt with the same system prompt first)."""
+    d = Daemon(make_home(tmp_path_factory.mktemp("rpc-local") / "home", smollm2_path)).start()
+    yield d
+    d.stop()
+
+
+def test_split_model_answers_as_the_local_one(local: Daemon,
                                               split: tuple[Daemon, list[Worker]]) -> None:
     remote, workers = split
-    local = httpx.post(daemon.url + "/api/generate", json=ASK, timeout=300).json()
+    local_answer = httpx.post(local.url + "/api/generate", json=ASK, timeout=300).json()
     spread = httpx.post(remote.url + "/api/generate", json=ASK, timeout=300).json()
-    assert spread["response"] == local["response"]
-    assert spread["context"] == local["context"]  # prompt and output, token for token
+    assert spread["response"] == local_answer["response"]
+    assert spread["context"] == local_answer["context"]  # prompt and output, token for token
     ps = httpx.get(remote.url + "/api/ps").json()["models"]
     placement = ps[0]["rpc"]
     assert [w["endpoint"] for w in placement["workers"]] == [w.endpoint for w in workers]
