@@ -88,7 +88,7 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_RPC_SPLIT", "",
             "The workers' shares of the layers, comma-separated (3,1); default: by their "
             "free memory"),
-    Setting("LLMRUN_STEP_BUDGET", "250ms",
+    Setting("LLMRUN_STEP_BUDGET", "225ms",
             "While others are generating, how long one engine step may take reading a new "
             "prompt (a duration such as 250ms, or a number of prompt tokens per step), so "
             "a long prompt never freezes the streams beside it; 0 = no limit"),

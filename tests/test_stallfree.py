@@ -13,6 +13,7 @@ import pytest
 
 from llmrun import config
 from llmrun.engine.llama import Model
+from llmrun.engine.promptcost import PromptCost, attention_per_cell
 from tests.test_engine import Harness
 
 FACTS = " ".join(f"Fact {i}: the number {i} is written {i * 7} in another base."
@@ -159,35 +160,74 @@ def test_step_budget_setting(text: str, budget: tuple[float, int]) -> None:
 
 def test_a_bad_step_budget_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMRUN_STEP_BUDGET", "fast")
-    assert config.step_budget() == "250ms"
+    assert config.step_budget() == "225ms"
     monkeypatch.setenv("LLMRUN_STEP_BUDGET", "48")
     assert config.step_budget() == "48"
 
 
-def _budget(**state: object) -> int:
-    """Engine._prompt_budget on an engine in the given state (what it reads of itself)."""
+def _budget(scale: float | None = None, base: int = 0, **state: object) -> int:
+    """Engine._prompt_budget on an engine in the given state (what it reads of itself): a
+    prompt token costing `scale` seconds (no attention term), `base` tokens into its prompt."""
     from types import SimpleNamespace
 
     from llmrun.engine.batcher import Engine
 
-    fake = SimpleNamespace(batch=SimpleNamespace(capacity=512), **state)
+    cost = PromptCost(0.0)
+    cost.scale = scale
+    fake = SimpleNamespace(batch=SimpleNamespace(capacity=512), prompt_cost=cost, **state)
     fake._decode_time = lambda rows: Engine._decode_time(fake, rows)  # type: ignore[attr-defined]
-    return Engine._prompt_budget(fake, 1)  # type: ignore[arg-type]
+    return Engine._prompt_budget(fake, 1, base)  # type: ignore[arg-type]
 
 
 def test_the_time_budget_leaves_the_decode_rows_their_time() -> None:
     base = {"step_budget": (0.1, 0), "min_chunk": 8}
     # unmeasured: a first small chunk
-    assert _budget(**base, prompt_token_s=None, decode_token_s=None) == 16
+    assert _budget(**base, scale=None, decode_token_s=None) == 16
     # 100 ms, of which the generating row takes 20: 80 ms of prompt at 5 ms a token
-    assert _budget(**base, prompt_token_s=0.005, decode_token_s=0.020) == 16
+    assert _budget(**base, scale=0.005, decode_token_s=0.020) == 16
     # a decode that takes the whole budget still lets the prompt move on
-    assert _budget(**base, prompt_token_s=0.005, decode_token_s=0.150) == 8
+    assert _budget(**base, scale=0.005, decode_token_s=0.150) == 8
     # with flash attention on the CPU, chunks stay on its fast path
-    assert _budget(**{**base, "min_chunk": 18}, prompt_token_s=0.005,
-                   decode_token_s=0.020) == 18
+    assert _budget(**{**base, "min_chunk": 18}, scale=0.005, decode_token_s=0.020) == 18
     # no limit, or a token count
-    assert _budget(step_budget=(0.0, 0), min_chunk=8, prompt_token_s=0.005,
+    assert _budget(step_budget=(0.0, 0), min_chunk=8, scale=0.005,
                    decode_token_s=0.02) == 512
-    assert _budget(step_budget=(0.0, 24), min_chunk=8, prompt_token_s=0.005,
+    assert _budget(step_budget=(0.0, 24), min_chunk=8, scale=0.005,
                    decode_token_s=0.02) == 24
+
+
+def test_a_prompt_token_costs_more_the_further_in_it_is() -> None:
+    """The chunk that fits a budget shrinks as the prompt goes on (its attention spans more
+    cells), as measured: without it, late chunks overran the budget by 10-20%."""
+    cost = PromptCost(3.3e-4)  # SmolLM2's attention per cell (attention_per_cell)
+    assert cost.fit(0, 0.25, 512) is None  # nothing measured yet
+    # a step read 90 tokens from position 100 in 200 ms: s is what makes that so
+    cost.observe([(100, 90)], 0.2)
+    assert cost.seconds(100, 90) == pytest.approx(0.2)
+    early, late = cost.fit(100, 0.2, 512), cost.fit(3000, 0.2, 512)
+    assert early == 90 and late is not None and late < early * 0.6
+    assert cost.seconds(3000, late) <= 0.2 < cost.seconds(3000, late + 1)
+    # each piece of a step is weighed at its own position
+    cost.observe([(0, 45), (3000, 45)], cost.seconds(0, 45) + cost.seconds(3000, 45))
+    assert cost.fit(100, 0.2, 512) == 90
+    # hostile bounds: no time, a huge budget, a step that took no time or went backwards
+    assert cost.fit(3000, 0.0, 512) == 0 and cost.fit(0, 1e9, 512) == 512
+    s = cost.scale
+    cost.observe([(0, 10)], 0.0)
+    cost.observe([(0, 10)], -1.0)
+    cost.observe([], 0.1)
+    assert cost.scale == s
+
+
+def test_a_sliding_window_caps_a_tokens_span() -> None:
+    cost = PromptCost(3.7e-4, window=512)
+    cost.observe([(0, 64)], 0.1)
+    assert cost.fit(1000, 0.1, 512) == cost.fit(20000, 0.1, 512)
+    assert cost.fit(0, 0.1, 512) > cost.fit(1000, 0.1, 512)
+
+
+def test_attention_per_cell_follows_the_models_shape(model: Model) -> None:
+    # SmolLM2-135M: 30 layers of 9 heads of 64 + 64 over 134.5M weights less a 49152 x 576
+    # embedding table; the slope measured in steps beside a stream was 3.3e-4 a cell
+    assert attention_per_cell(model) == pytest.approx(30 * 9 * 128 / (134_515_008 - 49152 * 576))
+    assert 3.0e-4 < attention_per_cell(model) < 3.6e-4

@@ -80,6 +80,7 @@ from llmrun.engine.llama import (
     small_tiles_available,
 )
 from llmrun.engine.promptcache import Entry, PromptCache
+from llmrun.engine.promptcost import PromptCost, attention_per_cell
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.request import ChatRequest, error_event
 
@@ -298,9 +299,9 @@ class Engine:
         # stall-free batching: while others generate, a step reads at most this long (s) or
         # this many prompt tokens; (0, 0): no limit
         self.step_budget = step_budget
-        # what one more prompt token adds to a step that also decodes (the decode rows' own
-        # time taken out): an average over the recent steps that read a prompt beside others
-        self.prompt_token_s: float | None = None
+        # what a prompt token adds to a step that also decodes (the decode rows' own time
+        # taken out), measured in the recent steps that read a prompt beside others
+        self.prompt_cost = PromptCost(attention_per_cell(model), model.n_swa)
         self.image_min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False \
             else FLASH_PROMPT_CHUNK
         self.min_chunk = SMALL_TILE_CHUNK if ctx.flash_attn is not False and \
@@ -652,7 +653,8 @@ class Engine:
         budget = batch.capacity - batch.n
         mixed = bool(outputs and prefilling)
         if mixed:  # others generate: a prompt is read in bounded chunks
-            budget = min(budget, self._prompt_budget(batch.n))
+            furthest = max((len(s.slot.tokens) for s in prefilling if s.slot), default=0)
+            budget = min(budget, self._prompt_budget(batch.n, furthest))
             self.stats.budget_tokens = budget
         # a prompt that fits the budget whole goes first (a short one is not stuck behind a
         # long one), then the oldest
@@ -661,6 +663,7 @@ class Engine:
         scored: list[tuple[Sequence, int, int]] = []
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
         read = 0  # prompt tokens this step reads
+        pieces: list[tuple[int, int]] = []  # what it reads of each: (cells before, tokens)
         image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
         whole = False  # a prompt read from its start to its end in this step
         for seq in prefilling:
@@ -672,6 +675,7 @@ class Engine:
             if seq.pending[0] < 0:  # an image's rows next: one image piece per step
                 if image is None:
                     image = (seq, self._image_piece(seq, budget, mixed))
+                    pieces.append((len(slot.tokens), image[1]))
                     budget -= image[1]
                     read += image[1]
                     fed.append(seq)
@@ -696,6 +700,7 @@ class Engine:
                 if score and not final:
                     scored.append((seq, idx, seq.prompt[base + i + 1]))
             slot.tokens.extend(chunk)
+            pieces.append((base, len(chunk)))
             budget -= len(chunk)
             read += len(chunk)
             fed.append(seq)
@@ -751,9 +756,7 @@ class Engine:
         elif mixed and read >= self.min_chunk:
             # (an image's rows cost about what tokens do)
             decode_rows = batch.n + (image[1] if image is not None else 0) - read
-            per_token = max(elapsed - self._decode_time(decode_rows), 0.0) / read
-            self.prompt_token_s = per_token if self.prompt_token_s is None else \
-                0.8 * self.prompt_token_s + 0.2 * per_token
+            self.prompt_cost.observe(pieces, elapsed - self._decode_time(decode_rows))
         if self.prompt_cache is not None:
             for seq in fed:
                 if seq.slot is not None and len(seq.slot.tokens) == self._save_point(seq):
@@ -830,19 +833,21 @@ class Engine:
             del seq.pending[:n]
         return rc
 
-    def _prompt_budget(self, decode_rows: int) -> int:
+    def _prompt_budget(self, decode_rows: int, base: int) -> int:
         """Prompt tokens a step may read beside `decode_rows` rows of generating sequences
-        (LLMRUN_STEP_BUDGET): Sarathi-Serve's stall-free batching, so that a long prompt
-        costs the others a bounded delay per token rather than a freeze."""
+        (LLMRUN_STEP_BUDGET), for a prompt already `base` tokens in: Sarathi-Serve's
+        stall-free batching, so that a long prompt costs the others a bounded delay per
+        token rather than a freeze."""
         seconds, tokens = self.step_budget
         if tokens:
             return max(1, tokens)
         if seconds <= 0:
             return self.batch.capacity
-        if self.prompt_token_s is None:
-            return max(FIRST_PROMPT_CHUNK, self.min_chunk)
         left = seconds - self._decode_time(decode_rows)
-        return max(self.min_chunk, int(left / self.prompt_token_s))
+        fits = self.prompt_cost.fit(base, left, self.batch.capacity)
+        if fits is None:
+            return max(FIRST_PROMPT_CHUNK, self.min_chunk)
+        return max(self.min_chunk, fits)
 
     def _decode_time(self, rows: int) -> float:
         """About how long a decode of `rows` generating rows takes (0 until measured): a

@@ -206,11 +206,24 @@ class Model:
         self.size: int = C.llama_model_size(ptr)
         self.n_params: int = C.llama_model_n_params(ptr)
         self.n_layer: int = C.llama_model_n_layer(ptr)
+        self.n_head: int = C.llama_model_n_head(ptr)
+        self.n_embd: int = C.llama_model_n_embd(ptr)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def meta(self, key: str) -> str | None:
         return _meta_str(C.llama_model_meta_val_str, self.ptr, key, 1 << 16)
+
+    def head_dims(self) -> tuple[int, int]:
+        """The width of an attention head's keys and of its values (GGUF's key_length and
+        value_length, which most architectures leave at n_embd / n_head)."""
+        arch = self.meta("general.architecture")
+        default = self.n_embd // max(self.n_head, 1)
+        dims = []
+        for kind in ("key_length", "value_length"):
+            value = self.meta(f"{arch}.attention.{kind}")
+            dims.append(int(value) if value and value.isdigit() else default)
+        return dims[0], dims[1]
 
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)

@@ -751,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-budget", type=config.parse_step_budget,
                     default=config.parse_step_budget(config.default("LLMRUN_STEP_BUDGET")),
                     help="prompt reading per step while others generate: a duration "
-                         "(250ms), or tokens")
+                         "(225ms), or tokens")
     ap.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
                     help="an RPC worker (llmrun rpc-worker) to place layers on; repeatable")
     ap.add_argument("--rpc-split", type=lambda v: [float(x) for x in v.split(",")],
