@@ -165,7 +165,8 @@ def test_a_bad_step_budget_is_the_default(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.step_budget() == "48"
 
 
-def _budget(scale: float | None = None, base: int = 0, **state: object) -> int:
+def _budget(scale: float | None = None, base: int = 0, spent: float = 0.0,
+            **state: object) -> int:
     """Engine._prompt_budget on an engine in the given state (what it reads of itself): a
     prompt token costing `scale` seconds (no attention term), `base` tokens into its prompt."""
     from types import SimpleNamespace
@@ -176,7 +177,7 @@ def _budget(scale: float | None = None, base: int = 0, **state: object) -> int:
     cost.scale = scale
     fake = SimpleNamespace(batch=SimpleNamespace(capacity=512), prompt_cost=cost, **state)
     fake._decode_time = lambda rows: Engine._decode_time(fake, rows)  # type: ignore[attr-defined]
-    return Engine._prompt_budget(fake, 1, base)  # type: ignore[arg-type]
+    return Engine._prompt_budget(fake, 1, base, spent)  # type: ignore[arg-type]
 
 
 def test_the_time_budget_leaves_the_decode_rows_their_time() -> None:
@@ -185,6 +186,8 @@ def test_the_time_budget_leaves_the_decode_rows_their_time() -> None:
     assert _budget(**base, scale=None, decode_token_s=None) == 16
     # 100 ms, of which the generating row takes 20: 80 ms of prompt at 5 ms a token
     assert _budget(**base, scale=0.005, decode_token_s=0.020) == 16
+    # the time the step before spent keeping a prompt's state comes out of this one's
+    assert _budget(**base, scale=0.005, decode_token_s=0.020, spent=0.03) == 10
     # a decode that takes the whole budget still lets the prompt move on
     assert _budget(**base, scale=0.005, decode_token_s=0.150) == 8
     # with flash attention on the CPU, chunks stay on its fast path

@@ -308,6 +308,12 @@ class PromptCache:
         return data
 
     def _write_loop(self) -> None:
+        # Hashing and writing a state (70 MB for 3,000 tokens of SmolLM2) takes a core for a
+        # fifth of a second; at normal priority it takes it from llama.cpp's threads, whose
+        # decode then waits at a barrier for the one descheduled (steps 2-20x as long, seen
+        # right after a save). At the lowest priority it writes in their idle moments.
+        with contextlib.suppress(OSError, AttributeError):  # (not on every platform)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (item := self._writes.get()) is not None:
             entry, data = item
             if entry.digest not in self._entries:
