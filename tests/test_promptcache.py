@@ -85,6 +85,19 @@ def test_a_state_outlives_its_cache_on_disk(tmp_path: Path) -> None:
     assert later.load(hit.entry) == data
 
 
+def test_the_writer_yields_the_cpu_to_the_engine(tmp_path: Path) -> None:
+    """Hashing and writing a state runs at the lowest priority: at normal priority it took a
+    core from llama.cpp's threads (decode steps 2-20x as long right after a save)."""
+    cache = make(tmp_path)
+    saved(cache, list(range(1, 40)), state(5000))  # the writer is running by now
+    writer = cache._writer
+    assert writer is not None and writer.native_id is not None
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19
+    finally:
+        cache.close()
+
+
 @pytest.mark.parametrize("damage", ["state", "tokens", "cut", "grown", "key", "magic",
                                     "vocab", "header"])
 def test_damaged_or_foreign_files_are_ignored_and_removed(

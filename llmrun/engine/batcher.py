@@ -622,6 +622,7 @@ class Engine:
                 self.ctx.set_threads(n_threads)
         batch = self.batch
         batch.clear()
+        saving, self._saving_s = self._saving_s, 0.0  # (the last step's, after its tokens)
         outputs: list[tuple[Sequence, int]] = []
         prefilling: list[Sequence] = []
         active = self._active()
@@ -655,7 +656,7 @@ class Engine:
         mixed = bool(outputs and prefilling)
         if mixed:  # others generate: a prompt is read in bounded chunks
             furthest = max((len(s.slot.tokens) for s in prefilling if s.slot), default=0)
-            budget = min(budget, self._prompt_budget(batch.n, furthest, self._saving_s))
+            budget = min(budget, self._prompt_budget(batch.n, furthest, saving))
             self.stats.budget_tokens = budget
         # a prompt that fits the budget whole goes first (a short one is not stuck behind a
         # long one), then the oldest
