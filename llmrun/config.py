@@ -92,6 +92,10 @@ SETTINGS: list[Setting] = [
             "While others are generating, how long one engine step may take reading a new "
             "prompt (a duration such as 250ms, or a number of prompt tokens per step), so "
             "a long prompt never freezes the streams beside it; 0 = no limit"),
+    Setting("LLMRUN_DEBUG", "0",
+            "1: debug logs: the daemon's at DEBUG level, and a line per engine step in each "
+            "runner's log (its rows, the prompt pieces it read and where, its time, the "
+            "time spent keeping prompt states), for finding where latency goes"),
     Setting("LLMRUN_WATCHDOG", "300s",
             "A runner with requests in flight that reports nothing for this long is "
             "restarted and its requests fail"),
@@ -369,6 +373,10 @@ def max_images() -> int:
 
 def max_image_size() -> int:
     return _parsed("LLMRUN_MAX_IMAGE_SIZE", parse_size)
+
+
+def debug() -> bool:
+    return _parsed("LLMRUN_DEBUG", _flag)
 
 
 def image_urls() -> bool:

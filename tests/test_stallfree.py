@@ -234,3 +234,30 @@ def test_attention_per_cell_follows_the_models_shape(model: Model) -> None:
     # embedding table; the slope measured in steps beside a stream was 3.3e-4 a cell
     assert attention_per_cell(model) == pytest.approx(30 * 9 * 128 / (134_515_008 - 49152 * 576))
     assert 3.0e-4 < attention_per_cell(model) < 3.6e-4
+
+
+def test_debug_logs_every_step_of_the_runner(tmp_path: Path, smollm2_path: Path) -> None:
+    """LLMRUN_DEBUG=1: each engine step leaves a line in its runner's log (what a latency
+    question needs: rows, prompt pieces, times); without it, none."""
+    import httpx
+
+    from tests.conftest import Daemon, make_home
+
+    logs = {}
+    for debug in ("1", "0"):
+        home = make_home(tmp_path / f"debug-{debug}", smollm2_path)
+        d = Daemon(home, env={"LLMRUN_DEBUG": debug, "LLMRUN_NUM_PARALLEL": "1"}).start()
+        try:
+            r = httpx.post(f"{d.url}/api/generate", timeout=120, json={
+                "model": "smollm2", "prompt": FACTS, "stream": False,
+                "options": {"num_predict": 3, "temperature": 0}})
+            assert r.status_code == 200, r.text
+        finally:
+            d.stop()
+        logs[debug] = "".join(p.read_text() for p in (home / "logs").glob("runner-*.log"))
+    steps = [line for line in logs["1"].splitlines() if "DEBUG step:" in line]
+    # the prompt read in one piece from cell 0, then a step per generated token
+    assert len(steps) >= 3, logs["1"][-2000:]
+    assert "generating; prompt pieces (cells before, tokens) [(0, " in steps[0]
+    assert "ms decoding" in steps[-1]
+    assert "step:" not in logs["0"] and logs["0"]

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             help="Allow a non-loopback LLMRUN_HOST without LLMRUN_API_KEYS")) -> None:
         """Start the llmrun daemon in the foreground."""
         host, port = config.host()
-        logging.basicConfig(level=logging.INFO,
+        logging.basicConfig(level=logging.DEBUG if config.debug() else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _check_exposure(host, port, insecure)  # before binding, before the heavy imports
 

@@ -742,6 +742,11 @@ class Engine:
             self._decode_failed(rc)
             return
         elapsed = time.perf_counter() - t0 - sampling
+        if log.isEnabledFor(logging.DEBUG):  # LLMRUN_DEBUG: where a stream's latency goes
+            log.debug("step: %d rows, %d generating; prompt pieces (cells before, tokens) %s; "
+                      "%.1f ms decoding, %.1f ms sampling between; %.1f ms keeping states "
+                      "before it", batch.n, generating, pieces, elapsed * 1e3, sampling * 1e3,
+                      saving * 1e3)
         st = self.stats
         st.steps += 1
         st.step_seconds += elapsed

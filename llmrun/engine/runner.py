@@ -759,11 +759,13 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: by their free memory)")
     ap.add_argument("--gpu-layers", type=int, default=-1,
                     help="layers placed on the --rpc workers (-1: all; the rest stay here)")
+    ap.add_argument("--debug", action="store_true",
+                    help="log every engine step (LLMRUN_DEBUG)")
     ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
     ipc.MAX_FRAME = args.max_frame
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
     _die_with_parent()
     chan = SyncChannel(socket.socket(fileno=args.fd))

@@ -121,6 +121,7 @@ class RunnerSpec:
     rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) to place layers on
     rpc_split: str = ""  # their shares of the layers, "3,1" (empty: by free memory)
     gpu_layers: int = -1  # layers placed on the workers (num_gpu); -1: all
+    debug: bool = False  # LLMRUN_DEBUG: the runner logs every engine step
 
 
 class RunnerProcess:
@@ -173,6 +174,8 @@ class RunnerProcess:
             cmd.append("--adaptive-threads")
         cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,
                 "--step-budget", s.step_budget]
+        if s.debug:
+            cmd.append("--debug")
         for worker in s.rpc_workers:
             cmd += ["--rpc", worker]
         if s.rpc_workers:

@@ -289,6 +289,7 @@ class Scheduler:
             rpc_workers=config.rpc_workers(),
             rpc_split=config.rpc_split(),
             gpu_layers=options.num_gpu if options.num_gpu is not None else -1,
+            debug=config.debug(),
         )
 
     def _draft_model(self, name: str | None, manifest: Manifest) -> tuple[str, tuple[Path, ...]]:
