@@ -664,7 +664,6 @@ class Engine:
         # (seq, batch index of the logits, prompt token they score); index -1: the first token
         scored: list[tuple[Sequence, int, int]] = []
         fed: list[Sequence] = []  # sequences whose prompt this step reads further
-        read = 0  # prompt tokens this step reads
         pieces: list[tuple[int, int]] = []  # what it reads of each: (cells before, tokens)
         image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
         whole = False  # a prompt read from its start to its end in this step
@@ -677,9 +676,8 @@ class Engine:
             if seq.pending[0] < 0:  # an image's rows next: one image piece per step
                 if image is None:
                     image = (seq, self._image_piece(seq, budget, mixed))
-                    pieces.append((len(slot.tokens), image[1]))
+                    pieces.append((base, image[1]))
                     budget -= image[1]
-                    read += image[1]
                     fed.append(seq)
                 continue
             size = budget
@@ -704,11 +702,11 @@ class Engine:
             slot.tokens.extend(chunk)
             pieces.append((base, len(chunk)))
             budget -= len(chunk)
-            read += len(chunk)
             fed.append(seq)
             whole = whole or (base == seq.cached and not seq.pending)
             if not seq.pending:
                 outputs.append((seq, idx))
+        read = sum(n for _, n in pieces)  # prompt tokens (and image rows) this step reads
         t0 = time.perf_counter()
         if image is not None:
             rc = self._read_image(*image)

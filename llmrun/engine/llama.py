@@ -520,7 +520,7 @@ class Context:
         ptr = C.llama_get_embeddings_seq(self.ptr, seq)
         if not ptr:
             raise LlamaError("this context produced no pooled embedding")
-        return np.ctypeslib.as_array(ptr, shape=(C.llama_model_n_embd(self.model.ptr),)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,)).copy()
 
     def state_seq_get(self, seq: int) -> bytearray:
         """The state of sequence `seq` (its K/V cells with their positions) as bytes that
@@ -732,7 +732,7 @@ class Projector:
                              f"family) are not supported yet")
         # Gemma 3 attends over an image's rows in both directions: they go in one decode
         self.non_causal = bool(M.mtmd_decode_use_non_causal(ptr, None))  # (None: vision)
-        self.n_embd: int = C.llama_model_n_embd(model.ptr)
+        self.n_embd: int = model.n_embd
         self._lock = threading.Lock()
 
     def tokenize(self, text: str, images: list[tuple[int, int, bytes, str]],
