@@ -17,6 +17,7 @@ ALLOWED = frozenset({
     "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL",
+    "GLIBC_TUNABLES",  # malloc's settings, e.g. glibc.malloc.hugetlb=1 (docs/benchmarks.md)
 })
 # Families passed on: locale, the interpreter's own settings, thread and BLAS tuning,
 # llama.cpp's variables.

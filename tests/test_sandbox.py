@@ -222,13 +222,14 @@ def test_the_child_environment_is_an_allowlist() -> None:
     env = childenv.scrubbed({"LLMRUN_SANDBOX": "on"}, environ={
         "PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C",
         "PYTHONPATH": "/src", "OMP_NUM_THREADS": "2", "GGML_SCHED_PRIO": "1",
-        "HF_TOKEN": "hf_x", "LLMRUN_API_KEYS": "k", "LLMRUN_ORIGINS": "x",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "HF_TOKEN": "hf_x", "LLMRUN_API_KEYS": "k",
+        "LLMRUN_ORIGINS": "x",
         "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s", "GITHUB_TOKEN": "g",
         "OPENAI_API_KEY": "o", "LLAMA_API_KEY": "l", "SSH_AUTH_SOCK": "/tmp/agent",
         "DATABASE_URL": "postgres://u:p@h/db", "PYTHON_KEYRING_PASSWORD": "p"})
     assert env == {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C",
                    "PYTHONPATH": "/src", "OMP_NUM_THREADS": "2", "GGML_SCHED_PRIO": "1",
-                   "LLMRUN_SANDBOX": "on"}
+                   "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "LLMRUN_SANDBOX": "on"}
 
 
 # -- the daemon's runners -----------------------------------------------------------------
@@ -243,7 +244,7 @@ def secret_daemon(tmp_path_factory: pytest.TempPathFactory,
     home = make_home(tmp_path_factory.mktemp("sandbox-home"), smollm2_path)
     d = Daemon(home, {"HF_TOKEN": "hf_do_not_leak", "LLMRUN_API_KEYS": "sandbox-test-key",
                       "AWS_SECRET_ACCESS_KEY": "aws_do_not_leak", "OMP_WAIT_POLICY": "PASSIVE",
-                      "LLMRUN_SANDBOX": "1"}).start()
+                      "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "LLMRUN_SANDBOX": "1"}).start()
     r = httpx.post(f"{d.url}/api/generate", headers=KEY, timeout=120, json={
         "model": "smollm2", "prompt": "Hi", "stream": False, "options": {"num_predict": 4}})
     assert r.status_code == 200 and r.json()["eval_count"] == 4  # it still computes
@@ -282,7 +283,7 @@ def test_the_runner_environment_holds_no_credentials(secret_daemon: Daemon) -> N
     environ = Path(f"/proc/{_one_runner(secret_daemon)}/environ").read_bytes()
     names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
     assert not names & {"HF_TOKEN", "LLMRUN_API_KEYS", "AWS_SECRET_ACCESS_KEY"}
-    assert {"PATH", "OMP_WAIT_POLICY", "LLMRUN_SANDBOX"} <= names
+    assert {"PATH", "OMP_WAIT_POLICY", "GLIBC_TUNABLES", "LLMRUN_SANDBOX"} <= names
     assert b"do_not_leak" not in environ and b"sandbox-test-key" not in environ
 
 
