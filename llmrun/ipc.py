@@ -11,10 +11,13 @@ frame, an embedding reply) and fails the rest.
 
 from __future__ import annotations
 
+import asyncio
+import select
 import socket
 import struct
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from llmrun import jsonio
 
@@ -73,6 +76,13 @@ class SyncChannel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
+        # The reader waits in poll() for input, never in a blocking recv(): a thread asleep
+        # in recv() on a Unix socket is also woken each time the peer reads what this side
+        # sent (the socket's "writable" wakeup is not filtered there), which in the runner
+        # meant a wakeup of its reading thread for every token, taking a core from the
+        # decode threads. poll() sleeps through those.
+        self._readable = select.poll()
+        self._readable.register(sock, select.POLLIN)
 
     def send(self, msg: dict[str, Any]) -> None:
         self.send_frame(encode(msg))
@@ -87,6 +97,7 @@ class SyncChannel:
     def _read_exact(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
+            self._readable.poll()
             chunk = self.sock.recv(n - len(buf))
             if not chunk:
                 raise ChannelClosed("peer closed the channel")
@@ -96,3 +107,87 @@ class SyncChannel:
     def recv(self) -> dict[str, Any]:
         n = decode_length(self._read_exact(HEADER.size))
         return jsonio.loads(self._read_exact(n))
+
+
+class FrameProtocol(asyncio.Protocol):
+    """The daemon's side of the channel, on the event loop: frames are parsed as they arrive
+    and handed to `on_message` from `data_received`. A runner sends a frame per engine step,
+    so no reader task sits between the socket and the requests' queues (a task switch per
+    frame, and its wakeup, is what a stream reader would cost on every token).
+
+    `on_lost(exc)` is called once when the channel ends: the runner closed it (None), or it
+    broke, or it sent a frame over MAX_FRAME (ChannelClosed), or `on_message` raised.
+    """
+
+    def __init__(self, on_message: Callable[[dict[str, Any]], None],
+                 on_lost: Callable[[BaseException | None], None]) -> None:
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self._paused = False  # the socket's send buffer is full: writers wait in drain()
+        self._drained: asyncio.Future[None] | None = None
+        self._lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            if not self._buf and len(data) >= HEADER.size \
+                    and decode_length(data[:HEADER.size]) == len(data) - HEADER.size:
+                # one whole frame (nearly every read): parsed in place, no copy
+                self._on_message(jsonio.loads(memoryview(data)[HEADER.size:]))
+                return
+            buf = self._buf
+            buf += data
+            while len(buf) >= HEADER.size:
+                end = HEADER.size + decode_length(buf[:HEADER.size])
+                if len(buf) < end:
+                    break
+                body = bytes(buf[HEADER.size:end])
+                del buf[:end]
+                self._on_message(jsonio.loads(body))
+        except Exception as exc:  # a frame over the limit, or a bug: the channel is broken
+            self._lose(exc)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(exc)
+
+    def _lose(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(ChannelClosed("the channel closed"))
+            self._drained.exception()  # (retrieved: no writer may be waiting)
+        self._on_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def write(self, frame: bytes) -> None:
+        if self.transport is None or self._lost:
+            raise ChannelClosed("the channel closed")
+        self.transport.write(frame)
+
+    async def drain(self) -> None:
+        """Wait until the socket takes more (every writer waits on one future)."""
+        if self._lost:
+            raise ChannelClosed("the channel closed")
+        if not self._paused:
+            return
+        if self._drained is None or self._drained.done():
+            self._drained = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._drained)  # a cancelled writer leaves it to the others
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

@@ -24,8 +24,8 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:  # NaN/Infinity literals and nesting orjson refuses
-        return json.loads(data)
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)

@@ -159,6 +159,20 @@ def gemma3_path() -> Path:
     return model_file("gemma3")
 
 
+def runner_pids(daemon_pid: int) -> list[int]:
+    """The runner processes of the daemon `daemon_pid`."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == daemon_pid and b"llmrun.engine.runner" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 def make_home(root: Path, model_path: Path, name: str = "smollm2") -> Path:
     """A store holding the test model under `name` (imported, as `llmrun create` does)."""
     from llmrun.store import Store

@@ -4,11 +4,17 @@ request's stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
+from llmrun import ipc
 from llmrun.request import ChatRequest, Chunk, Done, Message, Started, error_event
 from llmrun.server.runners import RunnerProcess, RunnerSpec
+from tests.conftest import Daemon, runner_pids
 
 
 def handle_with(events: list[tuple[str, Any]]) -> RunnerProcess:
@@ -77,3 +83,98 @@ def test_an_error_after_waiting_text_still_ends_the_stream_with_the_text_first()
     exc = asyncio.run(run())
     assert [c.text for c in got] == ["xy"]
     assert exc is not None and "boom" in str(exc)
+
+
+# -- the daemon's end of the channel ---------------------------------------------------------
+
+
+def channel() -> tuple[ipc.FrameProtocol, list[dict[str, Any]], list[BaseException | None]]:
+    got: list[dict[str, Any]] = []
+    lost: list[BaseException | None] = []
+    return ipc.FrameProtocol(got.append, lost.append), got, lost
+
+
+def test_frames_are_delivered_however_the_bytes_arrive() -> None:
+    msgs = [{"type": "events", "events": [["r1", "chunk", {"text": "é" * i}]]} for i in range(6)]
+    frames = [ipc.encode(m) for m in msgs]
+    proto, got, lost = channel()
+    for frame in frames:  # a frame per read: the common case, parsed in place
+        proto.data_received(frame)
+    assert got == msgs
+    data = b"".join(frames)
+    for size in (1, 3, 7, 1000):  # split anywhere, the header too, or several in one read
+        proto, got, lost = channel()
+        for i in range(0, len(data), size):
+            proto.data_received(data[i:i + size])
+        assert got == msgs and not lost
+    proto, got, lost = channel()
+    proto.data_received(frames[0][:2])  # a partial header, then the rest with a whole frame
+    proto.data_received(frames[0][2:] + frames[1])
+    assert got == msgs[:2]
+
+
+def test_a_frame_over_the_limit_ends_the_channel_without_reading_it() -> None:
+    proto, got, lost = channel()
+
+    class Transport:
+        aborted = False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    proto.transport = Transport()  # type: ignore[assignment]
+    proto.data_received(ipc.HEADER.pack(ipc.MAX_FRAME + 1) + b"{}")
+    assert got == [] and isinstance(lost[0], ipc.ChannelClosed)
+    assert proto.transport.aborted  # type: ignore[attr-defined]
+    proto.connection_lost(None)  # the transport's own report after the abort: once only
+    assert len(lost) == 1
+    with pytest.raises(ipc.ChannelClosed):
+        proto.write(b"x")
+
+
+def test_writers_wait_while_the_runner_reads_slower_and_a_lost_channel_frees_them() -> None:
+    async def run() -> None:
+        proto, _, _ = channel()
+        proto.pause_writing()
+        waiting = [asyncio.create_task(proto.drain()) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiting[0].cancel()  # one writer gives up: the others still wait, then go on
+        await asyncio.sleep(0)
+        assert not any(t.done() for t in waiting[1:])
+        proto.resume_writing()
+        await asyncio.gather(*waiting[1:])
+        proto.pause_writing()
+        stuck = asyncio.create_task(proto.drain())
+        await asyncio.sleep(0)
+        proto.connection_lost(ConnectionResetError())
+        with pytest.raises(ipc.ChannelClosed):
+            await stuck
+
+    asyncio.run(run())
+
+
+def _switches(tid: int) -> int:
+    """How many times the thread `tid` has been given a core (the kernel's count)."""
+    return int(Path(f"/proc/{tid}/task/{tid}/schedstat").read_text().split()[2])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads Linux's /proc")
+def test_a_stream_leaves_the_runners_reading_thread_asleep(daemon: Daemon,
+                                                           api: httpx.Client) -> None:
+    """The runner's main thread reads the daemon's messages. It used to sleep in recv() on
+    the socket its engine thread writes to, and the kernel woke it each time the daemon
+    read a step's frame: a context switch per token on a core the decode threads need."""
+    api.post("/api/generate", json={"model": "smollm2", "prompt": "hi", "stream": False,
+                                    "options": {"num_predict": 1}}).raise_for_status()
+    assert daemon.proc is not None
+    runners = runner_pids(daemon.proc.pid)  # (idle ones too: they should not wake either)
+    assert runners
+    before = {pid: _switches(pid) for pid in runners}
+    r = api.post("/api/generate", json={
+        "model": "smollm2", "prompt": "Count from 1 to 200, one number per line.",
+        "stream": True, "options": {"num_predict": 120, "temperature": 0}})
+    r.raise_for_status()
+    done = [json.loads(line) for line in r.text.splitlines() if line.strip()][-1]
+    assert done["eval_count"] >= 60
+    woken = sum(_switches(pid) - before[pid] for pid in runners)
+    assert woken < 20, f"the reading thread woke {woken} times for {done['eval_count']} tokens"

@@ -19,7 +19,7 @@ import pytest
 from llmrun import childenv
 from llmrun.engine import sandbox
 from llmrun.store import quantize
-from tests.conftest import Daemon, make_home
+from tests.conftest import Daemon, make_home, runner_pids
 from tests.test_service import gen, loaded, tiny_home
 from tests.tinymodel import write_tiny_llama
 
@@ -252,22 +252,9 @@ def secret_daemon(tmp_path_factory: pytest.TempPathFactory,
     d.stop()
 
 
-def _runner_pids(daemon_pid: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == daemon_pid and b"llmrun.engine.runner" in cmdline:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def _one_runner(daemon: Daemon) -> int:
     assert daemon.proc is not None
-    (pid,) = _runner_pids(daemon.proc.pid)
+    (pid,) = runner_pids(daemon.proc.pid)
     return pid
 
 
@@ -334,7 +321,7 @@ def test_strict_mode_refuses_a_runner_it_cannot_confine(tmp_path: Path) -> None:
         assert "LLMRUN_SANDBOX=strict refuses to run a model unconfined" in error
         assert "seccomp" in error
         assert loaded(d.url) == []
-        assert d.proc is not None and _runner_pids(d.proc.pid) == []
+        assert d.proc is not None and runner_pids(d.proc.pid) == []
     finally:
         d.stop()
 

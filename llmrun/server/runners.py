@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmrun import childenv, config, ipc, jsonio
+from llmrun import childenv, config, ipc
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -133,10 +133,10 @@ class RunnerProcess:
         self.info: dict[str, Any] = {}
         self.engine_stats: dict[str, Any] = {}  # the engine's step counters (batcher.EngineStats)
         self.proc: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: ipc.FrameProtocol | None = None
+        self._ready: asyncio.Future[dict[str, Any]] | None = None  # its first message
         self._queues: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
-        self._read_task: asyncio.Task[None] | None = None
+        self._lost_task: asyncio.Task[None] | None = None  # reporting the channel's end
         self.dead_reason: str | None = None
         self.load_seconds = 0.0
         self._last_frame = time.monotonic()  # when the runner last showed progress
@@ -202,10 +202,13 @@ class RunnerProcess:
         finally:
             child.close()
             logfile.close()
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        _, self._channel = await loop.create_unix_connection(
+            lambda: ipc.FrameProtocol(self._on_message, self._on_lost), sock=parent)
         try:
-            msg = await asyncio.wait_for(self._recv(), LOAD_TIMEOUT)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            msg = await asyncio.wait_for(asyncio.shield(self._ready), LOAD_TIMEOUT)
+        except (TimeoutError, ConnectionError) as exc:
             await self.kill()
             raise EngineError(f"the model runner failed to start: {self._why(exc)}") from None
         if msg.get("type") != "ready":
@@ -213,7 +216,6 @@ class RunnerProcess:
             raise EngineError(f"the model runner failed to load the model: {msg.get('error')}")
         self.info = msg["info"]
         self.load_seconds = time.perf_counter() - t0
-        self._read_task = asyncio.create_task(self._read_loop())
         self._watch_task = asyncio.create_task(self._watchdog(config.watchdog_seconds()))
 
     def _why(self, exc: BaseException) -> str:
@@ -257,14 +259,8 @@ class RunnerProcess:
         self._queues[req_id] = q
         return q
 
-    async def _recv(self) -> dict[str, Any]:
-        assert self._reader is not None
-        header = await self._reader.readexactly(ipc.HEADER.size)
-        body = await self._reader.readexactly(ipc.decode_length(header))
-        return jsonio.loads(body)
-
     async def _send(self, msg: dict[str, Any]) -> None:
-        if self._writer is None or not self.alive:
+        if self._channel is None or not self.alive:
             raise EngineError(f"the model runner is not running ({self.dead_reason})")
         try:
             frame = ipc.checked(ipc.encode(msg))
@@ -277,27 +273,42 @@ class RunnerProcess:
         except (ValueError, RecursionError):
             raise EngineError("the request is nested too deeply to pass to the model runner",
                               status=400, kind="invalid_request") from None
-        self._writer.write(frame)
-        await self._writer.drain()
-
-    async def _read_loop(self) -> None:
         try:
-            while True:
-                msg = await self._recv()
-                self._last_frame = time.monotonic()
-                if msg.get("type") != "events":
-                    continue
-                for req_id, kind, payload in msg["events"]:
-                    q = self._queues.get(req_id)
-                    if q is not None:
-                        q.put_nowait((kind, payload))
-                    elif kind == "engine":  # step counters, for /metrics
-                        self.engine_stats = payload
-        except (asyncio.IncompleteReadError, ConnectionError, ipc.ChannelClosed) as exc:
-            if self.proc is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.proc.wait(), 5)
-            self._died(f"the model runner stopped: {self._why(exc)}")
+            self._channel.write(frame)
+            await self._channel.drain()
+        except ConnectionError:
+            raise EngineError(f"the model runner is not running ({self.dead_reason})") from None
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        """A message from the runner (called by the channel as each frame arrives): its
+        steps' events go to their requests' queues."""
+        self._last_frame = time.monotonic()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(msg)  # the first: ready, or why the model did not load
+            return
+        if msg.get("type") != "events":
+            return
+        for req_id, kind, payload in msg["events"]:
+            q = self._queues.get(req_id)
+            if q is not None:
+                q.put_nowait((kind, payload))
+            elif kind == "engine":  # step counters, for /metrics
+                self.engine_stats = payload
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        """The channel ended: the runner exited or broke it (a frame over the limit)."""
+        err = exc if isinstance(exc, Exception) else ipc.ChannelClosed("the channel closed")
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(err)
+            self._ready.exception()  # (start() reports it, if still waiting)
+            return
+        self._lost_task = asyncio.create_task(self._report_lost(err))
+
+    async def _report_lost(self, exc: BaseException) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 5)
+        self._died(f"the model runner stopped: {self._why(exc)}")
 
     async def generate(self, req: ChatRequest
                        ) -> AsyncIterator[Started | Progress | Chunk | Done]:
@@ -412,9 +423,7 @@ class RunnerProcess:
         if self._cache_key is not None:
             promptcache.release(self._cache_key)
             self._cache_key = None
-        if self._writer is not None:
-            self._writer.close()
-        if self._read_task is not None:
-            self._read_task.cancel()
+        if self._channel is not None:
+            self._channel.close()
         if self._watch_task is not None and self._watch_task is not asyncio.current_task():
             self._watch_task.cancel()
