@@ -15,7 +15,7 @@ import pytest
 
 from llmrun.chat import templates
 from llmrun.engine.batcher import Engine, SeqParams
-from llmrun.engine.llama import Context, Model
+from llmrun.engine.llama import Batch, C, Context, Model, Sampler
 from llmrun.engine.promptcache import PromptCache
 from tests.conftest import wait_until
 
@@ -202,3 +202,46 @@ def test_generation_stops_at_context_end(model: Model) -> None:
         assert stats["prompt_tokens"] + stats["completion_tokens"] <= 64
     finally:
         h.close()
+
+
+def test_greedy_sampling_picks_what_llama_cpps_chain_picks(model: Model) -> None:
+    """Context.sample takes a greedy chain's token as the argmax of the logits; llama.cpp's
+    greedy sampler keeps the first of equal logits and passes over NaN. The same rows go
+    through both, generated ones and rows written with ties and NaN."""
+    ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=1)
+    kw: dict[str, Any] = dict(GREEDY)
+    greedy, chain = Sampler(model, **kw), Sampler(model, **kw)
+    penalized = Sampler(model, **{**kw, "repeat_penalty": 1.1})
+    chain.greedy = False  # the chain decides in llama.cpp, as before this shortcut
+    batch = Batch(64)
+    try:
+        assert greedy.greedy
+        assert not penalized.greedy  # penalties keep state: the chain samples
+        prompt = model.tokenize(templates.render(
+            model.chat_template() or "", [{"role": "user", "content": QUESTIONS[1]}]),
+            add_special=False)
+        for i, tok in enumerate(prompt):
+            batch.add(tok, i, 0, i == len(prompt) - 1)
+        pos = len(prompt)
+        for _ in range(48):  # a generated text: both agree on every token
+            assert ctx.decode(batch) == 0
+            idx = batch.n - 1
+            token = ctx.sample(greedy, idx)
+            assert token == ctx.sample(chain, idx)
+            batch.clear()
+            batch.add(token, pos, 0, True)
+            pos += 1
+        assert ctx.decode(batch) == 0
+        row = ctx.logits(0)  # llama.cpp's own buffer: what the chain reads too
+        top = float(row.max())
+        row[[7, 300, 9000]] = top + 1.0  # a three-way tie: the first wins
+        assert ctx.sample(greedy, 0) == C.llama_sampler_sample(chain.ptr, ctx.ptr, 0) == 7
+        row[5] = float("nan")  # NaN before the best: the chain passes over it
+        assert ctx.sample(greedy, 0) == C.llama_sampler_sample(chain.ptr, ctx.ptr, 0) == 7
+        row[0] = float("nan")  # NaN first: the chain keeps it (no logit is greater)
+        assert ctx.sample(greedy, 0) == C.llama_sampler_sample(chain.ptr, ctx.ptr, 0)
+    finally:
+        for s in (greedy, chain, penalized):
+            s.close()
+        batch.close()
+        ctx.close()
