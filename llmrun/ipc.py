@@ -133,6 +133,8 @@ class FrameProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass)
 
     def data_received(self, data: bytes) -> None:
+        if self._lost:
+            return  # (broken: what still arrives is not read)
         try:
             if not self._buf and len(data) >= HEADER.size \
                     and decode_length(data[:HEADER.size]) == len(data) - HEADER.size:
@@ -145,7 +147,7 @@ class FrameProtocol(asyncio.Protocol):
                 end = HEADER.size + decode_length(buf[:HEADER.size])
                 if len(buf) < end:
                     break
-                body = bytes(buf[HEADER.size:end])
+                body = buf[HEADER.size:end]  # (a copy: orjson reads a bytearray as it is)
                 del buf[:end]
                 self._on_message(jsonio.loads(body))
         except Exception as exc:  # a frame over the limit, or a bug: the channel is broken
