@@ -1,8 +1,9 @@
 """The daemon's handle on one runner process: start it, relay requests, survive its death.
 
-Each request gets an id and an asyncio queue; a reader task routes the runner's event frames
-to those queues. When the process dies (crash, SIGKILL, OOM) every request in flight gets a
-clear error and the handle is marked dead, so the scheduler starts a fresh runner next time.
+Each request gets an id and an asyncio queue; the channel (ipc.FrameProtocol) routes the
+runner's event frames to those queues as they arrive. When the process dies (crash, SIGKILL,
+OOM) every request in flight gets a clear error and the handle is marked dead, so the
+scheduler starts a fresh runner next time.
 A watchdog does the same to a runner that has requests in flight and sends nothing for
 LLMRUN_WATCHDOG (the engine sends a heartbeat at least once a second while it works).
 
