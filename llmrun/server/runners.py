@@ -303,6 +303,8 @@ class RunnerProcess:
             self._ready.set_exception(err)
             self._ready.exception()  # (start() reports it, if still waiting)
             return
+        if self.dead_reason is not None:
+            return  # killed on purpose (a failed load, the watchdog): nothing to report
         self._lost_task = asyncio.create_task(self._report_lost(err))
 
     async def _report_lost(self, exc: BaseException) -> None:
