@@ -17,21 +17,20 @@ import argparse
 import asyncio
 import os
 import socket
-import struct
 import time
+from typing import Any
 
 import numpy as np
 import orjson
 import uvloop
 
-HEADER = struct.Struct(">I")
+from llmrun.ipc import HEADER, encode
 
 
 def runner(sock: socket.socket, tokens: int, period: float, stream_mb: int) -> None:
     buf = np.ones(stream_mb * (1 << 20) // 8) if stream_mb else None
     for _ in range(tokens):
-        body = orjson.dumps({"type": "events", "events": [["r1", "chunk", {"text": " word"}]]})
-        sock.sendall(HEADER.pack(len(body)) + body)
+        sock.sendall(encode({"type": "events", "events": [["r1", "chunk", {"text": " word"}]]}))
         until = time.perf_counter() + period
         while time.perf_counter() < until:
             if buf is not None:
@@ -62,7 +61,7 @@ class Relay(asyncio.Protocol):
             self.relay(orjson.loads(self.buf[HEADER.size:end]))
             del self.buf[:end]
 
-    def relay(self, msg: dict) -> None:
+    def relay(self, msg: dict[str, Any]) -> None:
         for _, _, payload in msg["events"]:
             chunk = orjson.dumps({
                 "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
