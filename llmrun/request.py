@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmrun import config
@@ -98,6 +99,27 @@ class ToolCall(BaseModel):
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class PartialCall(BaseModel):
+    """A call the token limit cut off while the model was writing it: its name, and its
+    arguments' text as far as it got (a prefix of a JSON object, not valid JSON itself).
+    Each dialect reports it the way its own API reports a call cut short, never as text."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def written(self, cut_strings: bool = False) -> dict[str, Any]:
+        """The arguments' members written whole (a string cut short left out, as jiter's
+        partial mode, which the Anthropic SDK reads streamed `input_json_delta`s with,
+        leaves it; `cut_strings`: kept as far as it got); {} when nothing is there."""
+        try:
+            value = pydantic_core.from_json(
+                self.arguments, allow_partial="trailing-strings" if cut_strings else True)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
 
 
 class Tool(BaseModel):
@@ -235,6 +257,7 @@ class Chunk(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # complete calls, parsed (never raw markup)
+    partial_call: PartialCall | None = None  # a call the token limit cut off (finish "length")
     thinking: str | None = None  # part of the model's thought (text is then empty)
     prompt_logprobs: list[TokenLogprob] | None = None  # the prompt scored (text is empty)
 

@@ -156,3 +156,103 @@ def test_a_schema_the_grammar_engine_refuses_leaves_auto_calls_unsteered(
                                     temperature=0, max_tokens=60)
     calls = r.choices[0].message.tool_calls or []
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [EXPECTED]
+
+
+# -- a call the token limit cuts off ---------------------------------------------------------
+
+# Tokens SmolLM2 gets (greedy) for a forced call of get_weather: `<tool_call>`, its name,
+# then `"arguments": {\n  "` and no more: cut inside the arguments, every time.
+CUT = 20
+# ... and for the steered, fenced call of the few-shot messages (tool_choice auto: Ollama
+# has no other): cut inside `"arguments": {"city": ...`
+CUT_STEERED = 16
+
+
+def cut_json(arguments: str) -> bool:
+    """Arguments cut off: the start of a JSON object that does not parse."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return arguments.startswith("{")
+    return False
+
+
+def test_a_forced_call_cut_off_comes_back_as_a_call_in_openai(oai: openai.OpenAI) -> None:
+    """Chat completions: the partial call in `tool_calls`, finish_reason "length" (as
+    OpenAI returns a call cut short); Responses: a function_call item with status
+    "incomplete" in an incomplete response. Never the call's text in the content."""
+    ask = [{"role": "user", "content": QUESTION}]
+    kw: dict[str, Any] = {"model": MODEL, "messages": ask, "tools": OPENAI_TOOLS[:1],
+                          "tool_choice": "required", "temperature": 0, "max_tokens": CUT}
+    choice = oai.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and cut_json(call.function.arguments)
+    content, parts, finish = "", {}, None
+    for chunk in oai.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            assert tc.function is not None
+            parts[tc.index] = (tc.function.name, tc.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "length" and content == "" and list(parts.values()) == \
+        [("get_weather", call.function.arguments)]
+
+    tool = {"type": "function", **OPENAI_TOOLS[0]["function"]}
+    rkw: dict[str, Any] = {"model": MODEL, "input": QUESTION, "tools": [tool],
+                           "tool_choice": "required", "temperature": 0,
+                           "max_output_tokens": CUT}
+    r = oai.responses.create(**rkw)
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens" and r.output_text == ""
+    (item,) = r.output
+    assert item.type == "function_call" and item.status == "incomplete"
+    assert item.name == "get_weather" and cut_json(item.arguments)
+    events = list(oai.responses.create(**rkw, stream=True))
+    kinds = [e.type for e in events]
+    assert "response.output_text.delta" not in kinds and kinds[-1] == "response.incomplete"
+    # the arguments are not whole: no function_call_arguments.done
+    assert "response.function_call_arguments.done" not in kinds
+    (item,) = events[-1].response.output  # type: ignore[union-attr]
+    assert item.type == "function_call" and item.status == "incomplete"
+    assert cut_json(item.arguments)  # type: ignore[union-attr]
+
+
+def test_a_forced_call_cut_off_in_anthropic_is_an_incomplete_tool_use(
+        an: anthropic.Anthropic) -> None:
+    """Anthropic: the incomplete tool_use block its API ends a cut-off response with, and
+    stop_reason "max_tokens" (never "tool_use"); `input` holds only what was written whole
+    (here nothing), alike whole and streamed. No text block holds any of it."""
+    tools = [{"name": "get_weather", "description": "Current weather in a city",
+              "input_schema": WEATHER}]
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": CUT, "tools": tools,
+                          "tool_choice": {"type": "any"},
+                          "messages": [{"role": "user", "content": QUESTION}],
+                          "extra_body": {"temperature": 0}}
+    r = an.messages.create(**kw)
+    assert r.stop_reason == "max_tokens"
+    assert [(b.type, getattr(b, "name", None)) for b in r.content] == \
+        [("tool_use", "get_weather")]
+    with an.messages.stream(**kw) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and text == ""
+    assert [(b.type, getattr(b, "name", None), getattr(b, "input", None))
+            for b in final.content] == [("tool_use", "get_weather", r.content[0].input)]
+
+
+def test_a_steered_call_cut_off_leaks_nothing_in_ollama(daemon: Daemon) -> None:
+    """Ollama (tool_choice is auto there; its arguments must be an object, so a call cut
+    short has no form): done_reason "length", nothing of the call in the content."""
+    client = ollama.Client(host=daemon.url)
+    kw: dict[str, Any] = {"model": MODEL, "tools": OPENAI_TOOLS,
+                          "messages": [{"role": "system", "content": SYSTEM}, *messages()],
+                          "options": {"temperature": 0, "num_predict": CUT_STEERED}}
+    r = client.chat(**kw)
+    assert r.done_reason == "length" and r.message.content == ""
+    assert not r.message.tool_calls
+    parts = list(client.chat(**kw, stream=True))
+    assert parts[-1].done_reason == "length"
+    assert "".join(p.message.content or "" for p in parts) == ""
+    assert not any(p.message.tool_calls for p in parts)

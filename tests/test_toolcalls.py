@@ -16,11 +16,12 @@ from llmrun.chat.toolcalls import (
     YES,
     ToolCheck,
     ToolStream,
+    cut_call,
     filter_events,
     parse_calls,
     shape,
 )
-from llmrun.request import ToolCall
+from llmrun.request import Chunk, PartialCall, ToolCall
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                             "unit": {"enum": ["c", "f"]}},
@@ -311,3 +312,135 @@ def test_filter_events_truncated_call() -> None:
                                      ("r", "done", {"finish_reason": "length"})])
     assert events == [("r", "chunk", {"text": '<tool_call>{"na'}),
                       ("r", "done", {"finish_reason": "length"})]
+
+
+# -- a call the token limit cut off -----------------------------------------------------------
+
+# SmolLM2's forced call at 14, 16, 18, 20, 22 and 24 tokens (greedy, tool_choice required)
+FORCED = '<tool_call>\n{"name": "get_weather", "arguments": {\n  "city": "Paris'
+FORCED_CUTS = [FORCED[:FORCED.index(end) + len(end)]
+               for end in ('get_weather",', '"arguments', '": {', '{\n  "', '"city":', "Paris")]
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+     ("get_weather", '{"city": "Par')),
+    ('```json\n{"function": "read_file", "parameters": {"pa', ("read_file", '{"pa')),
+    ('{"type": "function", "function": {"name": "get_time", "arguments": ',
+     ("get_time", "")),
+    ('<function=get_weather>{"city": ', ("get_weather", '{"city":')),
+    ('[TOOL_CALLS]get_weather[ARGS]{"ci', ("get_weather", '{"ci')),
+    ('[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS] {', ("get_weather", "{")),
+    # the last call begun is the one cut
+    ('{"name": "get_time", "arguments": {}}\n{"name": "read_file", "arguments": {"path',
+     ("read_file", '{"path')),
+    ('{"name": "get_weather", "arguments', None),  # its arguments not begun
+    ('{"name": "get_weath', None),
+    ('{"name": "send_mail", "arguments": {"to', None),  # not one of the tools
+    ('{"name": "get_weather\\q", "arguments": {', None),  # not a JSON string
+])
+def test_cut_call(text: str, found: tuple[str, str] | None) -> None:
+    assert cut_call(text, CHECK.names) == found
+
+
+def test_cut_call_forced_needs_only_the_name() -> None:
+    assert cut_call('{"name": "get_weather", "argu', CHECK.names, begun=False) == \
+        ("get_weather", "")
+    assert cut_call('{"name": "get_weather", "argu', CHECK.names) is None
+    # a model echoing the tool list (Gemma 3) names a tool with no arguments: no call
+    echo = '{"type": "function", "function": {"name": "get_weather", "description": "Wea'
+    assert cut_call(echo, CHECK.names) is None
+
+
+def test_cut_call_is_bounded() -> None:
+    hostile = '{"name": "' * 20_000 + '{"name": "get_weather", "arguments": {'
+    started = time.perf_counter()
+    assert cut_call(hostile, CHECK.names) is None  # past MAX_TRIES heads: not looked for
+    assert time.perf_counter() - started < 1
+
+
+@pytest.mark.parametrize("text", FORCED_CUTS)
+def test_a_forced_call_cut_off_is_a_partial_call_never_text(text: str) -> None:
+    """Cut anywhere after the name was whole, a forced call ends as a PartialCall with the
+    arguments' text as far as it got; nothing of it is released as text."""
+    out, end = feed_cut(ToolStream("hermes", CHECK, forced=True), pieces_of(text))
+    assert out == "" and end.text == "" and not end.calls
+    assert end.partial is not None and end.partial.name == "get_weather"
+    assert text.endswith(end.partial.arguments) and "name" not in end.partial.arguments
+
+
+def feed_cut(stream: ToolStream, pieces: list[str]) -> tuple[str, toolcalls.Finished]:
+    out = "".join(stream.push(p)[0] for p in pieces)
+    return out, stream.finish(truncated=True)
+
+
+def test_a_forced_call_cut_before_its_name() -> None:
+    for text in ("<tool_call>\n", '<tool_call>\n{"name": "get_', '{"name": "get_wea'):
+        # the one tool it can name (a named choice, or the only tool): a partial call
+        out, end = feed_cut(ToolStream("json", CHECK, forced=True, only="get_weather"),
+                            pieces_of(text))
+        assert out + end.text == "" and end.partial == PartialCall(
+            id=end.partial.id, name="get_weather", arguments="")  # type: ignore[union-attr]
+        # one of several: nothing to report, and still no text
+        out, end = feed_cut(ToolStream("json", CHECK, forced=True), pieces_of(text))
+        assert out + end.text == "" and not end.calls and end.partial is None
+    # nothing of the answer written (cut while thinking): no call either
+    end = ToolStream("hermes", CHECK, forced=True, only="get_weather").finish(truncated=True)
+    assert end.partial is None and not end.calls
+
+
+def test_a_call_cut_after_its_arguments_is_whole() -> None:
+    """Only the call's closing brace (or tag) was cut: its arguments are whole and valid,
+    so it is a call, as the reader takes one whose `</tool_call>` is missing."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}'
+    for forced in (True, False):
+        _, end = feed_cut(ToolStream("hermes", CHECK, forced=forced), pieces_of(text))
+        assert [(c.name, c.arguments) for c in end.calls] == PARIS and end.partial is None
+    # whole but failing the schema: still cut
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}'
+    _, end = feed_cut(ToolStream("hermes", CHECK, forced=True), pieces_of(text))
+    assert not end.calls and end.partial and end.partial.arguments == '{"town": "Paris"}'
+
+
+def test_an_auto_call_cut_off_inside_its_arguments_is_a_partial_call() -> None:
+    """tool_choice auto: a call whose arguments had begun is a call cut off; before that,
+    what was held goes out as text, as it did (it may be an echo of the tool list)."""
+    text = '```json\n{"name": "get_weather", "arguments": {"city": "Pa'
+    out, end = feed_cut(ToolStream("hermes", CHECK), ["Sure. ", *pieces_of(text)])
+    assert out == "Sure. " and end.text == "" and end.partial is not None
+    assert (end.partial.name, end.partial.arguments) == ("get_weather", '{"city": "Pa')
+    out, end = feed_cut(ToolStream("hermes", CHECK), pieces_of('{"name": "get_weather"'))
+    assert out + end.text == '{"name": "get_weather"' and end.partial is None
+    # not cut by the token limit: released as text, as before
+    out, end = feed(ToolStream("hermes", CHECK), pieces_of(text))
+    assert out + end.text == text and end.partial is None
+
+
+def test_filter_events_partial_call() -> None:
+    streams = {"r": ToolStream("hermes", CHECK, forced=True)}
+    events = filter_events(streams, [
+        ("r", "chunk", {"text": FORCED, "logprobs": [lp("<tool_call>")]}),
+        ("r", "done", {"finish_reason": "length", "completion_tokens": 24})])
+    (rid, kind, payload), done = events
+    assert (rid, kind, payload["text"]) == ("r", "chunk", "")
+    assert payload["logprobs"] == [lp("<tool_call>")]  # the call's tokens ride with it
+    cut = Chunk.model_validate(payload).partial_call  # as the daemon reads it
+    assert cut is not None and (cut.name, cut.arguments) == \
+        ("get_weather", '{\n  "city": "Paris')
+    assert cut.id.startswith("call_")
+    assert done == ("r", "done", {"finish_reason": "length", "completion_tokens": 24})
+
+
+@pytest.mark.parametrize(("arguments", "written", "cut_strings"), [
+    ('{\n  "city": "Paris', {}, {"city": "Paris"}),
+    ('{"city": "Paris", "days": 3', {"city": "Paris", "days": 3},
+     {"city": "Paris", "days": 3}),
+    ('{"city": "Paris", "un', {"city": "Paris"}, {"city": "Paris"}),
+    ("", {}, {}),
+    ("{", {}, {}),
+    ('{"input": "ls -', {}, {"input": "ls -"}),
+])
+def test_partial_call_written(arguments: str, written: dict[str, Any],
+                              cut_strings: dict[str, Any]) -> None:
+    cut = PartialCall(id="call_1", name="f", arguments=arguments)
+    assert cut.written() == written and cut.written(cut_strings=True) == cut_strings

@@ -387,6 +387,31 @@ def test_grammar_strictness(smollm2_tokenizer: Any) -> None:
     assert tools.plan(j, CHATML).strict is False  # type: ignore[union-attr]
 
 
+def test_grammar_writes_only_the_declared_members(smollm2_tokenizer: Any) -> None:
+    """A schema that says nothing of undeclared members gets none written (SmolLM2 went on
+    inventing them until the token limit); where the schema asks for more, or composes
+    with schemas that might declare more, it is kept as written."""
+    city = {"city": {"type": "string"}}
+
+    def takes(parameters: dict[str, Any], arguments: dict[str, Any]) -> bool:
+        tool = Tool(name="get_weather", parameters=parameters)
+        grammar = tools.build_grammar([tool], HERMES, False, strict=False)
+        call = ToolCall(id="a", name="get_weather", arguments=arguments)
+        return consumed(smollm2_tokenizer, grammar, tools.format_calls([call], HERMES))
+
+    extra = {"city": "Paris", "apikeyUrl": "https://example.com"}
+    plain = {"type": "object", "properties": city, "required": ["city"]}
+    assert takes(plain, {"city": "Paris"}) and not takes(plain, extra)
+    assert not takes({"properties": city}, extra)  # `type` left out
+    for more in ({"additionalProperties": True}, {"additionalProperties": {"type": "string"}},
+                 {"patternProperties": {"^a": {"type": "string"}}},
+                 {"required": ["city", "apikeyUrl"]}):
+        assert takes({**plain, **more}, extra), more
+    both = {"allOf": [plain, {"properties": {"apikeyUrl": {"type": "string"}}}]}
+    assert takes(both, extra)  # (no `properties` of its own: it used to be `{}` only)
+    assert takes({"$ref": "#/$defs/A", "$defs": {"A": plain}}, {"city": "Paris"})
+
+
 def test_markers_that_are_special_tokens_are_named_by_id(smollm2_tokenizer: Any) -> None:
     """A marker the vocabulary holds as one special token is written as that token: the
     matcher never reads a special token as the characters it renders as."""

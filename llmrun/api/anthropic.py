@@ -44,6 +44,7 @@ from llmrun.request import (
     Message,
     NamedTool,
     Options,
+    PartialCall,
     Started,
     Stats,
     Tool,
@@ -484,6 +485,7 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
+    cut: PartialCall | None = None
     show = shows_thinking(body)
     event: Chunk | Done | None = first
     try:
@@ -492,6 +494,7 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
             if show:
                 thoughts.append(event.thinking or "")
             calls += event.tool_calls or []
+            cut = event.partial_call or cut
             event = await anext(rest, None)
     except EngineError as exc:
         return engine_error(exc, body.model)
@@ -504,16 +507,27 @@ async def _collect(body: MessagesBody, first: Chunk | Done,
     if thought:
         content.append({"type": "thinking", "thinking": thought,
                         "signature": _signature(thought)})
-    if text or not calls:
+    if text or not (calls or cut):
         content.append({"type": "text", "text": text})
     content += [{"type": "tool_use", "id": _tool_id(c), "name": c.name, "input": c.arguments}
                 for c in calls]
+    if cut is not None:  # stop_reason max_tokens: `input` is what was written whole
+        content.append(_cut_tool_use(cut))
     reason, sequence = stop_reason(stats, body, bool(calls))
     return JSONResponse({
         "id": _message_id(), "type": "message", "role": "assistant", "model": body.model,
         "content": content, "stop_reason": reason, "stop_sequence": sequence,
         "usage": usage(stats),
     })
+
+
+def _cut_tool_use(cut: PartialCall) -> dict[str, Any]:
+    """A call the token limit cut off, as Anthropic's API ends one: an incomplete tool_use
+    block, the message's stop_reason "max_tokens" (its docs: a response cut off by
+    max_tokens may hold an incomplete tool use block; retry with a higher max_tokens).
+    `input` holds the members written whole, as the SDK's reader of a streamed block makes
+    of the same text; a client that checks stop_reason runs nothing."""
+    return {"type": "tool_use", "id": _tool_id(cut), "name": cut.name, "input": cut.written()}
 
 
 def _close_thinking(index: int, thought: list[str]) -> list[bytes]:
@@ -572,7 +586,7 @@ async def _stream(body: MessagesBody, started: Started | None,
                 thought.append(event.thinking)
                 yield _sse("content_block_delta", {"index": index, "delta": {
                     "type": "thinking_delta", "thinking": event.thinking}})
-            if thought and (event.text or event.tool_calls):  # the thought is over
+            if thought and (event.text or event.tool_calls or event.partial_call):  # over
                 for frame in _close_thinking(index, thought):
                     yield frame
                 thought = []
@@ -595,6 +609,18 @@ async def _stream(body: MessagesBody, started: Started | None,
                 yield _sse("content_block_delta", {"index": index, "delta": {
                     "type": "input_json_delta",
                     "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
+                yield _sse("content_block_stop", {"index": index})
+            if event.partial_call is not None:  # its partial JSON; stop_reason max_tokens
+                if text_open:
+                    text_open = False
+                    yield _sse("content_block_stop", {"index": index})
+                index += 1
+                yield _sse("content_block_start", {"index": index, "content_block": {
+                    **_cut_tool_use(event.partial_call), "input": {}}})
+                if event.partial_call.arguments:
+                    yield _sse("content_block_delta", {"index": index, "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": event.partial_call.arguments}})
                 yield _sse("content_block_stop", {"index": index})
             event = await anext(rest, None)
         if thought:  # the answer never came (cut short while thinking)

@@ -50,6 +50,7 @@ from llmrun.request import (
     Message,
     NamedTool,
     Options,
+    PartialCall,
     Stats,
     Think,
     Tool,
@@ -100,18 +101,25 @@ class ToolMap:
     # the model's name for a tool -> (namespace or None, the client's name, "function"|"custom")
     names: dict[str, tuple[str | None, str, str]] = field(default_factory=dict)
 
-    def item(self, call: ToolCall) -> dict[str, Any]:
-        """The output item of a call the model made."""
+    def item(self, call: ToolCall | PartialCall) -> dict[str, Any]:
+        """The output item of a call the model made; of one the token limit cut off, an
+        item with status "incomplete" and its arguments (or input) as far as they got."""
         namespace, name, kind = self.names.get(call.name, (None, call.name, "function"))
         call_id = call.id if call.id.startswith("call_") else f"call_{secrets.token_hex(12)}"
+        if isinstance(call, PartialCall):
+            status, args, written = "incomplete", call.arguments, call.written(cut_strings=True)
+            other = ""
+        else:
+            status, written = "completed", call.arguments
+            args = json.dumps(call.arguments, ensure_ascii=False)
+            other = json.dumps(call.arguments)
         if kind == "custom":
-            text = call.arguments.get("input")
+            text = written.get("input")
             return {"id": f"ctc_{secrets.token_hex(12)}", "type": "custom_tool_call",
-                    "status": "completed", "call_id": call_id, "name": name,
-                    "input": text if isinstance(text, str) else json.dumps(call.arguments)}
+                    "status": status, "call_id": call_id, "name": name,
+                    "input": text if isinstance(text, str) else other}
         item = {"id": f"fc_{secrets.token_hex(12)}", "type": "function_call",
-                "status": "completed", "call_id": call_id, "name": name,
-                "arguments": json.dumps(call.arguments, ensure_ascii=False)}
+                "status": status, "call_id": call_id, "name": name, "arguments": args}
         if namespace is not None:
             item["namespace"] = namespace
         return item
@@ -442,12 +450,13 @@ async def collect(answer: Answer, first: Chunk | Done,
                   rest: AsyncIterator[Chunk | Done]) -> tuple[dict[str, Any], Stats]:
     thought: list[str] = []
     text: list[str] = []
-    calls: list[ToolCall] = []
+    calls: list[ToolCall | PartialCall] = []
     event: Chunk | Done | None = first
     while isinstance(event, Chunk):
         thought.append(event.thinking or "")
         text.append(event.text)
         calls += event.tool_calls or []
+        calls += [event.partial_call] if event.partial_call is not None else []
         event = await anext(rest, None)
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")
     if any(thought):
@@ -569,7 +578,8 @@ async def stream(answer: Answer, first: asyncio.Future[Chunk | Done],
                 yield ev("response.output_text.delta", {
                     "item_id": open_item["id"], "output_index": index, "content_index": 0,
                     "delta": event.text, "logprobs": []})
-            for call in event.tool_calls or []:
+            for call in [*(event.tool_calls or []),
+                         *([event.partial_call] if event.partial_call else [])]:
                 for frame in close():
                     yield frame
                 item = answer.tools.item(call)
@@ -581,8 +591,10 @@ async def stream(answer: Answer, first: asyncio.Future[Chunk | Done],
                 yield ev(f"response.{kind}.delta", {"item_id": item["id"],
                                                     "output_index": index,
                                                     "delta": item[key]})
-                yield ev(f"response.{kind}.done", {"item_id": item["id"], "output_index": index,
-                                                   key: item[key], "name": item["name"]})
+                if item["status"] == "completed":  # a call cut off has no whole arguments
+                    yield ev(f"response.{kind}.done", {
+                        "item_id": item["id"], "output_index": index, key: item[key],
+                        "name": item["name"]})
                 yield ev("response.output_item.done", {"output_index": index, "item": item})
                 answer.output.append(item)
             event = await anext(rest, None)

@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Any
 
 from llmrun.chat.textstream import partial_match
-from llmrun.request import ToolCall
+from llmrun.request import PartialCall, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +401,56 @@ def parse_calls(text: str, family: str, check: ToolCheck,
         return None
 
 
+# The head of a call whose name is written whole, in the reader's forms: a JSON object's
+# name (the arguments' key maybe after it), `<function=name>`, Mistral's `name[ARGS]`. A
+# name is a short string: bounded, so a quote left open costs no scan to the end per try.
+_CALL_HEAD = re.compile(
+    r'\{\s*"(?:name|function)"\s*:\s*("(?:[^"\\\n]|\\.){1,256}")'
+    r'(\s*,\s*"(?:arguments|parameters)"\s*:\s*)?'
+    r'|<function=([\w.\-]+)>\s*'
+    r'|\[TOOL_CALLS\]\s*([^\s\[\]{}"]+)\s*(?:\[CALL_ID\]\s*[^\s\[]+\s*)?\[ARGS\]\s*')
+
+
+def cut_call(text: str, names: Iterable[str], begun: bool = True) -> tuple[str, str] | None:
+    """(name, the arguments' text so far) of the last call begun in `text`, an output the
+    token limit cut off; None when no call of one of `names` has its name written whole.
+    `begun`: only a call whose arguments had begun (a name alone is also what a model
+    echoing the tool list writes); False where a grammar forced the call, so a name is
+    one."""
+    names = set(names)
+    found: tuple[str, str] | None = None
+    for n, m in enumerate(_CALL_HEAD.finditer(text)):
+        if n >= MAX_TRIES:
+            break
+        if m.group(1) is not None:
+            try:
+                name = json.loads(m.group(1))
+            except ValueError:
+                continue
+            if m.group(2) is None and begun:
+                continue
+            args = text[m.end():] if m.group(2) is not None else ""
+        else:
+            name = m.group(3) or m.group(4)
+            args = text[m.end():]
+        if name in names:
+            found = name, args.rstrip()
+    return found
+
+
+def _whole_object(text: str) -> dict[str, Any] | None:
+    """The JSON object `text` opens with, if it closes (what follows it aside)."""
+    s = text.lstrip()
+    end = _balanced(s, 0) if s.startswith("{") else None
+    if end is None or nesting(s[:end]) > MAX_DEPTH:
+        return None
+    try:
+        value = _loads(s[:end])
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 # -- streaming --------------------------------------------------------------------------------
 
 NO, MAYBE, YES = 0, 1, 2
@@ -457,6 +507,7 @@ class Finished:
     text: str
     logprobs: list[Any]
     calls: list[ToolCall]
+    partial: PartialCall | None = None  # a call the token limit cut off (no whole ones)
 
 
 def _distinct(calls: list[ToolCall]) -> list[ToolCall]:
@@ -477,11 +528,20 @@ class ToolStream:
     """Filters one request's streamed text: text is released as it comes, except from a
     point where a call may begin (`shape`): held while undecided, released the moment it
     is not a call, held to the end once it is one, then parsed. Text that was not a call
-    after all is released then. Logprob entries travel with the text of their tokens."""
+    after all is released then. Logprob entries travel with the text of their tokens.
+
+    A call the token limit cut off is never released as text: it ends as a `PartialCall`
+    (or, when its arguments were whole and only the call's closing was cut, as a call).
+    `forced`: a grammar made the whole output a call (tool_choice required or named), so
+    none of it is text even when the cut came before the tool's name was whole; `only`: the
+    one tool such a call can name (a named choice, or a single tool), whose name it then
+    is."""
 
     family: str
     check: ToolCheck
     parallel: bool = True
+    forced: bool = False
+    only: str | None = None
     _pieces: list[tuple[str, list[Any]]] = field(default_factory=list)
     _capturing: bool = False
 
@@ -541,6 +601,21 @@ class ToolStream:
             if parsed is not None:
                 calls, rest = parsed
                 return Finished(rest, lps, _distinct(calls) if self.parallel else calls[:1])
+        if truncated and (self._capturing or self.forced):
+            cut = cut_call(held, self._names, begun=not self.forced)
+            if cut is None and self.forced and self.only is not None and held.strip():
+                cut = self.only, ""  # cut before its name was whole (a thought: not begun)
+            if cut is not None:
+                name, args = cut
+                whole = _whole_object(args)
+                if whole is not None and self.check.accepts(name, whole):
+                    # only the call's own closing (`}`, `</tool_call>`) was cut
+                    return Finished("", lps, [ToolCall(id=new_call_id(), name=name,
+                                                       arguments=whole)])
+                return Finished("", lps, [], PartialCall(id=new_call_id(), name=name,
+                                                         arguments=args))
+            if self.forced:  # cut before the name of one of several tools was whole
+                return Finished("", lps, [])
         return Finished(held, lps, [])
 
 
@@ -551,7 +626,9 @@ def filter_events(streams: dict[str, ToolStream],
     Chunk payloads are `{"text", "logprobs"?}` as the engine makes them (a thought's,
     `{"text": "", "thinking"}`, passes: see thinking.py); the parsed calls leave as one chunk
     whose payload is `{"text", "tool_calls", "logprobs"?}`, and the done event's
-    finish_reason becomes "tool_calls". A finished request leaves `streams`."""
+    finish_reason becomes "tool_calls"; a call the token limit cut off leaves as
+    `{"text": "", "partial_call"}` before a done event whose finish_reason stays "length".
+    A finished request leaves `streams`."""
     out: list[tuple[str, str, Any]] = []
     for event in events:
         rid, kind, payload = event
@@ -581,6 +658,11 @@ def filter_events(streams: dict[str, ToolStream],
                 # "length" too: what was cut off was a further call, dropped; these are whole
                 if payload.get("finish_reason") in ("stop", "length"):
                     payload = {**payload, "finish_reason": "tool_calls"}
+            elif end.partial is not None:  # finish_reason stays "length"
+                chunk = {"text": "", "partial_call": end.partial.model_dump()}
+                if end.logprobs:
+                    chunk["logprobs"] = end.logprobs
+                out.append((rid, "chunk", chunk))
             elif end.text or end.logprobs:
                 out.append((rid, "chunk", {"text": end.text, "logprobs": end.logprobs}
                             if end.logprobs else {"text": end.text}))

@@ -21,6 +21,7 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
+    PartialCall,
     Started,
     Stats,
     TokenLogprob,
@@ -156,10 +157,13 @@ def _chat_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
                               for t, lp in e.top]} for e in entries]
 
 
-def _tool_call_out(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.name,
-                         "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+def _tool_call_out(call: ToolCall | PartialCall) -> dict[str, Any]:
+    """A call as OpenAI writes it; one the token limit cut off (finish_reason "length")
+    with its arguments' text as far as it got, as OpenAI returns a call cut short."""
+    args = call.arguments if isinstance(call, PartialCall) else \
+        json.dumps(call.arguments, ensure_ascii=False)
+    return {"id": call.id, "type": "function", "function": {"name": call.name,
+                                                            "arguments": args}}
 
 
 @dataclass
@@ -167,7 +171,7 @@ class ChatChoice:
     text: list[str] = field(default_factory=list)
     thinking: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[ToolCall | PartialCall] = field(default_factory=list)
     stats: Stats | None = None
 
 
@@ -182,9 +186,11 @@ async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
                 continue
             c.text.append(event.text)
             c.thinking.append(event.thinking or "")
-            if not event.tool_calls:  # the tokens of a call are not content
+            if not (event.tool_calls or event.partial_call):  # a call's tokens: not content
                 c.logprobs += _chat_logprobs(event.logprobs or [])
             c.calls += event.tool_calls or []
+            if event.partial_call is not None:
+                c.calls.append(event.partial_call)
     except (EngineError, ApiError) as exc:
         return api_error(exc)
     finally:
@@ -242,11 +248,13 @@ async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choice
             if event.thinking:
                 yield frame(index, {"reasoning_content": event.thinking})
             lps = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
-            if event.text or (lps and not event.tool_calls):
+            calls = [*(event.tool_calls or []),
+                     *([event.partial_call] if event.partial_call else [])]
+            if event.text or (lps and not calls):
                 yield frame(index, {"content": event.text}, logprobs=lps)
-            if event.tool_calls:
+            if calls:
                 deltas = []
-                for call in event.tool_calls:
+                for call in calls:
                     deltas.append({"index": n_calls[index], **_tool_call_out(call)})
                     n_calls[index] += 1
                 yield frame(index, {"tool_calls": deltas})
