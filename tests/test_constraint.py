@@ -199,3 +199,134 @@ def test_control_characters_in_names_are_written_escaped(tok: lg.LLTokenizer) ->
     assert good.is_accepting()
     raw = matcher_for(tok, schema)
     assert not raw.consume_tokens(tok.tokenize_str('{"\x04p": '))
+
+
+# -- numbers as a client parses them -----------------------------------------------------------
+
+
+def number(**node: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"p": {"type": "number", **node}},
+            "required": ["p"], "additionalProperties": False}
+
+
+def admitted(tok: lg.LLTokenizer, schema: dict[str, Any], text: str) -> bool:
+    """Whether the matcher for `schema` lets the model write `text` whole, one character's
+    token at a time (the slowest way a model can spell it; a single refusal is final)."""
+    m = matcher_for(tok, schema)
+    for ch in text:
+        ids = tok.tokenize_str(ch)
+        if m.validate_tokens(ids) < len(ids):
+            return False
+        assert m.consume_tokens(ids)
+    return m.is_accepting()
+
+
+def client_accepts(schema: dict[str, Any], text: str) -> bool:
+    """What a client does: parse (numbers become doubles, or ints), then validate."""
+    return jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+
+
+# (schema, value text, whether the matcher must let it through): every refusal below is text
+# a client parses to a value outside the bound (or to inf, or to 0), or a digit run past the
+# cap; every admission sits at the edge of a bound and validates.
+EDGES = [
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0.5", True),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0.9999999999", True),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0.99999999999999999", False),  # 1.0
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0.9999999999999999999", False),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "1", False),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0.0000000001", True),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0." + "0" * 400 + "1", False),  # 0.0
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "1e-400", False),
+    (number(exclusiveMinimum=0, exclusiveMaximum=1), "0", False),
+    (number(exclusiveMaximum=0.1), "0.1", False),  # parsed, exactly the bound
+    (number(exclusiveMaximum=0.1), "0.10", False),
+    (number(exclusiveMaximum=0.1), "0.099999999999999999", False),  # parsed: 0.1
+    (number(exclusiveMaximum=0.1), "0.0999999999", True),
+    (number(maximum=0.1), "0.1", True),
+    (number(maximum=0.1), "0.10000000000000001", False),  # parsed: 0.1, but past the places
+    (number(minimum=-2.5, maximum=-0.5), "-2.5", True),
+    (number(minimum=-2.5, maximum=-0.5), "-0.5", True),
+    (number(exclusiveMinimum=-2.5, maximum=-0.5), "-2.4999999999999999999", False),
+    (number(exclusiveMinimum=1e15), "1000000000000000.0000000001", False),  # parsed: 1e15
+    (number(exclusiveMinimum=1e15), "1000000000000010", True),  # the 15th digit past it
+    (number(), "1e400", False),  # inf
+    (number(), "1" + "0" * 400, False),  # inf
+    (number(), "9007199254740991", True),
+    (number(), "90071992547409910", False),  # past the 16 digits of the cap
+    (number(), "3.1415926535", True),
+    (number(), "3.14159265358979323846", False),  # past the 10 places
+    (number(multipleOf=0.25, exclusiveMaximum=1), "0.75", True),
+    (number(multipleOf=0.25, exclusiveMaximum=1), "1", False),
+    ({"type": "integer", "exclusiveMaximum": 3.5}, "3", True),
+    ({"type": "integer", "exclusiveMaximum": 3}, "3", False),
+    ({"type": "integer", "exclusiveMinimum": -1}, "0", True),
+    ({"type": "integer"}, "2.0", False),  # integers stay integers
+    ({"type": "integer"}, "1" * 40, False),
+    ({"type": "object"}, '{"a": [1e400]}', False),  # format "json": open places too
+    ({"type": "object"}, '{"a": {"b": 0.' + "9" * 30 + "}}", False),
+    ({"type": "object"}, '{"a": {"b": [0.25, -3]}}', True),
+]
+
+
+@pytest.mark.parametrize(("schema", "text", "admit"), EDGES)
+def test_numbers_obey_their_bounds_as_a_client_parses_them(
+        tok: lg.LLTokenizer, schema: dict[str, Any], text: str, admit: bool) -> None:
+    doc = f'{{"p": {text}}}' if "properties" in schema else text
+    assert admitted(tok, schema, doc) is admit
+    if admit:
+        assert client_accepts(schema, doc)
+
+
+def test_a_long_digit_run_is_cut_after_the_cap(tok: lg.LLTokenizer) -> None:
+    """However the model spells a number, its digits end: after the 10th decimal place, and
+    after the 16th digit before the point, only what closes the number is allowed."""
+    m = matcher_for(tok, number())
+    assert m.consume_tokens(tok.tokenize_str('{"p": 0.'))
+    fed = 0
+    while m.validate_tokens(tok.tokenize_str("9")) == 1:
+        assert m.consume_tokens(tok.tokenize_str("9"))
+        fed += 1
+        assert fed <= 10
+    assert fed == 10
+    m = matcher_for(tok, number())
+    digits = tok.tokenize_str('{"p": ' + "9" * 40)
+    assert m.validate_tokens(digits) < len(digits)
+
+
+def test_what_is_admitted_near_a_bound_always_validates(tok: lg.LLTokenizer) -> None:
+    """Texts at and around each bound, spelled out to 25 digits: whatever a matcher lets
+    through, the client's parse of it validates."""
+    bounds = [0, 0.1, 0.3, 1, -0.5, 2.675, 1e-5, 123456.789, 1e15]
+    for b in bounds:
+        for node in ({"exclusiveMaximum": b}, {"exclusiveMinimum": b}, {"maximum": b},
+                     {"minimum": b}):
+            schema = number(**node)
+            m = matcher_for(tok, schema)
+            for text in _around(b):
+                ids = tok.tokenize_str(f'{{"p": {text}}}')
+                probe = m.deep_copy()
+                if probe.validate_tokens(ids) == len(ids):
+                    probe.consume_tokens(ids)
+                    if probe.is_accepting():
+                        assert client_accepts(schema, f'{{"p": {text}}}'), (node, text)
+
+
+def _around(b: float) -> list[str]:
+    from decimal import Decimal
+    exact = Decimal(b)
+    out = {repr(float(b)), format(exact, "f")}
+    for e in range(8, 26):
+        step = Decimal(1).scaleb(-e)
+        out.update(format(exact - step, "f"), format(exact + step, "f"))
+    return sorted(t for t in out if "e" not in t)
+
+
+def test_tool_arguments_bound_their_numbers() -> None:
+    from llmrun.chat.tools import _arguments_schema
+    from llmrun.request import Tool
+
+    tool = Tool(name="f", parameters=number(exclusiveMaximum=1))
+    p = json.loads(_arguments_schema(tool, True))["properties"]["p"]
+    assert p == {"type": "number", "minimum": -9007199254740991, "maximum": 0.9999999999,
+                 "multipleOf": 1e-10}

@@ -527,3 +527,34 @@ def test_one_forced_tool_call_through_the_sdks(oa: openai.OpenAI,
     (use,) = [b for b in msg.content if b.type == "tool_use"]
     assert use.name == "forecast" and msg.stop_reason == "tool_use"
     validate(use.input, WEATHER)
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+PROBABILITY = {"type": "object", "properties": {"p": {"type": "number", "exclusiveMinimum": 0,
+                                                      "exclusiveMaximum": 1},
+                                                "n": {"type": "number"}},
+               "required": ["p", "n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sampled_numbers_validate_and_end(seed: int, api: httpx.Client,
+                                          oa: openai.OpenAI) -> None:
+    """Sampled hot, a small model's numbers stay within their bounds as a client parses them
+    and end within a small budget (unbounded digits ran to the token limit on 3 of 8 seeds)."""
+    prompt = ("How likely is rain tomorrow, as a probability p written with as many digits as "
+              "you can, and the number n of raindrops, as JSON?")
+    r = api.post("/api/chat", json={"model": MODEL, "messages": user(prompt), "stream": False,
+                                    "format": PROBABILITY,
+                                    "options": {"temperature": 1.0, "seed": seed,
+                                                "num_predict": 40}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["done_reason"] == "stop", body
+    jsonschema.validate(json.loads(body["message"]["content"]), PROBABILITY)
+    c = oa.chat.completions.create(
+        model=MODEL, messages=user(prompt), max_tokens=40, temperature=0.8, seed=seed,  # type: ignore[arg-type]
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "p", "schema": PROBABILITY, "strict": True}})
+    assert c.choices[0].finish_reason == "stop", c.choices[0].message
+    jsonschema.validate(json.loads(c.choices[0].message.content or ""), PROBABILITY)

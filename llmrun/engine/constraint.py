@@ -35,7 +35,7 @@ import llguidance as lg
 from llguidance.gbnf_to_lark import gbnf_to_lark
 from llguidance.llamacpp import lltokenizer_from_vocab
 
-from llmrun.chat.schema import ANY_OBJECT, JSON_OPTIONS, prepare_schema
+from llmrun.chat.schema import ANY_OBJECT, JSON_OPTIONS, bound_numbers, prepare_schema
 from llmrun.engine.llama import Model
 from llmrun.request import ChatRequest
 
@@ -64,10 +64,12 @@ def tokenizer(model: Model) -> lg.LLTokenizer:
 
 def from_schema(schema: dict[str, Any], *, strict: bool = True) -> str:
     """llguidance grammar text for a JSON schema. Not strict: keywords llguidance cannot
-    enforce are ignored (llguidance's `lenient`), and `compile` logs them as warnings."""
+    enforce are ignored (llguidance's `lenient`), and `compile` logs them as warnings. Its
+    numbers are bounded so that what a client parses obeys it (schema.bound_numbers)."""
     options = {**JSON_OPTIONS, "lenient": not strict}
+    prepared = bound_numbers(prepare_schema(schema))
     try:
-        return lg.LLMatcher.grammar_from_json_schema(prepare_schema(schema), overrides=options)
+        return lg.LLMatcher.grammar_from_json_schema(prepared, overrides=options)
     except ValueError as exc:
         raise ValueError(f"invalid JSON schema: {exc}") from None
 
