@@ -31,6 +31,12 @@ EXIT_SERVE_FAILED = 71  # the loop reading the daemon's messages raised
 EXIT_REASONS = {EXIT_ENGINE_FAILED: "its engine thread failed",
                 EXIT_SERVE_FAILED: "its message loop failed"}
 
+# How long a stopping runner may spend finishing the prompt states it has started writing
+# (a 16k-token Gemma 3 state is ~58 MB: well under a second on a disk, several on a busy
+# one); past it they are dropped whole. The daemon waits this long and a margin before it
+# kills a runner it asked to stop.
+STOP_SECONDS = 10.0
+
 
 class ChannelClosed(ConnectionError):
     pass

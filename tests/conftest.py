@@ -200,8 +200,10 @@ class Daemon:
         if _running is not None and _running.get_closest_marker("model") is None:
             pytest.fail(f"{_running.nodeid} starts a daemon: mark it `model` (tests/conftest.py)")
         with open(self.log, "ab") as out:
+            # a process group of its own, as `llmrun` starts it (client.py): a test can stop
+            # it as a terminal or a service manager does (signal_group)
             self.proc = subprocess.Popen(self.command(*args), env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -212,6 +214,13 @@ class Daemon:
             except httpx.TransportError:
                 time.sleep(0.1)
         raise RuntimeError("daemon did not start")
+
+    def signal_group(self, sig: int, timeout: float = 60) -> None:
+        """Send `sig` to the daemon's whole process group (as Ctrl+C in a terminal or `kill
+        -TERM -PGID` do) and wait for the daemon to exit."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from llmrun.engine.llama import Model
 from llmrun.engine.promptcache import SUFFIX, PromptCache
-from tests.conftest import wait_until
+from tests.conftest import Daemon, make_home, runner_pids, wait_until
 from tests.test_engine import Harness
 
 VOCAB = 1000
@@ -159,6 +161,50 @@ def test_a_dead_write_leaves_nothing_a_later_cache_uses(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_stop_finishes_the_writes_it_started(tmp_path: Path) -> None:
+    cache = make(tmp_path, max_bytes=64 << 20, ram_bytes=0)
+    tokens = list(range(1, 40))
+    cache.add(tokens, state(24 << 20))  # handed to the writer; close() must not lose it
+    assert cache.close(timeout=60)
+    assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.glob(f"*{SUFFIX}")]
+    again = make(tmp_path, max_bytes=64 << 20, ram_bytes=0)
+    hit = again.best(tokens)
+    assert hit is not None and hit.n == len(tokens)
+    assert again.load(hit.entry) == state(24 << 20)
+
+
+def test_a_stop_past_its_time_drops_the_write_whole(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmrun.engine import promptcache
+
+    # one byte per write call: this 8 MB state would take far longer than the stop allows
+    monkeypatch.setattr(promptcache, "WRITE_PIECE", 1)
+    cache = make(tmp_path, max_bytes=64 << 20, ram_bytes=0)
+    cache.add(list(range(1, 40)), state(8 << 20))
+    wait_until(lambda: list(tmp_path.glob(".kv-*")), what="the write to start")
+    assert not cache.close(timeout=0.2)
+    assert list(tmp_path.iterdir()) == []  # no half-written state, no temporary file
+
+
+def test_the_daemon_removes_a_killed_writers_file_before_a_runner_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmrun.server import promptcache as daemon_side
+
+    monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
+    directory = daemon_side.prepare("mine", budget=1 << 30)
+    (directory / ".kv-0n2g6z8l").write_bytes(b"half a state")  # written now: <1 minute old
+    # a second runner of the same settings (a reload overlapping its predecessor): the
+    # first may be writing that file, so it stays
+    daemon_side.prepare("mine", budget=1 << 30)
+    assert (directory / ".kv-0n2g6z8l").exists()
+    daemon_side.release("mine")
+    daemon_side.release("mine")
+    # no runner uses the directory: whatever is half-written there was left by a dead one
+    daemon_side.prepare("mine", budget=1 << 30)
+    assert list(directory.iterdir()) == []
+    daemon_side.release("mine")
+
+
 # -- on the real model --------------------------------------------------------------------
 
 SYSTEM = ("You are a careful assistant for a software team. " + " ".join(
@@ -211,6 +257,44 @@ def test_a_restored_prompt_answers_exactly_as_a_cold_one(model: Model, tmp_path:
     assert warm.started[rw]["cached_tokens"] >= n_system - 8
     assert warm_text == cold_text and len(cold_text) > 10
     assert warm.logprobs[rw] == cold.logprobs[rc]  # the same numbers, to the last bit
+
+
+def _cached_tokens(d: Daemon, user: str) -> tuple[int, int]:
+    """The prompt's tokens and how many of them came from a cache, for one OpenAI request
+    with the long system prompt."""
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2", "messages": _chat(user), "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.timeout(600)
+def test_a_group_stop_right_after_a_long_prompt_keeps_its_state(
+        smollm2_path: Path, tmp_path: Path) -> None:
+    """SIGTERM to the daemon's whole process group (systemd's stop, Ctrl+C in a terminal)
+    the moment the answer to a long prompt arrives, while its state is still being written:
+    the runner takes its stop from the daemon and finishes the write, so the next daemon
+    restores the prefix, and no temporary file is left behind."""
+    home = make_home(tmp_path / "home", smollm2_path)
+    d = Daemon(home, env={"LLMRUN_PROMPT_CACHE_SIZE": "1GiB", "LLMRUN_NUM_PARALLEL": "1",
+                          "LLMRUN_PROMPT_CACHE_MIN_TOKENS": "256"}).start()
+    try:
+        n, cached = _cached_tokens(d, "Why is the sky blue?")
+        assert n > 600 and cached == 0
+        assert d.proc is not None
+        runners = runner_pids(d.proc.pid)
+        d.signal_group(signal.SIGTERM)
+        assert runners and not [p for p in runners if Path(f"/proc/{p}").exists()]
+        files = list((home / "prompt-cache").glob("*/*"))
+        logs = "".join(p.read_text(errors="replace") for p in (home / "logs").glob("*"))
+        assert [f.suffix for f in files] == [SUFFIX], (files, logs[-4000:])  # whole, alone
+
+        d.start()
+        n2, cached2 = _cached_tokens(d, "Name three prime numbers.")
+        assert cached2 >= n - 32, (n, n2, cached2)  # all but the last user message
+    finally:
+        d.stop()
 
 
 def test_a_prefix_evicted_from_its_slot_comes_back_from_memory(model: Model) -> None:

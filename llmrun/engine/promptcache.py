@@ -1,4 +1,4 @@
-"""KV states of long prompts, kept past their slot and their runner (issue 15).
+"""KV states of long prompts, kept past their slot and their runner.
 
 A coding agent sends the same ~20k tokens of system prompt and tools with every request. The
 slots' own prefix reuse (engine/batcher.py) helps only while the runner that read them lives
@@ -53,6 +53,9 @@ MAGIC = b"LLMRUNKV"
 VERSION = 1
 SUFFIX = ".kv"
 MAX_HEADER = 4096
+# A state is written in pieces of this size, so that a stop whose time is up abandons a
+# write within one piece (a few ms) rather than at the end of a 58 MB state.
+WRITE_PIECE = 4 << 20
 
 
 @dataclass
@@ -99,6 +102,8 @@ class PromptCache:
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._writes: queue.SimpleQueue[tuple[Entry, bytearray] | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
+        self._pending = 0  # states handed to the writer and not yet written or dropped
+        self._abandon = threading.Event()  # set by close() when its time is up
         if directory is not None:
             self._scan()
             self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -178,13 +183,31 @@ class PromptCache:
             self._entries[entry.digest] = entry
         self._remember(entry, state)
         if to_disk:
+            with self._lock:
+                self._pending += 1
             self._writes.put((entry, state))  # the writer holds the bytes until written
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Let the writer finish the states already handed to it."""
-        if self._writer is not None and self._writer.is_alive():
-            self._writes.put(None)
-            self._writer.join(timeout)
+    def close(self, timeout: float = 30.0) -> bool:
+        """Let the writer finish the states already handed to it, for `timeout` seconds at
+        most; past it the rest are dropped whole (no half-written file is left). Returns
+        whether every state handed to it was written."""
+        if self._writer is None or not self._writer.is_alive():
+            return True
+        t0 = time.monotonic()
+        with self._lock:
+            pending = self._pending
+        self._writes.put(None)
+        self._writer.join(timeout)
+        if self._writer.is_alive():
+            self._abandon.set()  # the writer stops at its next piece and removes its file
+            self._writer.join(5.0)
+            log.warning("prompt cache: stopped before %d state(s) were written in %.0f s; "
+                        "dropped", pending, timeout)
+            return False
+        if pending:
+            log.info("prompt cache: wrote %d state(s) in %.1f s before stopping", pending,
+                     time.monotonic() - t0)
+        return True
 
     # -- memory tier ----------------------------------------------------------------------
 
@@ -316,9 +339,9 @@ class PromptCache:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (item := self._writes.get()) is not None:
             entry, data = item
-            if entry.digest not in self._entries:
-                continue  # dropped before its turn
             try:
+                if entry.digest not in self._entries or self._abandon.is_set():
+                    continue  # dropped before its turn
                 self._write(entry, data)
             except OSError as exc:
                 log.warning("prompt cache: cannot save a %d-token prompt: %s",
@@ -326,6 +349,9 @@ class PromptCache:
                 with self._lock:
                     self._entries.pop(entry.digest, None)
                 continue
+            finally:
+                with self._lock:
+                    self._pending -= 1
             with self._lock:
                 entry.on_disk = True
             self._trim_files()
@@ -338,7 +364,11 @@ class PromptCache:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(head)
                 fh.write(entry.tokens.astype("<i4").tobytes())
-                fh.write(data)
+                view = memoryview(data)
+                for at in range(0, len(view), WRITE_PIECE):
+                    if self._abandon.is_set():  # a stop whose time is up: drop it whole
+                        raise OSError("the runner stopped before it was written")
+                    fh.write(view[at:at + WRITE_PIECE])
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self._path(entry.digest))

@@ -97,6 +97,20 @@ def by_request(events: list[Event]) -> dict[str, list[Event]]:
     return groups
 
 
+def _stop_on_sigterm(chan: SyncChannel) -> None:
+    """SIGTERM ends the message loop as a shutdown message does: the engine stops and the
+    prompt states being written are finished (ModelHost.serve). It comes from a service
+    manager stopping the daemon's whole cgroup (systemd's default), or from the kernel when
+    the daemon dies (_die_with_parent); the default action would kill the runner mid-write.
+    The handler only closes the channel's reading side, so the loop sees the end of input
+    at its next read, wherever the signal found the main thread."""
+    def handler(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            chan.sock.shutdown(socket.SHUT_RD)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _die_with_parent() -> None:
     """Ask the kernel to SIGTERM this process when the daemon dies (Linux only)."""
     try:
@@ -579,7 +593,7 @@ class ModelHost:
             self._die(ipc.EXIT_SERVE_FAILED, f"its message loop failed ({type(exc).__name__})")
         self.engine.stop()
         if self.prompt_cache is not None:
-            self.prompt_cache.close()  # the states still being written
+            self.prompt_cache.close(ipc.STOP_SECONDS)  # the states still being written
 
     def _serve(self) -> None:
         """Read the daemon's messages until it closes the channel or says shutdown."""
@@ -767,6 +781,9 @@ def main(argv: list[str] | None = None) -> int:
     ipc.MAX_FRAME = args.max_frame
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
+    # Stops come from the daemon: the runner has a session of its own (server/runners.py),
+    # and an interrupt sent to it anyway is not a reason to drop what it is writing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     chan = SyncChannel(socket.socket(fileno=args.fd))
     # before the sandbox: it reads /proc/stat, which the sandbox closes to new opens
@@ -822,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
                        prompt_cache, step_budget=args.step_budget, projector=projector,
                        drafter=drafter)
     runner.sandbox_info = confinement
+    _stop_on_sigterm(chan)  # (until here a SIGTERM ends it at once: nothing to keep yet)
     runner.serve()
     return 0
 

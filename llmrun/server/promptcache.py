@@ -46,6 +46,8 @@ def prepare(name: str, budget: int) -> Path:
     with the directories no runner uses trimmed, least recently used first, to the budget."""
     root = config.make_private(config.home() / "prompt-cache")
     directory = config.make_private(root / name)
+    if not _in_use[name]:
+        _remove_unfinished(directory)
     _in_use[name] += 1
     _make_room(root, budget)
     return directory
@@ -55,6 +57,20 @@ def release(name: str) -> None:
     _in_use[name] -= 1
     if _in_use[name] <= 0:
         del _in_use[name]
+
+
+def _remove_unfinished(directory: Path) -> None:
+    """Remove the temporary files (`.`-named: a state being written) of a runner that was
+    killed mid-write. Only while no runner of this daemon uses the directory, so no write
+    in progress is touched; the runner itself removes only those older than a minute, as
+    it cannot tell a dead writer's file from a live neighbour's."""
+    for f in directory.iterdir():
+        if f.name.startswith("."):
+            log.info("prompt cache: removing %s, left by a write that did not finish", f.name)
+            try:
+                f.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("prompt cache: cannot remove %s: %s", f, exc)
 
 
 def _usage(directory: Path) -> tuple[int, float]:

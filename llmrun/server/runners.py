@@ -196,9 +196,13 @@ class RunnerProcess:
                     "--prompt-cache-ram", str(s.prompt_cache_ram),
                     "--prompt-cache-min", str(s.prompt_cache_min)]
         try:
+            # A session of its own: the signal a terminal (Ctrl+C) or `kill -TERM -PGID` sends
+            # the daemon's process group would kill the runner mid-write of a prompt state.
+            # The runner takes its stop from the daemon (a shutdown message, or the channel
+            # closing when the daemon is gone) and finishes its writes first.
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
-                pass_fds=(child.fileno(),), env=runner_env(),
+                pass_fds=(child.fileno(),), env=runner_env(), start_new_session=True,
             )
         finally:
             child.close()
@@ -412,7 +416,8 @@ class RunnerProcess:
                 await self._send({"type": "shutdown"})
             try:
                 assert self.proc is not None
-                await asyncio.wait_for(self.proc.wait(), 10)
+                # the runner finishes its prompt-state writes within STOP_SECONDS
+                await asyncio.wait_for(self.proc.wait(), ipc.STOP_SECONDS + 5)
             except TimeoutError:
                 pass
         await self.kill()
