@@ -84,10 +84,16 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_RPC_WORKERS", "",
             "llama.cpp RPC workers (llmrun rpc-worker) whose CPUs hold a share of every "
             "model's layers, host:port comma-separated; a Modelfile's num_gpu says how many "
-            "layers go to them (default: all)"),
+            "layers go to them (default: all; local GPUs are then not used)"),
     Setting("LLMRUN_RPC_SPLIT", "",
             "The workers' shares of the layers, comma-separated (3,1); default: by their "
             "free memory"),
+    Setting("LLMRUN_GPUS", "",
+            "The GPUs models may use, by llama.cpp's names or their index among the GPUs, "
+            "comma-separated (CUDA0,Vulkan1 or 0,2); empty: all; none: the CPU alone"),
+    Setting("LLMRUN_GPU_OVERHEAD", "0",
+            "GPU memory to leave free on each GPU (for other programs), as 512MiB or 2GiB; "
+            "the fit places fewer layers there"),
     Setting("LLMRUN_STEP_BUDGET", "225ms",
             "While others are generating, how long one engine step may take reading a new "
             "prompt (a duration such as 250ms, or a number of prompt tokens per step), so "
@@ -274,6 +280,28 @@ def parse_rpc_split(value: str) -> str:
         if any(not 0 <= x < float("inf") for x in shares) or not sum(shares) > 0:
             raise ValueError(value)
     return value.strip()
+
+
+def gpus() -> tuple[str, ...] | None:
+    """LLMRUN_GPUS: the GPUs models may use, by name or index (None: all; (): none)."""
+    return _parsed("LLMRUN_GPUS", parse_gpus)
+
+
+def parse_gpus(value: str) -> tuple[str, ...] | None:
+    text = value.strip()
+    if not text:
+        return None
+    if text.lower() in ("none", "-1"):  # -1 as CUDA_VISIBLE_DEVICES hides every device
+        return ()
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise ValueError(value)
+    return items
+
+
+def gpu_overhead() -> int:
+    """LLMRUN_GPU_OVERHEAD: bytes the fit leaves free on each GPU."""
+    return _parsed("LLMRUN_GPU_OVERHEAD", parse_size)
 
 
 def upstream_parallel() -> int:

@@ -27,7 +27,10 @@ class Options(BaseModel):
     num_ctx: int | None = Field(None, ge=1, description="Context tokens per request")
     num_batch: int | None = Field(None, ge=1)
     num_thread: int | None = Field(None, ge=0)
+    # layers on the GPU, as Ollama's: unset (or negative) fitted to free memory, 0 the CPU
+    # alone; main_gpu: the GPU (index among them) a model that fits on one goes to
     num_gpu: int | None = None
+    main_gpu: int | None = Field(None, ge=0)
     use_mmap: bool | None = None
     # the KV cache's element type (quantized halves or quarters its memory) and flash
     # attention, as Ollama's OLLAMA_KV_CACHE_TYPE and OLLAMA_FLASH_ATTENTION
@@ -72,7 +75,8 @@ class Options(BaseModel):
         return base.model_copy(update=self.model_dump(exclude_none=True))
 
 
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap", "kv_cache_type",
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap",
+                "kv_cache_type",
                 "draft_model",
                 "flash_attention")
 

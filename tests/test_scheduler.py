@@ -24,6 +24,7 @@ from llmrun.request import (
     Started,
     Stats,
 )
+from llmrun.server.fit import Device, Placement
 from llmrun.server.runners import RunnerSpec
 from llmrun.server.scheduler import Lease, Scheduler
 from llmrun.server.service import Service
@@ -47,6 +48,7 @@ class FakeRunner:
         self.info: dict[str, Any] = {"n_ctx_seq": spec.n_ctx, "sandbox": ["fake"],
                                      "confined": True}
         self.engine_stats: dict[str, Any] = {}
+        self.placement: Placement | None = None
         self.load_seconds = 0.0
         self.started = self.stopped = self.dead = False
         self.in_flight = 0
@@ -510,3 +512,86 @@ def test_shutdown_cancels_a_load_and_its_waiters_hear_why(store: Store,
         assert farm.of("a")[0].stopped and loaded(sched) == []
 
     run(go())
+
+
+# -- the fit at load: fake devices -------------------------------------------------------------
+
+def gpu_devices(free: int) -> Callable[[], Awaitable[list[Device]]]:
+    async def listing() -> list[Device]:
+        return [Device("CPU", "cpu", 1 << 40, 1 << 40),
+                Device("FakeGPU0", "gpu", free, free, "a fake GPU")]
+    return listing
+
+
+def test_a_model_that_fits_goes_to_the_gpu_and_ps_says_so(store: Store,
+                                                          tmp_path: Path) -> None:
+    async def main() -> None:
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free,
+                          devices=gpu_devices(64 << 30))
+        try:
+            async with holding(sched, "a"):
+                pass
+            runner = farm.of("a")[0]
+            assert runner.placement.devices == ("FakeGPU0",)
+            assert runner.placement.n_gpu_layers == runner.placement.layers
+            (state,) = sched.models()
+            assert 0 < state.vram < state.memory and set(state.devices) == {"CPU", "FakeGPU0"}
+            async with holding(sched, "b", num_gpu=0):
+                pass
+            assert farm.of("b")[0].placement.n_gpu_layers == 0
+            assert next(m for m in sched.models() if m.name.startswith("b")).vram == 0
+        finally:
+            await sched.shutdown()
+    run(main())
+
+
+def test_a_load_that_fails_on_the_gpu_is_retried_with_fewer_layers(store: Store,
+                                                                 tmp_path: Path) -> None:
+    async def main() -> None:
+        farm = Farm(store)
+        tried: list[int] = []
+        made = farm.__call__
+
+        def factory(spec: RunnerSpec, log_path: Path) -> FakeRunner:
+            runner = made(spec, log_path)
+            start = runner.start
+
+            async def start_on_gpu() -> None:
+                layers = runner.placement.n_gpu_layers
+                tried.append(layers)
+                if layers > 0:
+                    raise EngineError("the model runner failed to load the model: "
+                                      "out of device memory")
+                await start()
+            runner.start = start_on_gpu  # type: ignore[method-assign]
+            return runner
+
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=factory,
+                          free_memory=farm.free, devices=gpu_devices(64 << 30))
+        try:
+            async with holding(sched, "a") as lease:
+                assert lease.runner.placement.n_gpu_layers == 0
+            assert tried[0] > 0 and tried[-1] == 0 and tried == sorted(tried, reverse=True)
+            assert len(tried) >= 2 and sched.models()[0].vram == 0
+        finally:
+            await sched.shutdown()
+    run(main())
+
+
+def test_no_gpu_listed_is_the_cpu_as_before(store: Store, tmp_path: Path) -> None:
+    async def main() -> None:
+        async def cpu_only() -> list[Device]:
+            return [Device("CPU", "cpu", 1 << 40, 1 << 40)]
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free,
+                          devices=cpu_only)
+        try:
+            async with holding(sched, "a"):
+                pass
+            (state,) = sched.models()
+            assert farm.of("a")[0].placement.n_gpu_layers == 0
+            assert state.vram == 0 and state.devices == {"CPU": state.memory}
+        finally:
+            await sched.shutdown()
+    run(main())

@@ -332,7 +332,9 @@ def router(service: Service) -> APIRouter:
             entry["expires_at"] = m.expires_at
             # as Ollama: what the loaded model takes (weights, KV cache, buffers), estimated
             entry["size"] = m.memory or entry["size"]
-            entry["size_vram"] = 0
+            entry["size_vram"] = m.vram  # of it, on GPUs (0: all on the CPU)
+            if m.vram:
+                entry["devices"] = m.devices  # bytes on each device, the host as "CPU"
             entry["kv_cache_type"] = m.kv_cache_type
             entry["flash_attention"] = m.flash_attention
             entry["context_length"] = m.context_length

@@ -76,9 +76,20 @@ def register(app: typer.Typer) -> None:
 
 
 def _processor(m: dict[str, object]) -> str:
-    """Where the model computes: here, or split with llama.cpp RPC workers."""
+    """Where the model computes, as Ollama's `ps` says it: "100% CPU", "100% GPU", or the
+    shares of its memory, "41%/59% CPU/GPU"; split with llama.cpp RPC workers, their shares."""
     rpc = m.get("rpc")
-    if not isinstance(rpc, dict):
+    if isinstance(rpc, dict):
+        shares = ", ".join(f"{w['endpoint']} {w['share']:.0%}" for w in rpc.get("workers", []))
+        return f"{rpc.get('local_layers')}/{rpc.get('layers')} layers here; rest on {shares}"
+    size, vram = m.get("size"), m.get("size_vram")
+    size = size if isinstance(size, int) else 0
+    vram = vram if isinstance(vram, int) else 0
+    if vram <= 0:
         return "100% CPU"
-    shares = ", ".join(f"{w['endpoint']} {w['share']:.0%}" for w in rpc.get("workers", []))
-    return f"{rpc.get('local_layers')}/{rpc.get('layers')} layers here; rest on {shares}"
+    if vram == size:
+        return "100% GPU"
+    if vram > size:
+        return "Unknown"  # (Ollama says so too)
+    cpu = round((size - vram) / size * 100)
+    return f"{cpu}%/{100 - cpu}% CPU/GPU"

@@ -115,6 +115,66 @@ def _ggml() -> ctypes.CDLL:
     return _ggml_lib
 
 
+# -- ggml's devices: what a model's layers may be placed on -----------------------------------
+
+# enum ggml_backend_dev_type, in its order (ggml-backend.h)
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
+_dev_bound = False
+
+
+def _dev_lib() -> ctypes.CDLL:
+    """libggml with ggml's device functions typed. llama-cpp-python 0.3.36 binds none of
+    them; ggml_backend_dev_name and the others live in libggml-base, which libggml links,
+    so its handle resolves them too."""
+    global _dev_bound
+    lib = _ggml()
+    if not _dev_bound:
+        dev, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+        for name, res, args in (
+                ("ggml_backend_dev_count", ctypes.c_size_t, []),
+                ("ggml_backend_dev_get", dev, [ctypes.c_size_t]),
+                ("ggml_backend_dev_by_name", dev, [ctypes.c_char_p]),
+                ("ggml_backend_dev_name", ctypes.c_char_p, [dev]),
+                ("ggml_backend_dev_description", ctypes.c_char_p, [dev]),
+                ("ggml_backend_dev_type", ctypes.c_int, [dev]),
+                ("ggml_backend_dev_memory", None, [dev, size_p, size_p])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _dev_bound = True
+    return lib
+
+
+def list_devices() -> list[dict[str, Any]]:
+    """The devices ggml registered (its backends', and RPC workers' once RpcWorkers added
+    them), in its order: name, description, type (DEVICE_TYPES), total and free bytes."""
+    init_backend()
+    lib = _dev_lib()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = lib.ggml_backend_dev_type(dev)
+        out.append({"name": (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
+                    "description": (lib.ggml_backend_dev_description(dev) or b"")
+                    .decode(errors="replace"),
+                    "type": DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else "other",
+                    "total": total.value, "free": free.value})
+    return out
+
+
+def _devices_array(names: list[str]) -> Any:
+    """A NULL-terminated array of the devices named (llama_model_params.devices)."""
+    lib = _dev_lib()
+    handles = []
+    for name in names:
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            raise LlamaError(f"llama.cpp has no device {name!r}")
+        handles.append(dev)
+    return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+
+
 def _rpc_proc(name: str, restype: Any, *argtypes: Any) -> Any:
     """A function of llama.cpp's RPC backend (libggml-rpc, there when llama-cpp-python was
     built with GGML_RPC); LlamaError when it is not."""
@@ -177,16 +237,27 @@ class Model:
     """Weights and vocabulary of one GGUF file."""
 
     def __init__(self, path: Path | list[Path], n_gpu_layers: int = 0,
-                 tensor_split: list[float] | None = None) -> None:
-        """Load one GGUF file, or the parts of a split GGUF in order. `n_gpu_layers`: layers
-        placed on other devices (RPC workers, see RpcWorkers), split by `tensor_split`
-        (proportions, one per device) or by their free memory."""
+                 tensor_split: list[float] | None = None, *, main_gpu: int = 0,
+                 devices: list[str] | None = None) -> None:
+        """Load one GGUF file, or the parts of a split GGUF in order. `n_gpu_layers`: the
+        last layers (the output layer counts as one) placed on devices other than the CPU:
+        `devices` (ggml names, in order; default every GPU and RPC worker ggml has), split
+        by `tensor_split` (proportions, one per device) or by their free memory; with
+        `main_gpu` >= 0 and no split, all of them on that one device."""
         init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        keep: list[Any] = []  # arrays llama.cpp reads during the load only
+        if devices:
+            keep.append(_devices_array(devices))
+            params.devices = ctypes.cast(keep[-1], ctypes.c_void_p)
         if tensor_split:
             split = (ctypes.c_float * C.LLAMA_MAX_DEVICES)(*tensor_split[:C.LLAMA_MAX_DEVICES])
-            params.tensor_split = split  # read during the load only
+            keep.append(split)
+            params.tensor_split = split
+        elif main_gpu >= 0 and devices and n_gpu_layers > 0:
+            params.split_mode = C.LLAMA_SPLIT_MODE_NONE  # one device holds them all
+            params.main_gpu = main_gpu
         paths = path if isinstance(path, list) else [path]
         if len(paths) == 1:
             ptr = C.llama_model_load_from_file(str(paths[0]).encode(), params)

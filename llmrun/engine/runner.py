@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -61,6 +62,7 @@ from llmrun.engine.llama import (
     Model,
     Projector,
     RpcWorkers,
+    list_devices,
 )
 from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
@@ -708,6 +710,19 @@ def _placement(workers: RpcWorkers, model: Model, offload: int,
                                                       workers.memory, strict=False)]}
 
 
+def _device_free() -> dict[str, int]:
+    """Free bytes of each offloading device, by name."""
+    return {d["name"]: d["free"] for d in list_devices() if d["type"] in ("gpu", "igpu")}
+
+
+def _device_use(free_before: dict[str, int]) -> dict[str, int]:
+    """Bytes each device lost since `free_before`: what this runner's model, caches and
+    buffers really took there (other processes' allocations meanwhile count too; the CPU's
+    share is the daemon's estimate, since mapped weights make free host memory say little)."""
+    after = _device_free()
+    return {name: max(0, free - after.get(name, free)) for name, free in free_before.items()}
+
+
 def _drafter(args: argparse.Namespace, model: Model, n_ctx_seq: int) -> DraftModel:
     """The draft model (--draft-model), with a KV sequence for each slot as long as the
     model's; LlamaError when its vocabulary is not the model's."""
@@ -732,10 +747,12 @@ def _drafter(args: argparse.Namespace, model: Model, n_ctx_seq: int) -> DraftMod
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
-    ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--model", type=Path, required=True, action="append",
+    ap.add_argument("--list-devices", action="store_true",
+                    help="print the devices llama.cpp can place layers on (JSON) and exit")
+    ap.add_argument("--fd", type=int)
+    ap.add_argument("--model", type=Path, action="append",
                     help="GGUF file; repeat for each part of a split model, in order")
-    ap.add_argument("--ctx", type=int, required=True, help="context tokens per sequence")
+    ap.add_argument("--ctx", type=int, help="context tokens per sequence")
     ap.add_argument("--slots", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--adaptive-threads", action="store_true",
@@ -772,12 +789,25 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="P1,P2,...", help="the share of the layers each --rpc worker gets "
                     "(default: by their free memory)")
     ap.add_argument("--gpu-layers", type=int, default=-1,
-                    help="layers placed on the --rpc workers (-1: all; the rest stay here)")
+                    help="the last layers placed on the --device GPUs or the --rpc workers "
+                         "(-1: all; the rest stay here)")
+    ap.add_argument("--device", action="append", default=[], metavar="NAME",
+                    help="a device (as --list-devices names it) to place layers on, in "
+                         "--tensor-split's order; repeatable (none: the CPU alone)")
+    ap.add_argument("--tensor-split", type=lambda v: [float(x) for x in v.split(",")],
+                    metavar="P1,P2,...", help="the share of the layers each --device gets")
+    ap.add_argument("--main-gpu", type=int, default=0,
+                    help="the --device holding every layer when there is no split")
     ap.add_argument("--debug", action="store_true",
                     help="log every engine step (LLMRUN_DEBUG)")
     ap.add_argument("--max-frame", type=int, default=ipc.MAX_FRAME,
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
+    if args.list_devices:
+        print(json.dumps(list_devices()))
+        return 0
+    if args.fd is None or not args.model or args.ctx is None:
+        ap.error("--fd, --model and --ctx are required (or --list-devices)")
     ipc.MAX_FRAME = args.max_frame
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
@@ -794,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, LlamaError) as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
+    # before the sandbox: a GPU backend opens its device nodes as it initialises
+    free_before = _device_free() if args.device and not workers else {}
     if args.mmproj is not None:
         images.preload()  # the decoders' modules, while files can still be opened
     confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora),
@@ -803,10 +835,18 @@ def main(argv: list[str] | None = None) -> int:
         chan.send({"type": "fatal", "error": refusal})
         return 1
     try:
-        offload = (args.gpu_layers if args.gpu_layers >= 0 else 10_000) if workers else 0
-        model = Model(args.model, n_gpu_layers=offload, tensor_split=args.rpc_split)
         if workers is not None:
+            offload = args.gpu_layers if args.gpu_layers >= 0 else 10_000
+            model = Model(args.model, n_gpu_layers=offload, tensor_split=args.rpc_split)
             confinement["rpc"] = _placement(workers, model, offload, args.rpc_split)
+        elif args.device:  # the daemon's fit (server/fit.py) decided the split
+            offload = args.gpu_layers if args.gpu_layers >= 0 else 10_000
+            model = Model(args.model, n_gpu_layers=offload, tensor_split=args.tensor_split,
+                          main_gpu=args.main_gpu, devices=args.device)
+            log.info("%d of %d layers on %s", min(offload, model.n_layer + 1),
+                     model.n_layer + 1, ", ".join(args.device))
+        else:
+            model = Model(args.model)
         n_ctx_seq = min(args.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else args.ctx
         ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=args.slots,
                       n_batch=args.batch, n_threads=args.threads, kv_type=args.kv_type,
@@ -838,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
                        prompt_cache, step_budget=args.step_budget, projector=projector,
                        drafter=drafter)
+    if free_before:
+        confinement["devices"] = _device_use(free_before)
     runner.sandbox_info = confinement
     _stop_on_sigterm(chan)  # (until here a SIGTERM ends it at once: nothing to keep yet)
     runner.serve()

@@ -7,6 +7,7 @@ client goes away, which is how a disconnect frees a slot.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai, responses, tokens
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
+from llmrun.server.devices import DeviceList
 from llmrun.server.limits import BodyLimit, RateLimit
 from llmrun.server.metrics import CONTENT_TYPE, Metrics
 from llmrun.server.responsestore import ResponseStore
@@ -77,14 +79,18 @@ class JSONBodies:
 def create_app(store: Store | None = None,
                on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     store = store or Store()
-    scheduler = Scheduler(store, config.home() / "logs")
+    devices = DeviceList()
+    scheduler = Scheduler(store, config.home() / "logs", devices=devices.current)
     metrics = Metrics(scheduler)
     service = Service(store, scheduler, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         store.prune()  # blobs uploaded but never used, temp files of writes that crashed
+        # the devices' line in the log at start (a child lists them; serving does not wait)
+        listing = asyncio.create_task(devices.current())
         yield
+        listing.cancel()
         await scheduler.shutdown()
         await service.close()
         if on_shutdown is not None:

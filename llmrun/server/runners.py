@@ -40,6 +40,7 @@ from llmrun.request import (
     error_event,
 )
 from llmrun.server import promptcache
+from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
@@ -121,7 +122,8 @@ class RunnerSpec:
     step_budget: str = config.default("LLMRUN_STEP_BUDGET")
     rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) to place layers on
     rpc_split: str = ""  # their shares of the layers, "3,1" (empty: by free memory)
-    gpu_layers: int = -1  # layers placed on the workers (num_gpu); -1: all
+    gpu_layers: int = -1  # num_gpu: layers off the CPU (GPUs or workers); -1: fitted / all
+    main_gpu: int = -1  # main_gpu: the GPU (index among them) preferred; -1: most room
     debug: bool = False  # LLMRUN_DEBUG: the runner logs every engine step
 
 
@@ -144,6 +146,7 @@ class RunnerProcess:
         self._watch_task: asyncio.Task[None] | None = None
         self._stopping = False  # stop() was asked: the process ending is no news
         self._cache_key: str | None = None  # its prompt-cache directory, while it runs
+        self.placement: Placement | None = None  # the scheduler's fit: where layers go
 
     @property
     def alive(self) -> bool:
@@ -183,6 +186,13 @@ class RunnerProcess:
             cmd += ["--gpu-layers", str(s.gpu_layers)]
             if s.rpc_split:
                 cmd += ["--rpc-split", s.rpc_split]
+        elif self.placement is not None and self.placement.n_gpu_layers > 0:
+            p = self.placement
+            cmd += ["--gpu-layers", str(p.n_gpu_layers), "--main-gpu", str(p.main_gpu)]
+            for device in p.devices:
+                cmd += ["--device", device]
+            if p.tensor_split:
+                cmd += ["--tensor-split", ",".join(f"{x:g}" for x in p.tensor_split)]
         if s.prompt_cache_size > 0:
             name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots, s.kv_type,
                                    s.flash_attention)

@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,6 +41,8 @@ from typing import Any, Protocol
 
 from llmrun import bounds, config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Progress, Started
+from llmrun.server import fit
+from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
 from llmrun.store import gguf as gguf_reader
@@ -83,8 +85,7 @@ def available_memory() -> int:
     return 1 << 62  # unknown: do not refuse on a guess
 
 
-# bytes per KV cache element: q8_0 and q4_0 store 32 values in 34 and 18 bytes
-KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_BYTES = fit.KV_BYTES
 
 
 def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) -> int:
@@ -101,7 +102,16 @@ def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) 
     kv = int(kv * KV_BYTES[spec.kv_type])
     # (a vision projector's weights are in `weights`; its encoder needs buffers of its own)
     vision = (128 << 20) if spec.projector_path else 0
-    return weights + kv + spec.prompt_cache_ram + (256 << 20) + vision
+    return weights + kv + spec.prompt_cache_ram + fit.COMPUTE_BYTES + vision
+
+
+def needs_of(shape: fit.ModelShape, spec: RunnerSpec, need: int) -> fit.Needs:
+    """The fit's view of a load: its KV cache, and in host memory whatever the runner keeps
+    there (prompt states, the projector, the draft model, adapters), as the part of the
+    estimate `need` the model's own layers do not explain."""
+    needs = fit.Needs(n_ctx=spec.n_ctx, n_slots=spec.n_slots, kv_type=spec.kv_type)
+    own = fit.fit(shape, needs, []).size
+    return dataclasses.replace(needs, host=max(0, need - own))
 
 
 def parse_keep_alive(value: str | float | int | None) -> float:
@@ -127,6 +137,15 @@ def parse_keep_alive(value: str | float | int | None) -> float:
     return math.inf if seconds < 0 else seconds
 
 
+def _main_gpu(spec: RunnerSpec) -> int | None:
+    return spec.main_gpu if spec.main_gpu >= 0 else None
+
+
+def _option(asked: int | None, model: int | None, unset: int) -> int:
+    """A load option from the request, else the Modelfile, else `unset`."""
+    return asked if asked is not None else model if model is not None else unset
+
+
 LOADING, READY = "loading", "ready"
 
 
@@ -134,6 +153,7 @@ class Runner(Protocol):
     """What the scheduler and the service need of a runner: RunnerProcess, or a test's fake."""
 
     info: dict[str, Any]  # the runner's "ready" message: n_ctx_seq, sandbox, confined
+    placement: Placement | None  # where its layers go, set by the scheduler before start()
     load_seconds: float  # how long start() took
     engine_stats: dict[str, Any]  # its engine's step counters, as last reported
 
@@ -181,6 +201,7 @@ class Loaded:
     error: EngineError | None = None  # why its load failed
     reserved: int = 0  # bytes counted as used while it loads (its estimate, once room was made)
     memory: int = 0  # its estimate (weights, KV cache, prompt states in memory, buffers)
+    placement: Placement | None = None  # where its layers go (the fit), once room was made
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # its runner was stopped
     task: asyncio.Task[None] | None = None  # its load
 
@@ -213,6 +234,8 @@ class ModelState:
     confined: bool  # whether that is all of them
     reload_pending: bool  # requests with other load options wait for it to be idle
     memory: int = 0  # bytes it is estimated to take (Ollama's /api/ps `size`)
+    vram: int = 0  # of them, on GPUs (`size_vram`): measured by the runner, else estimated
+    devices: dict[str, int] = field(default_factory=dict)  # bytes per device (CPU: host)
     kv_cache_type: str = "f16"
     flash_attention: str = "auto"
     # with RPC workers: layers in all, those kept here, and each worker's share
@@ -232,11 +255,14 @@ def _expires_at_iso(loaded: Loaded) -> str:
 
 class Scheduler:
     def __init__(self, store: Store, logs: Path, runner_factory: RunnerFactory = RunnerProcess,
-                 free_memory: Callable[[], int] = available_memory) -> None:
+                 free_memory: Callable[[], int] = available_memory,
+                 devices: Callable[[], Awaitable[list[Device]]] | None = None) -> None:
         self.store = store
         self.logs = logs
         self.runner_factory = runner_factory
         self.free_memory = free_memory  # bytes that can be allocated now
+        # the devices with their free memory now (server/devices.py); None: the CPU alone
+        self.devices = devices
         self._models: dict[str, Loaded] = {}  # by model_key: loading and loaded
         self._retiring: dict[str, list[Loaded]] = {}  # by model_key: runners being stopped
         self._room = asyncio.Lock()  # held by one load at a time while it makes room
@@ -288,7 +314,8 @@ class Scheduler:
             step_budget=config.step_budget(),
             rpc_workers=config.rpc_workers(),
             rpc_split=config.rpc_split(),
-            gpu_layers=options.num_gpu if options.num_gpu is not None else -1,
+            gpu_layers=_option(options.num_gpu, manifest.options().num_gpu, -1),
+            main_gpu=_option(options.main_gpu, manifest.options().main_gpu, -1),
             debug=config.debug(),
         )
 
@@ -315,12 +342,19 @@ class Scheduler:
     @staticmethod
     def _snapshot(m: Loaded) -> ModelState:
         info = m.runner.info
-        return ModelState(name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
+        # what the runner measured on each GPU, where it could; the estimate elsewhere
+        measured = info.get("devices") or {}
+        estimated = m.placement.memory if m.placement is not None else {CPU: m.memory}
+        per_device = {k: int(measured.get(k) or v) for k, v in estimated.items()}
+        return ModelState(vram=sum(v for k, v in per_device.items() if k != CPU),
+                          devices=per_device,
+name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                           context_length=info.get("n_ctx_seq", m.spec.n_ctx),
                           slots=m.spec.n_slots, slots_busy=m.runner.busy,
                           sandbox=list(info.get("sandbox", [])),
                           confined=bool(info.get("confined", False)),
-                          reload_pending=m.reloads_waiting > 0, memory=m.memory,
+                          reload_pending=m.reloads_waiting > 0,
+                          memory=sum(per_device.values()),
                           kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
                           placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
@@ -432,11 +466,11 @@ class Scheduler:
                 await self.unload(old)
             for retiring in list(self._retiring.get(key, [])):
                 await retiring.stopped.wait()  # never two runners for one model at once
-            need = await asyncio.to_thread(self._check_files, short, loaded.manifest,
-                                           loaded.spec)
+            need, shape = await asyncio.to_thread(self._check_files, short, loaded.manifest,
+                                                  loaded.spec)
             loaded.memory = need
-            await self._make_room(loaded, need)
-            await loaded.runner.start()
+            await self._make_room(loaded, need, shape)
+            await self._start(loaded, shape)
         except BaseException as exc:
             if self._models.get(key) is loaded:
                 del self._models[key]
@@ -466,10 +500,12 @@ class Scheduler:
         if loaded.unload_when_idle and not loaded.waiting:
             await self.unload(loaded)
 
-    def _check_files(self, name: str, manifest: Manifest, spec: RunnerSpec) -> int:
+    def _check_files(self, name: str, manifest: Manifest,
+                     spec: RunnerSpec) -> tuple[int, fit.ModelShape]:
         """Before llama.cpp reads a file: it must still hash to its digest (checked once per
         file version: size and mtime) and its GGUF header must pass the validator.
-        Returns the memory the loaded model will need, in bytes (an estimate)."""
+        Returns the memory the loaded model will need, in bytes (an estimate), and the
+        model's shape (for the fit)."""
         files = (*spec.model_paths, *spec.lora_paths,
                  *([spec.projector_path] if spec.projector_path else []), *spec.draft_paths)
         draft = None
@@ -484,6 +520,7 @@ class Scheduler:
                 for p in files[1:]:
                     gguf_reader.read(p)
             info = gguf_reader.read(files[0])
+            parts = [info, *(gguf_reader.read(p) for p in spec.model_paths[1:])]
             self._verified |= versions
             need = estimate_memory(info, manifest.size, spec)
             if draft is not None:  # its weights, its own KV cache and compute buffers
@@ -492,12 +529,40 @@ class Scheduler:
                                                             projector_path=None))
         except (OSError, StoreError, gguf_reader.GGUFError) as exc:
             raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
-        return need
+        return need, fit.shape_of(parts)
 
-    async def _make_room(self, loading: Loaded, need: int) -> None:
-        """Unload idle models, least recently used first, until the other models (loaded or
-        loading) are fewer than LLMRUN_MAX_LOADED_MODELS and `need` bytes fit in the free
-        memory less what the other loads reserved; then reserve `need`."""
+    async def _start(self, loaded: Loaded, shape: fit.ModelShape) -> None:
+        """Start the runner with the layers the fit placed; when that load fails with layers
+        on GPUs (out of their memory, most likely: estimates are estimates), again with
+        half as many, then with none, each in a fresh runner, saying so in the log."""
+        while True:
+            placement = loaded.placement
+            loaded.runner.placement = placement
+            try:
+                await loaded.runner.start()
+                return
+            except EngineError as exc:
+                if placement is None or placement.n_gpu_layers == 0:
+                    raise
+                fewer = placement.n_gpu_layers // 2 if placement.n_gpu_layers > 1 else 0
+                log.warning("%s did not load with %s (%s): retrying with %d layers on GPUs",
+                            loaded.name, placement.reason, exc.message, fewer)
+            with contextlib.suppress(Exception):
+                await loaded.runner.stop()
+            devices = await self.devices() if self.devices is not None else []
+            need = needs_of(shape, loaded.spec, loaded.memory)
+            loaded.placement = fit.fit(shape, need, devices, num_gpu=fewer,
+                                       main_gpu=_main_gpu(loaded.spec),
+                                       overhead=config.gpu_overhead())
+            loaded.runner = self.runner_factory(
+                loaded.spec, self.logs / f"runner-{model_key(loaded.manifest)[7:19]}.log")
+
+    async def _make_room(self, loading: Loaded, need: int, shape: fit.ModelShape) -> None:
+        """Fit the model on the devices (server/fit.py) and make room for it: unload idle
+        models, least recently used first, until the other models (loaded or loading) are
+        fewer than LLMRUN_MAX_LOADED_MODELS, its host part fits in the free memory less
+        what the other loads reserved, and (fitted automatically) its layers all fit on the
+        GPUs or no idle model holds GPU memory; then reserve its host part."""
         limit = config.max_loaded_models()
         async with self._room:
             while True:
@@ -505,23 +570,55 @@ class Scheduler:
                              if v.state == READY and v.refs == 0 and not v.runner.alive]:
                     await self.unload(dead)
                 others = [v for v in self._models.values() if v is not loading]
+                placement = await self._fit(loading, need, shape, others)
+                host = placement.memory.get(CPU, need)
                 avail = self.free_memory() - sum(v.reserved for v in others)
-                if len(others) < limit and need <= avail:
-                    break
                 idle = [v for v in others if v.state == READY and v.refs == 0 and not v.waiting]
+                if len(others) < limit and host <= avail:
+                    # layers left on the CPU that an idle model's GPU memory could hold
+                    short = placement.n_gpu_layers < placement.layers \
+                        and loading.spec.gpu_layers < 0 and not loading.spec.rpc_workers
+                    idle = [v for v in idle if short and v.placement is not None
+                            and v.placement.vram > 0]
+                    if not idle:
+                        break
                 if not idle:
                     break
                 victim = min(idle, key=lambda v: v.last_used)
                 log.info("unloading %s to make room", victim.name)
                 await self.unload(victim)
-            if need > avail:
+            if host > avail:
                 raise EngineError(
-                    f"model needs about {need / 2**30:.1f} GiB (weights and KV cache for "
+                    f"model needs about {host / 2**30:.1f} GiB (weights and KV cache for "
                     f"LLMRUN_NUM_PARALLEL slots of num_ctx tokens) but only "
                     f"{max(avail, 0) / 2**30:.1f} GiB is available; lower num_ctx or "
                     "LLMRUN_NUM_PARALLEL, or stop other models",
                     status=507, kind="insufficient_memory")
-            loading.reserved = need
+            loading.reserved = host
+            loading.placement = placement
+            if placement.n_gpu_layers or placement.reason not in ("no GPU", ""):
+                log.info("%s: %s", loading.name, placement.reason)
+
+    async def _fit(self, loading: Loaded, need: int, shape: fit.ModelShape,
+                   others: list[Loaded]) -> Placement:
+        """Where `loading`'s layers go, on the devices' free memory now less what the other
+        loads placed there and their runners have not taken yet."""
+        spec = loading.spec
+        if self.devices is None or spec.rpc_workers:  # (RPC workers place layers as before)
+            return Placement(memory={CPU: need}, layers=shape.n_layer + 1)
+        devices = await self.devices()
+        pending: dict[str, int] = {}
+        for v in others:
+            if v.state == LOADING and v.placement is not None:
+                for name, size in v.placement.memory.items():
+                    pending[name] = pending.get(name, 0) + size
+        devices = [dataclasses.replace(d, free=d.free - pending.get(d.name, 0)) for d in devices]
+        placement = fit.fit(shape, needs_of(shape, spec, need), devices,
+                            num_gpu=spec.gpu_layers if spec.gpu_layers >= 0 else None,
+                            main_gpu=_main_gpu(spec), overhead=config.gpu_overhead())
+        if placement.n_gpu_layers == 0:  # all on the CPU: the estimate, as without GPUs
+            placement = dataclasses.replace(placement, memory={CPU: need})
+        return placement
 
     async def unload(self, loaded: Loaded) -> None:
         key = model_key(loaded.manifest)
