@@ -17,14 +17,23 @@ NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 # split over several hosts); it adds a small library and nothing to a local model's path.
 SAFE_CMAKE_ARGS="-DCMAKE_C_FLAGS=\"$NOAMX\" -DCMAKE_CXX_FLAGS=\"$NOAMX\" -DGGML_RPC=ON"
 CMAKE_ARGS_ALL="${SAFE_CMAKE_ARGS} ${LLMRUN_EXTRA_CMAKE_ARGS:-}"
+# What is built (part of the cache key): llama-cpp-python turns on llama.cpp's `common`
+# library (argument parsing, model downloads, an HTTP client), which nothing the Python
+# package loads uses (it loads libllama, libggml* and libmtmd). Measured on a 2-core build:
+# common and its cpp-httplib were 40% of the compile (300 of 746 compiler-seconds).
+TRIM="no-common"
+# Compiler-seconds of the trimmed compile on one core of the machine it was measured on (a
+# 2-core Xeon VM, 2026-12): the first estimate of how long the build takes here, refined
+# from the build's own pace as it goes.
+COMPILE_CPU_S=300
 
 here=$(cd "$(dirname "$0")" && pwd)
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 cpuflags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m)
 # llmrun's patches to the vendored llama.cpp (scripts/llama-patches) are part of the build
 patches=$("$here/llama-sources.sh" --digest)
-key=$(printf '%s\n%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$cpuflags" "$patches" \
-  | sha256sum | cut -c1-16)
+key=$(printf '%s\n%s\n%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$cpuflags" \
+  "$patches" "$TRIM" | sha256sum | cut -c1-16)
 cache_root=${LLMRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/wheels}
 cache="$cache_root/llama-cpp-python-$VERSION-$pytag-$key"
 
@@ -45,14 +54,65 @@ PYEOF
   exit 0
 fi
 
+# The compile's progress from ninja's own records: every 20 s, or at each tenth of the way,
+# a line with the share done and the time left at the pace so far.
+watch_build() {  # BUILD_DIR PID
+  local dir=$1 pid=$2 start=$SECONDS total=0 done=0 shown=-1 last=0 left
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2
+    [ -f "$dir/build.ninja" ] || continue
+    [ "$total" -gt 0 ] || total=$(grep -c '^build [^:]*\.o:' "$dir/build.ninja" || true)
+    [ "$total" -gt 0 ] || continue
+    done=$(awk '$4 ~ /\.o$/' "$dir/.ninja_log" 2>/dev/null | wc -l)
+    local tenth=$((done * 10 / total)) spent=$((SECONDS - start))
+    if [ "$tenth" -ne "$shown" ] || [ $((spent - last)) -ge 20 ]; then
+      if [ "$done" -gt 0 ]; then left=$(((total - done) * spent / done)); else left=0; fi
+      printf '  compiling: %3d%% (%d of %d files), %dm%02ds so far, about %dm%02ds left\n' \
+        $((done * 100 / total)) "$done" "$total" $((spent / 60)) $((spent % 60)) \
+        $((left / 60)) $((left % 60))
+      shown=$tenth last=$spent
+    fi
+  done
+}
+
 if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-  echo "Building llama-cpp-python $VERSION without AMX (one time, ~7 min on 2 cores)..."
+  cores=$(nproc 2>/dev/null || echo 1)
+  guess=$(( (COMPILE_CPU_S / cores + 90 + 59) / 60 ))  # + unpacking, linking, packing
+  echo "Building llama-cpp-python $VERSION without AMX: one time, about $guess min on" \
+    "$cores cores; later installs take seconds (cached in $cache_root)"
   tmp=$(mktemp -d "$cache_root.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$cache_root"; mktemp -d "$cache_root.tmp.XXXXXX"; })
   trap 'rm -rf "$tmp"' EXIT
+  t0=$SECONDS
+  echo "[1/3] sources: the llama-cpp-python $VERSION sdist and llmrun's patches"
   "$here/llama-sources.sh" "$PY" "$VERSION" "$tmp/src"
-  CMAKE_ARGS="$CMAKE_ARGS_ALL" FORCE_CMAKE=1 "$PY" -m pip wheel --no-deps --no-cache-dir \
-    -w "$tmp" "$tmp/src/llama_cpp_python-$VERSION"
-  rm -rf "$tmp/src"
+  src="$tmp/src/llama_cpp_python-$VERSION"
+  sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE BOOL/set(LLAMA_BUILD_COMMON OFF CACHE BOOL/' \
+    "$src/CMakeLists.txt"
+  grep -q 'set(LLAMA_BUILD_COMMON OFF CACHE BOOL' "$src/CMakeLists.txt" \
+    || { echo "llama-cpp-python's CMakeLists.txt changed: update TRIM in $0" >&2; exit 1; }
+  launcher=""
+  if command -v ccache >/dev/null 2>&1; then  # a rebuild (new flags, patches) reuses objects
+    launcher="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+  fi
+  echo "[2/3] compiling llama.cpp ($((SECONDS - t0)) s so far; the compiler's output goes to" \
+    "$cache_root/build.log)"
+  mkdir -p "$cache_root"
+  SKBUILD_BUILD_DIR="$tmp/build" CMAKE_ARGS="$CMAKE_ARGS_ALL $launcher" FORCE_CMAKE=1 \
+    "$PY" -m pip wheel --no-deps --no-cache-dir -v -w "$tmp" "$src" \
+    > "$cache_root/build.log" 2>&1 &
+  pid=$!
+  watch_build "$tmp/build" "$pid" &
+  watcher=$!
+  if ! wait "$pid"; then
+    kill "$watcher" 2>/dev/null || true
+    tail -n 40 "$cache_root/build.log" >&2
+    echo "building llama-cpp-python failed: the whole log is $cache_root/build.log" >&2
+    exit 1
+  fi
+  wait "$watcher" 2>/dev/null || true
+  echo "[3/3] built in $(((SECONDS - t0) / 60))m$(printf '%02d' $(((SECONDS - t0) % 60)))s;" \
+    "installing the wheel"
+  rm -rf "$tmp/src" "$tmp/build"
   mkdir -p "$cache_root"
   # Rename is atomic: a concurrent or interrupted build never leaves a half-written cache entry.
   mv -T "$tmp" "$cache" 2>/dev/null || rm -rf "$tmp"

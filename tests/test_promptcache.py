@@ -270,12 +270,14 @@ def _cached_tokens(d: Daemon, user: str) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("who", ["group", "cgroup"])
 def test_a_group_stop_right_after_a_long_prompt_keeps_its_state(
-        smollm2_path: Path, tmp_path: Path) -> None:
-    """SIGTERM to the daemon's whole process group (systemd's stop, Ctrl+C in a terminal)
-    the moment the answer to a long prompt arrives, while its state is still being written:
-    the runner takes its stop from the daemon and finishes the write, so the next daemon
-    restores the prefix, and no temporary file is left behind."""
+        smollm2_path: Path, tmp_path: Path, who: str) -> None:
+    """SIGTERM to the daemon's process group (`kill -TERM -PGID`, a terminal's signal), or
+    to the runners too (systemd's stop signals every process of the service's cgroup), the
+    moment the answer to a long prompt arrives, while its state is still being written: the
+    runner finishes the write, so the next daemon restores the prefix, and no temporary file
+    is left behind."""
     home = make_home(tmp_path / "home", smollm2_path)
     d = Daemon(home, env={"LLMRUN_PROMPT_CACHE_SIZE": "1GiB", "LLMRUN_NUM_PARALLEL": "1",
                           "LLMRUN_PROMPT_CACHE_MIN_TOKENS": "256"}).start()
@@ -284,6 +286,9 @@ def test_a_group_stop_right_after_a_long_prompt_keeps_its_state(
         assert n > 600 and cached == 0
         assert d.proc is not None
         runners = runner_pids(d.proc.pid)
+        if who == "cgroup":
+            for pid in runners:
+                os.kill(pid, signal.SIGTERM)
         d.signal_group(signal.SIGTERM)
         assert runners and not [p for p in runners if Path(f"/proc/{p}").exists()]
         files = list((home / "prompt-cache").glob("*/*"))
