@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make demo   install llmrun in .venv, put the default model in the store, ask it a question
 #   make test   install the test dependencies, fetch the test model (cached), run the suite
+#               (with an environment whose llama.cpp has the Vulkan backend, for the Vulkan
+#               tests on Mesa's CPU driver: scripts/vulkan-env.sh)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -19,6 +21,7 @@ install:
 
 test: install
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	scripts/vulkan-env.sh $(BIN)/python $(VENV)-vulkan
 	$(BIN)/python scripts/fetch_test_models.py
 	$(BIN)/ruff check llmrun tests scripts
 	$(BIN)/python -m pytest -q

@@ -1,14 +1,17 @@
-"""KV cache types against f16 (issue 15): the memory each takes and how far it moves the
-model's numbers, measured on the real test models.
+"""KV cache types and backends against the CPU with an f16 KV cache: the memory each KV type
+takes and how far each moves the model's numbers, measured on the real test models.
 
-    python scripts/kv_types.py [--tokens 1500]
+    python scripts/kv_types.py [--tokens 1500] [--text FILE]
+    GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python scripts/kv_types.py   # + Vulkan rows
 
 For each test model and KV type (f16, q8_0, q4_0; flash attention on, which quantized V
-needs), it reads the same text and reports the KV bytes per token (the size of the
-sequence's saved state over its tokens, which is what the cache holds) and the change in
-the log-probability the model gives each next token of the text against f16: mean and
-largest absolute difference, and how often the most likely next token changes. Paste the
-table into docs/benchmarks.md.
+needs), and for each GPU device llama.cpp lists (every layer on it, f16 KV), it reads the
+same text and reports the KV bytes per token (the size of the sequence's saved state over
+its tokens, which is what the cache holds), the perplexity of the text, and the change in
+the log-probability the model gives each next token against the reference: mean and
+largest absolute difference, and how often the most likely next token changes. The text is
+the Apache License 2.0 (Debian's copy), prose no model repeats from its context; without
+it, a short paragraph repeated. Paste the table into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fetch_test_models import models, test_models_dir
 
-from llmrun.engine.llama import KV_TYPES, Batch, Context, Model
+from llmrun.engine.llama import KV_TYPES, Batch, Context, Model, list_devices
 
 TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the "
@@ -63,28 +66,39 @@ def score(model: Model, kv_type: str, tokens: list[int]) -> tuple[np.ndarray, np
     return np.array(logprobs), np.array(argmax), size
 
 
+LICENSE_TEXT = Path("/usr/share/common-licenses/Apache-2.0")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1500)
+    ap.add_argument("--text", type=Path, default=LICENSE_TEXT if LICENSE_TEXT.exists() else None)
+    ap.add_argument("--models", default="smollm2,gemma3", help="test models, comma-separated")
     args = ap.parse_args()
-    print("| model | KV type | KV bytes / token | of f16 | mean abs Δ logprob | max abs Δ | "
-          "top-1 changed |")
-    print("|---|---|---|---|---|---|---|")
-    for name in ("smollm2", "gemma3"):
-        model = Model(test_models_dir() / models()[name].file)
+    gpus = [d["name"] for d in list_devices() if d["type"] in ("gpu", "igpu")]
+    print("| model | backend | KV type | KV bytes / token | of f16 | perplexity | "
+          "mean abs Δ logprob | max abs Δ | top-1 changed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        path = test_models_dir() / models()[name].file
+        model = Model(path)
+        text = args.text.read_text() if args.text else TEXT * (1 + args.tokens * 4 // len(TEXT))
+        tokens = model.tokenize(text, add_special=True)[:args.tokens]
+        runs: list[tuple[str, Model, str]] = [("CPU", model, kv) for kv in KV_TYPES]
+        runs += [(gpu, Model(path, n_gpu_layers=10_000, devices=[gpu]), "f16") for gpu in gpus]
         try:
-            text = TEXT * (1 + args.tokens * 4 // len(TEXT))
-            tokens = model.tokenize(text, add_special=True)[:args.tokens]
             base_lp, base_top, base_size = score(model, "f16", tokens)
-            for kv_type in KV_TYPES:
-                lp, top, size = (base_lp, base_top, base_size) if kv_type == "f16" \
-                    else score(model, kv_type, tokens)
+            for backend, m, kv_type in runs:
+                lp, top, size = (base_lp, base_top, base_size) \
+                    if (backend, kv_type) == ("CPU", "f16") else score(m, kv_type, tokens)
                 diff = np.abs(lp - base_lp)
-                print(f"| {name} | {kv_type} | {size / len(tokens):,.0f} | "
-                      f"{size / base_size:.2f} | {diff.mean():.4f} | {diff.max():.3f} | "
+                print(f"| {name} | {backend} | {kv_type} | {size / len(tokens):,.0f} | "
+                      f"{size / base_size:.2f} | {np.exp(-lp.mean()):.3f} | "
+                      f"{diff.mean():.4f} | {diff.max():.3f} | "
                       f"{100 * np.mean(top != base_top):.1f}% |", flush=True)
         finally:
-            model.close()
+            for m in {id(m): m for _, m, _ in runs}.values():
+                m.close()
 
 
 if __name__ == "__main__":

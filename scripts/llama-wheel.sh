@@ -7,6 +7,13 @@
 # an unsafe wheel. We keep our own cache keyed by version, flags, Python tag, CPU flags and
 # llmrun's patches to llama.cpp (scripts/llama-sources.sh applies them).
 #
+# The backend (LLMRUN_BACKEND, part of the cache key): `cpu`; `vulkan` (llama.cpp's Vulkan
+# backend, built from Debian's packages: any GPU with a Vulkan driver, and Mesa's CPU driver
+# lavapipe, which the tests use); `auto` (the default): Vulkan where a GPU's Vulkan driver
+# and the build packages are present, else the CPU, so a machine without a GPU builds
+# exactly the CPU library. A backend whose packages are missing is not built: the script
+# prints the apt-get line that installs them and builds the CPU backend.
+#
 # Usage: scripts/llama-wheel.sh PYTHON   (installs into that interpreter's environment)
 set -euo pipefail
 
@@ -23,9 +30,53 @@ CMAKE_ARGS_ALL="${SAFE_CMAKE_ARGS} ${LLMRUN_EXTRA_CMAKE_ARGS:-}"
 # common and its cpp-httplib were 40% of the compile (300 of 746 compiler-seconds).
 TRIM="no-common"
 # Compiler-seconds of the trimmed compile on one core of the machine it was measured on (a
-# 2-core Xeon VM, 2026-12): the first estimate of how long the build takes here, refined
-# from the build's own pace as it goes.
+# 2-core AMD EPYC VM, 2026-12): the first estimate of how long the build takes here,
+# refined from the build's own pace as it goes.
 COMPILE_CPU_S=300
+
+# -- the backend ------------------------------------------------------------------------
+vulkan_build_missing() {  # the Debian packages a Vulkan build lacks here (none: ready)
+  local missing=()
+  command -v glslc >/dev/null 2>&1 || missing+=(glslc)
+  [ -f /usr/include/vulkan/vulkan.h ] || missing+=(libvulkan-dev)
+  [ -d /usr/include/spirv ] || [ -d /usr/include/spirv-headers ] || missing+=(spirv-headers)
+  echo "${missing[*]:-}"
+}
+vulkan_gpu_present() {  # a GPU's Vulkan driver (not only lavapipe, the CPU driver) and a GPU
+  ls /dev/dri/renderD* >/dev/null 2>&1 || return 1
+  ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null \
+    | grep -qv lvp_icd || return 1
+}
+BACKEND=${LLMRUN_BACKEND:-auto}
+case "$BACKEND" in
+  auto)
+    BACKEND=cpu
+    if vulkan_gpu_present; then
+      if [ -z "$(vulkan_build_missing)" ]; then BACKEND=vulkan; else
+        echo "A GPU with a Vulkan driver is here, but building llama.cpp's Vulkan backend" \
+          "needs: sudo apt-get install $(vulkan_build_missing) (then rerun); building the" \
+          "CPU backend" >&2
+      fi
+    fi ;;
+  vulkan)
+    if [ -n "$(vulkan_build_missing)" ]; then
+      echo "LLMRUN_BACKEND=vulkan needs: sudo apt-get install $(vulkan_build_missing)" \
+        "(and a Vulkan driver to run, e.g. mesa-vulkan-drivers); building the CPU backend" >&2
+      BACKEND=cpu
+    fi ;;
+  cpu) ;;
+  *) echo "LLMRUN_BACKEND must be auto, cpu or vulkan, not '$BACKEND'" >&2; exit 2 ;;
+esac
+if [ "$BACKEND" = vulkan ]; then
+  # ggml-vulkan compiles its shaders with glslc at build time (about 2.5x the CPU build's
+  # compile here); the library links libvulkan.so.1, present wherever a driver is.
+  CMAKE_ARGS_ALL="$CMAKE_ARGS_ALL -DGGML_VULKAN=ON"
+  # patches for the Vulkan backend alone (a CPU build's sources stay as they are)
+  vk_patches=$(cat "$(dirname "$0")"/llama-patches/vulkan/*.patch | sha256sum | cut -c1-16)
+  TRIM="$TRIM backend=vulkan vulkan-patches=$vk_patches"
+  COMPILE_CPU_S=$((COMPILE_CPU_S * 5 / 2))
+fi
+echo "llama.cpp backend: $BACKEND"
 
 here=$(cd "$(dirname "$0")" && pwd)
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -78,7 +129,7 @@ watch_build() {  # BUILD_DIR PID
 if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   cores=$(nproc 2>/dev/null || echo 1)
   guess=$(( (COMPILE_CPU_S / cores + 90 + 59) / 60 ))  # + unpacking, linking, packing
-  echo "Building llama-cpp-python $VERSION without AMX: one time, about $guess min on" \
+  echo "Building llama-cpp-python $VERSION ($BACKEND) without AMX: one time, about $guess min on" \
     "$cores cores; later installs take seconds (cached in $cache_root)"
   tmp=$(mktemp -d "$cache_root.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$cache_root"; mktemp -d "$cache_root.tmp.XXXXXX"; })
   trap 'rm -rf "$tmp"' EXIT
@@ -90,23 +141,28 @@ if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     "$src/CMakeLists.txt"
   grep -q 'set(LLAMA_BUILD_COMMON OFF CACHE BOOL' "$src/CMakeLists.txt" \
     || { echo "llama-cpp-python's CMakeLists.txt changed: update TRIM in $0" >&2; exit 1; }
+  if [ "$BACKEND" = vulkan ]; then
+    for p in "$here"/llama-patches/vulkan/*.patch; do
+      patch -p1 --forward --fuzz=0 --quiet -d "$src/vendor/llama.cpp" < "$p"
+    done
+  fi
   launcher=""
   if command -v ccache >/dev/null 2>&1; then  # a rebuild (new flags, patches) reuses objects
     launcher="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
   fi
   echo "[2/3] compiling llama.cpp ($((SECONDS - t0)) s so far; the compiler's output goes to" \
-    "$cache_root/build.log)"
+    "$cache.log)"
   mkdir -p "$cache_root"
   SKBUILD_BUILD_DIR="$tmp/build" CMAKE_ARGS="$CMAKE_ARGS_ALL $launcher" FORCE_CMAKE=1 \
     "$PY" -m pip wheel --no-deps --no-cache-dir -v -w "$tmp" "$src" \
-    > "$cache_root/build.log" 2>&1 &
+    > "$cache.log" 2>&1 &
   pid=$!
   watch_build "$tmp/build" "$pid" &
   watcher=$!
   if ! wait "$pid"; then
     kill "$watcher" 2>/dev/null || true
-    tail -n 40 "$cache_root/build.log" >&2
-    echo "building llama-cpp-python failed: the whole log is $cache_root/build.log" >&2
+    grep -m 20 -E 'error:|Error [0-9]|FAILED:' "$cache.log" >&2 || tail -n 40 "$cache.log" >&2
+    echo "building llama-cpp-python failed: the whole log is $cache.log" >&2
     exit 1
   fi
   wait "$watcher" 2>/dev/null || true
@@ -121,13 +177,13 @@ fi
 
 wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
 "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
-"$PY" - "$key" "$patches" <<'PYEOF'
+"$PY" - "$key" "$patches" "$BACKEND" <<'PYEOF'
 import hashlib, importlib.metadata as md, pathlib, sys
 d = md.distribution("llama-cpp-python")
 lib = pathlib.Path(d.locate_file("llama_cpp/lib/libggml-cpu.so"))
 digest = hashlib.sha256(lib.read_bytes()).hexdigest()
 pathlib.Path(d.locate_file("llama_cpp/.llmrun-safe-build")).write_text(
-    f"{digest} {sys.argv[1]} patches={sys.argv[2]} libggml-cpu.so built without AMX by"
-    " scripts/llama-wheel.sh\n")
+    f"{digest} {sys.argv[1]} patches={sys.argv[2]} backend={sys.argv[3]} libggml-cpu.so"
+    " built without AMX by scripts/llama-wheel.sh\n")
 PYEOF
 echo "installed $wheel"

@@ -247,6 +247,7 @@ class Model:
         init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        self.n_gpu_layers = n_gpu_layers
         keep: list[Any] = []  # arrays llama.cpp reads during the load only
         if devices:
             keep.append(_devices_array(devices))
@@ -510,6 +511,10 @@ class Context:
         params.n_threads_batch = n_threads
         params.kv_unified = False
         params.no_perf = True
+        # llama.cpp sends a large batch's matrix products to a GPU even for weights kept on
+        # the CPU (op_offload): a model asked to stay off the GPU (num_gpu 0) read its prompts
+        # there anyway (measured on lavapipe: the prompt's numbers were the GPU's to the bit)
+        params.op_offload = model.n_gpu_layers > 0
         if kv_type not in KV_TYPES:
             raise LlamaError(f"unknown KV cache type {kv_type!r}; accepted: {', '.join(KV_TYPES)}")
         params.type_k = params.type_v = KV_TYPES[kv_type]
