@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +65,53 @@ def test_describe_names_each_device() -> None:
 def test_a_failed_listing_means_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devices.sys, "executable", "/nonexistent/python")
     assert asyncio.run(devices.list_devices()) == []
+
+
+def test_cached_is_empty_until_listed_then_the_visible_devices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    async def listing() -> list[Device]:
+        calls.append(1)
+        return LISTED
+
+    monkeypatch.setattr(devices, "list_devices", listing)
+    monkeypatch.setenv("LLMRUN_GPUS", "CUDA0")
+    cache = devices.DeviceList()
+    assert cache.cached() == []
+    asyncio.run(cache.current())
+    assert [d.name for d in cache.cached()] == ["CPU", "CUDA0"]
+    assert len(calls) == 1  # reading the cache lists nothing again
+
+
+def test_api_show_names_the_daemons_devices(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/show adds llmrun's own `devices` key from the cached list: empty before the
+    first listing, then the visible devices (a fake list; no runner child)."""
+    from fastapi.testclient import TestClient
+
+    from llmrun.server.app import create_app
+    from llmrun.store import Store
+    from tests.tinymodel import write_tiny_llama
+
+    async def listing() -> list[Device]:
+        return LISTED
+
+    monkeypatch.setattr(devices, "list_devices", listing)
+    monkeypatch.setenv("LLMRUN_GPUS", "CUDA0")
+    store = Store(tmp_path / "store")
+    store.create("tiny", f"FROM {write_tiny_llama(tmp_path / 'tiny.gguf')}\n")
+    app = create_app(store)
+    before = TestClient(app, base_url="http://127.0.0.1")  # no lifespan: nothing listed
+    assert before.post("/api/show", json={"model": "tiny"}).json()["devices"] == []
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # start lists them
+        deadline = time.monotonic() + 10
+        while not (shown := client.post("/api/show", json={"model": "tiny"}).json())["devices"]:
+            assert time.monotonic() < deadline, "the start's listing never ended"
+            time.sleep(0.01)
+    assert shown["details"]["family"] == "llama"  # the rest of show as before
+    assert shown["devices"] == [
+        {"name": "CPU", "description": "AMD EPYC", "type": "cpu", "total": 64 << 30,
+         "free": 32 << 30},
+        {"name": "CUDA0", "description": "H100", "type": "gpu", "total": 80 << 30,
+         "free": 70 << 30}]

@@ -107,3 +107,34 @@ def test_with_keep_alive_0_a_streamed_anthropic_request_loads_the_model_once(
     assert grown({}, after, "llmrun_model_leases_total") == 1
     assert grown({}, after, "llmrun_runner_requests_total") == 1
     assert final.usage.output_tokens == 4
+
+
+def test_device_memory_and_each_models_share_come_from_the_cached_list() -> None:
+    """No daemon: the gauges read the device list and the scheduler's snapshots as given."""
+    from types import SimpleNamespace
+
+    from llmrun.server.fit import Device
+    from llmrun.server.metrics import Metrics
+
+    listed = [Device("CPU", "cpu", 64 << 30, 32 << 30, "AMD EPYC"),
+              Device("Vulkan0", "gpu", 8 << 30, 6 << 30, "Radeon")]
+    model = SimpleNamespace(name="m:latest", slots_busy=0, slots=1, engine={},
+                            devices={"CPU": 100 << 20, "Vulkan0": 900 << 20})
+    scheduler: Any = SimpleNamespace(models=lambda: [model])
+    metrics = Metrics(scheduler, lambda: listed)
+    got = {(s.name, frozenset(s.labels.items())): s.value
+           for f in text_string_to_metric_families(metrics.render().decode())
+           for s in f.samples}
+
+    def memory(device: str, kind: str) -> float:
+        return got[("llmrun_device_memory_bytes",
+                    frozenset({("device", device), ("kind", kind)}))]
+
+    assert memory("Vulkan0", "total") == 8 << 30 and memory("Vulkan0", "free") == 6 << 30
+    assert memory("CPU", "total") == 64 << 30 and memory("CPU", "free") == 32 << 30
+    held = {dict(ls)["device"]: v for (n, ls), v in got.items()
+            if n == "llmrun_model_device_bytes" and ("model", "m:latest") in ls}
+    assert held == {"CPU": 100 << 20, "Vulkan0": 900 << 20}
+    # without a device list (or before the first listing) there are no device samples
+    bare = Metrics(scheduler).render().decode()
+    assert "llmrun_device_memory_bytes{" not in bare

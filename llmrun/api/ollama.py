@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ from llmrun.request import (
     Tool,
     ToolCall,
 )
+from llmrun.server.fit import Device
 from llmrun.server.service import Service
 from llmrun.store import (
     HOST_PATH_REFUSED,
@@ -649,8 +650,10 @@ def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
     return out
 
 
-def store_router(store: Store) -> APIRouter:
-    """Store operations: show, copy, delete, create, blobs (no model is loaded for these)."""
+def store_router(store: Store,
+                 devices: Callable[[], list[Device]] | None = None) -> APIRouter:
+    """Store operations: show, copy, delete, create, blobs (no model is loaded for these).
+    `devices`: the daemon's cached device list, which `show` adds."""
     api = APIRouter()
 
     def fail(exc: Exception) -> JSONResponse:
@@ -660,7 +663,16 @@ def store_router(store: Store) -> APIRouter:
     async def show(body: ModelBody) -> Response:
         try:
             _, manifest = store.get(body.target)
-            return JSONResponse(show_response(store, manifest))
+            out = show_response(store, manifest)
+            if devices is not None:
+                # llmrun's own field, not Ollama's: the devices the daemon places models on
+                # (LLMRUN_GPUS applied; free memory as of the last listing). Where this
+                # model's layers would go depends on its load options and what else is
+                # loaded then, so this names the candidates, not a placement.
+                out["devices"] = [{"name": d.name, "description": d.description,
+                                   "type": d.type, "total": d.total, "free": d.free}
+                                  for d in devices()]
+            return JSONResponse(out)
         except StoreError as exc:
             return fail(exc)
 

@@ -81,7 +81,7 @@ def create_app(store: Store | None = None,
     store = store or Store()
     devices = DeviceList()
     scheduler = Scheduler(store, config.home() / "logs", devices=devices.current)
-    metrics = Metrics(scheduler)
+    metrics = Metrics(scheduler, devices.cached)
     service = Service(store, scheduler, metrics)
 
     @asynccontextmanager
@@ -132,7 +132,7 @@ def create_app(store: Store | None = None,
                 "loaded": [m.name for m in scheduler.models()]}
 
     app.include_router(ollama.router(service))
-    app.include_router(ollama.store_router(store))
+    app.include_router(ollama.store_router(store, devices.cached))
     app.include_router(anthropic.router(service))
     app.include_router(openai.router(service))
     app.include_router(responses.router(service, ResponseStore(config.home() / "responses")))

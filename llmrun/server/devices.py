@@ -77,6 +77,7 @@ class DeviceList:
 
     def __init__(self) -> None:
         self._devices: list[Device] | None = None
+        self._visible: list[Device] = []  # of the last listing, as current() returned them
         self._lock = asyncio.Lock()
 
     async def current(self) -> list[Device]:
@@ -87,4 +88,12 @@ class DeviceList:
                 self._devices = await list_devices()
                 if first:
                     log.info("devices: %s", describe(self._devices))
-            return visible(self._devices, config.gpus())
+            self._visible = visible(self._devices, config.gpus())
+            return list(self._visible)
+
+    def cached(self) -> list[Device]:
+        """The visible devices as last listed (free memory as of then, at start or the last
+        fit), without listing again: what /metrics and /api/show report, which must not
+        start a child (a CUDA initialisation) per scrape or per client asking. Empty until
+        the first listing ends."""
+        return list(self._visible)

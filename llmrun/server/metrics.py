@@ -3,13 +3,14 @@
 What an operator watches on a shared daemon: requests by route and status (503s are the
 queue overflowing), tokens read and generated per model and how many of the prompt tokens
 came from the prefix cache, how long prompts and answers take, and, read at scrape time,
-which models are loaded and how many of their slots are busy. Leases and runner requests
+which models are loaded and how many of their slots are busy, and the memory of each device
+llama.cpp lists and what each loaded model holds on it. Leases and runner requests
 show the trips a request makes: one of each per generated answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _render
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 from starlette.types import Message, Scope
 
 from llmrun.request import Stats
+from llmrun.server.fit import Device
 from llmrun.server.scheduler import Scheduler
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -27,8 +29,10 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 class _Loaded(Collector):
     """Gauges read from the scheduler when scraped."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler,
+                 devices: Callable[[], list[Device]] | None = None) -> None:
         self.scheduler = scheduler
+        self.devices = devices  # the daemon's cached list: a scrape never lists them again
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         loaded = GaugeMetricFamily("llmrun_models_loaded", "Models loaded in memory")
@@ -50,9 +54,21 @@ class _Loaded(Collector):
         budget = GaugeMetricFamily("llmrun_engine_prompt_budget_tokens", "Prompt tokens a "
                                    "step may read beside generating sequences "
                                    "(LLMRUN_STEP_BUDGET, as last measured)", labels=["model"])
+        memory = GaugeMetricFamily("llmrun_device_memory_bytes", "Memory of each device "
+                                   "llama.cpp lists, total and free (free as last listed: at "
+                                   "start, and before each load where there are GPUs)",
+                                   labels=["device", "kind"])
+        held = GaugeMetricFamily("llmrun_model_device_bytes", "Bytes a loaded model holds on "
+                                 "each device (the host as CPU): measured by the runner, else "
+                                 "estimated", labels=["model", "device"])
+        for d in self.devices() if self.devices is not None else []:
+            memory.add_metric([d.name, "total"], d.total)
+            memory.add_metric([d.name, "free"], d.free)
         models = self.scheduler.models()
         loaded.add_metric([], len(models))
         for m in models:
+            for device, size in m.devices.items():
+                held.add_metric([m.name, device], size)
             busy.add_metric([m.name], m.slots_busy)
             slots.add_metric([m.name], m.slots)
             e = m.engine
@@ -63,11 +79,13 @@ class _Loaded(Collector):
                 prompt.add_metric([m.name], e.get("prompt_tokens", 0))
                 longest.add_metric([m.name], e.get("step_seconds_max", 0.0))
                 budget.add_metric([m.name], e.get("budget_tokens", 0))
-        yield from (loaded, busy, slots, steps, step_seconds, mixed, prompt, longest, budget)
+        yield from (loaded, busy, slots, steps, step_seconds, mixed, prompt, longest, budget,
+                    memory, held)
 
 
 class Metrics:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler,
+                 devices: Callable[[], list[Device]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("llmrun_http_requests", "HTTP requests answered",
@@ -93,7 +111,7 @@ class Metrics:
         self.runner_requests = Counter("llmrun_runner_requests", "Requests the daemon sent to "
                                        "runner processes (generate, count, embed)",
                                        ["model", "kind"], registry=r)
-        r.register(_Loaded(scheduler))
+        r.register(_Loaded(scheduler, devices))
 
     def observe(self, model: str, s: Stats) -> None:
         self.prompt_tokens.labels(model).inc(s.prompt_tokens)
