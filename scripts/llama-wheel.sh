@@ -115,9 +115,10 @@ watch_build() {  # BUILD_DIR PID
     [ "$total" -gt 0 ] || total=$(grep -c '^build [^:]*\.o:' "$dir/build.ninja" || true)
     [ "$total" -gt 0 ] || continue
     done=$(awk '$4 ~ /\.o$/' "$dir/.ninja_log" 2>/dev/null | wc -l)
+    [ "$done" -gt 0 ] || continue  # (no pace to tell the time left from yet)
     local tenth=$((done * 10 / total)) spent=$((SECONDS - start))
     if [ "$tenth" -ne "$shown" ] || [ $((spent - last)) -ge 20 ]; then
-      if [ "$done" -gt 0 ]; then left=$(((total - done) * spent / done)); else left=0; fi
+      left=$(((total - done) * spent / done))
       printf '  compiling: %3d%% (%d of %d files), %dm%02ds so far, about %dm%02ds left\n' \
         $((done * 100 / total)) "$done" "$total" $((spent / 60)) $((spent % 60)) \
         $((left / 60)) $((left % 60))
