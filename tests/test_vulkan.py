@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmrun.store import Store
 from tests.conftest import Daemon, make_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +64,9 @@ def vk(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator
 
 
 def _generate(d: Daemon, prompt: str, logprobs: bool = False, top_logprobs: int = 0,
-              **options: Any) -> dict[str, Any]:
+              model: str = "smollm2", **options: Any) -> dict[str, Any]:
     r = httpx.post(d.url + "/api/generate", timeout=600, json={
-        "model": "smollm2", "prompt": prompt, "raw": True, "stream": False,
+        "model": model, "prompt": prompt, "raw": True, "stream": False,
         "logprobs": logprobs, "top_logprobs": top_logprobs,
         # plain greedy: a repeat penalty scales logits, not log-probabilities, so it would
         # magnify the backends' differences past what the bound below is about
@@ -141,3 +142,26 @@ def test_the_strict_sandbox_holds_on_the_device(vk: Daemon) -> None:
     _generate(vk, PROMPTS[1], num_gpu=99)
     model = _ps(vk)
     assert model["size_vram"] > 0 and model["confined"] is True, model
+
+
+@pytest.mark.timeout(900)
+def test_an_idle_model_makes_room_on_the_device(tmp_path: Path, smollm2_path: Path,
+                                                 gemma3_path: Path) -> None:
+    """Two models of about 1.07 GiB each on the device (8k context x 4 slots) do not both fit
+    its 2 GiB: the second load unloads the idle first and takes the device whole. lavapipe
+    reports its whole heap free whatever is allocated, so the daemon counts what the loaded
+    models hold itself (before it did, both were placed whole: 2.1 GiB on a 2 GiB heap)."""
+    home = make_home(tmp_path / "home", smollm2_path)
+    Store(home).create("gemma3", f"FROM {gemma3_path}\n")
+    d = VulkanDaemon(home, env={**VISIBLE, "LLMRUN_NUM_PARALLEL": "4",
+                                "LLMRUN_CONTEXT_LENGTH": "8192"}).start()
+    try:
+        _generate(d, "Hi", num_predict=2)
+        first = _ps(d)
+        assert first["size_vram"] > 1 << 30, first
+        _generate(d, "Hi", model="gemma3", num_predict=2)
+        (second,) = httpx.get(d.url + "/api/ps", timeout=30).json()["models"]
+        assert second["name"].startswith("gemma3") and second["size_vram"] > 1 << 30, second
+        assert "unloading smollm2:latest to make room" in d.log.read_text()
+    finally:
+        d.stop()

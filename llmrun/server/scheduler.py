@@ -602,17 +602,23 @@ name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
     async def _fit(self, loading: Loaded, need: int, shape: fit.ModelShape,
                    others: list[Loaded]) -> Placement:
         """Where `loading`'s layers go, on the devices' free memory now less what the other
-        loads placed there and their runners have not taken yet."""
+        loads placed there and their runners have not taken yet. A device's free memory is
+        also at most its size less what the loaded models hold on it: a driver without a
+        memory budget reports its whole heap free however much is allocated (Mesa's lavapipe:
+        two models of 1.07 GiB each were both placed whole on its 2 GiB heap)."""
         spec = loading.spec
         if self.devices is None or spec.rpc_workers:  # (RPC workers place layers as before)
             return Placement(memory={CPU: need}, layers=shape.n_layer + 1)
         devices = await self.devices()
         pending: dict[str, int] = {}
+        held: dict[str, int] = {}
         for v in others:
-            if v.state == LOADING and v.placement is not None:
+            if v.placement is not None:
+                into = pending if v.state == LOADING else held
                 for name, size in v.placement.memory.items():
-                    pending[name] = pending.get(name, 0) + size
-        devices = [dataclasses.replace(d, free=d.free - pending.get(d.name, 0)) for d in devices]
+                    into[name] = into.get(name, 0) + size
+        devices = [dataclasses.replace(d, free=min(d.free, d.total - held.get(d.name, 0))
+                                       - pending.get(d.name, 0)) for d in devices]
         placement = fit.fit(shape, needs_of(shape, spec, need), devices,
                             num_gpu=spec.gpu_layers if spec.gpu_layers >= 0 else None,
                             main_gpu=_main_gpu(spec), overhead=config.gpu_overhead())
