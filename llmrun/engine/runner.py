@@ -835,12 +835,11 @@ def main(argv: list[str] | None = None) -> int:
         chan.send({"type": "fatal", "error": refusal})
         return 1
     try:
+        offload = args.gpu_layers if args.gpu_layers >= 0 else 10_000
         if workers is not None:
-            offload = args.gpu_layers if args.gpu_layers >= 0 else 10_000
             model = Model(args.model, n_gpu_layers=offload, tensor_split=args.rpc_split)
             confinement["rpc"] = _placement(workers, model, offload, args.rpc_split)
         elif args.device:  # the daemon's fit (server/fit.py) decided the split
-            offload = args.gpu_layers if args.gpu_layers >= 0 else 10_000
             model = Model(args.model, n_gpu_layers=offload, tensor_split=args.tensor_split,
                           main_gpu=args.main_gpu, devices=args.device)
             log.info("%d of %d layers on %s", min(offload, model.n_layer + 1),

@@ -128,13 +128,18 @@ def shape_of(infos: Sequence[gguf_reader.GGUFInfo]) -> ModelShape:
                 other += t.nbytes
     if not has_output:  # tied embeddings: llama.cpp loads a copy on the output's device
         output += embed
+    return ModelShape(tuple(layers), output, embed + other, kv_width(info))
+
+
+def kv_width(info: gguf_reader.GGUFInfo) -> int:
+    """KV cache elements per token per layer: the KV heads' key and value widths."""
     n_embd = int(info.arch_value("embedding_length", 0) or 0)
     n_head = int(info.arch_value("attention.head_count", 1) or 1)
     n_head_kv = info.arch_value("attention.head_count_kv", n_head)
     n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else n_head)
     k_len = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)) or 0)
     v_len = int(info.arch_value("attention.value_length", k_len) or 0)
-    return ModelShape(tuple(layers), output, embed + other, n_head_kv * (k_len + v_len))
+    return n_head_kv * (k_len + v_len)
 
 
 def usable(device: Device, overhead: int) -> int:

@@ -92,13 +92,7 @@ def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) 
     """Weights + the KV cache (of its element type) for every slot's full context + the
     prompt states it may keep in memory + a compute-buffer allowance."""
     n_layer = int(info.arch_value("block_count", 0) or 0)
-    n_embd = int(info.arch_value("embedding_length", 0) or 0)
-    n_head = int(info.arch_value("attention.head_count", 1) or 1)
-    n_head_kv = info.arch_value("attention.head_count_kv", n_head)
-    n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else n_head)
-    k_len = int(info.arch_value("attention.key_length", n_embd // max(n_head, 1)) or 0)
-    v_len = int(info.arch_value("attention.value_length", k_len) or 0)
-    kv = n_layer * n_head_kv * (k_len + v_len) * spec.n_ctx * spec.n_slots
+    kv = n_layer * fit.kv_width(info) * spec.n_ctx * spec.n_slots
     kv = int(kv * KV_BYTES[spec.kv_type])
     # (a vision projector's weights are in `weights`; its encoder needs buffers of its own)
     vision = (128 << 20) if spec.projector_path else 0
@@ -346,15 +340,14 @@ class Scheduler:
         measured = info.get("devices") or {}
         estimated = m.placement.memory if m.placement is not None else {CPU: m.memory}
         per_device = {k: int(measured.get(k) or v) for k, v in estimated.items()}
-        return ModelState(vram=sum(v for k, v in per_device.items() if k != CPU),
-                          devices=per_device,
-name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
+        return ModelState(name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                           context_length=info.get("n_ctx_seq", m.spec.n_ctx),
                           slots=m.spec.n_slots, slots_busy=m.runner.busy,
                           sandbox=list(info.get("sandbox", [])),
                           confined=bool(info.get("confined", False)),
                           reload_pending=m.reloads_waiting > 0,
-                          memory=sum(per_device.values()),
+                          memory=sum(per_device.values()), devices=per_device,
+                          vram=sum(v for k, v in per_device.items() if k != CPU),
                           kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
                           placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
@@ -549,11 +542,9 @@ name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                             loaded.name, placement.reason, exc.message, fewer)
             with contextlib.suppress(Exception):
                 await loaded.runner.stop()
-            devices = await self.devices() if self.devices is not None else []
-            need = needs_of(shape, loaded.spec, loaded.memory)
-            loaded.placement = fit.fit(shape, need, devices, num_gpu=fewer,
-                                       main_gpu=_main_gpu(loaded.spec),
-                                       overhead=config.gpu_overhead())
+            others = [v for v in self._models.values() if v is not loaded]
+            loaded.placement = await self._fit(loaded, loaded.memory, shape, others,
+                                               num_gpu=fewer)
             loaded.runner = self.runner_factory(
                 loaded.spec, self.logs / f"runner-{model_key(loaded.manifest)[7:19]}.log")
 
@@ -600,12 +591,13 @@ name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                 log.info("%s: %s", loading.name, placement.reason)
 
     async def _fit(self, loading: Loaded, need: int, shape: fit.ModelShape,
-                   others: list[Loaded]) -> Placement:
+                   others: list[Loaded], num_gpu: int | None = None) -> Placement:
         """Where `loading`'s layers go, on the devices' free memory now less what the other
         loads placed there and their runners have not taken yet. A device's free memory is
         also at most its size less what the loaded models hold on it: a driver without a
         memory budget reports its whole heap free however much is allocated (Mesa's lavapipe:
-        two models of 1.07 GiB each were both placed whole on its 2 GiB heap)."""
+        two models of 1.07 GiB each were both placed whole on its 2 GiB heap). `num_gpu`:
+        the layers to place (a retry's), else the load's own option."""
         spec = loading.spec
         if self.devices is None or spec.rpc_workers:  # (RPC workers place layers as before)
             return Placement(memory={CPU: need}, layers=shape.n_layer + 1)
@@ -619,8 +611,9 @@ name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                     into[name] = into.get(name, 0) + size
         devices = [dataclasses.replace(d, free=min(d.free, d.total - held.get(d.name, 0))
                                        - pending.get(d.name, 0)) for d in devices]
-        placement = fit.fit(shape, needs_of(shape, spec, need), devices,
-                            num_gpu=spec.gpu_layers if spec.gpu_layers >= 0 else None,
+        if num_gpu is None and spec.gpu_layers >= 0:
+            num_gpu = spec.gpu_layers
+        placement = fit.fit(shape, needs_of(shape, spec, need), devices, num_gpu=num_gpu,
                             main_gpu=_main_gpu(spec), overhead=config.gpu_overhead())
         if placement.n_gpu_layers == 0:  # all on the CPU: the estimate, as without GPUs
             placement = dataclasses.replace(placement, memory={CPU: need})
