@@ -247,8 +247,11 @@ def test_editing_history_interrupt_save_wrap_and_pipes(_isolated_home: Path,
             _read_until(controller, b" ", timeout=60)  # the answer has started
             os.write(controller, b"\x03")
             _read_until(controller, b">>> ", timeout=60)
-            os.write(controller, b"\x03")  # on the prompt: a hint, not an exit
-            _read_until(controller, b"/bye to exit.\r\n>>> ")
+            # on the prompt: a hint, not an exit, however soon after the prompt it comes
+            # (CPython's readline alone misses one landing as it draws the prompt)
+            for _ in range(200):
+                os.write(controller, b"\x03")
+                _read_until(controller, b"/bye to exit.\r\n>>> ")
             assert b"Set parameter" in _command(controller, b"/set parameter num_predict 6")
             after = _command(controller, b"What is 2+2?")
             assert len(after.split(b"2+2?", 1)[-1].strip()) > len(b">>> ")

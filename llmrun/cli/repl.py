@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,6 +224,76 @@ class LineReader:
         return line
 
 
+class _PromptInterrupts:
+    """Makes a Ctrl+C typed the moment a prompt appears take effect at once.
+
+    CPython's readline draws the prompt, then waits for a key in select() and looks at
+    signals only when a signal interrupts that select(). A SIGINT landing between the two
+    only sets Python's flag, and select() then waits for the next key: the Ctrl+C seems
+    ignored, and is raised later, on the next line typed. A busy machine widens the gap:
+    measured during a compile on 2 cores, 1 of 258 Ctrl+Cs sent as the prompt appeared.
+
+    Here the SIGINT handler counts the interrupts Python raised, the C-level handler writes
+    each signal's number to a wakeup pipe, and a thread reading it interrupts the main
+    thread with SIGUSR1 (whose handler does nothing) every 50 ms until the SIGINT has been
+    raised: the first kick that lands inside select() makes readline raise it. (Two SIGINTs
+    before Python runs its handler are raised once, so the kicks also stop after MAX_KICKS.)
+    """
+
+    KICK_SECONDS = 0.05
+    MAX_KICKS = 100
+
+    def __init__(self) -> None:
+        self.raised = 0  # KeyboardInterrupts raised by the handler
+        self._main = threading.main_thread().ident or 0
+        self._done = threading.Event()
+
+    def _on_sigint(self, _sig: int, _frame: object) -> None:
+        self.raised += 1
+        raise KeyboardInterrupt
+
+    def _watch(self, read_end: int) -> None:
+        while not self._done.is_set():
+            before = self.raised  # (a SIGINT read next arrived after this)
+            try:
+                got = os.read(read_end, 64)
+            except OSError:
+                return
+            if not got:  # the write end closed: the session is over
+                return
+            if bytes([signal.SIGINT]) not in got:
+                continue
+            for _ in range(self.MAX_KICKS):
+                if self.raised != before or self._done.is_set():
+                    break
+                signal.pthread_kill(self._main, signal.SIGUSR1)
+                self._done.wait(self.KICK_SECONDS)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # (signal handlers belong to the main thread: a test's session)
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        old_int = signal.signal(signal.SIGINT, self._on_sigint)
+        old_usr1 = signal.signal(signal.SIGUSR1, lambda _sig, _frame: None)
+        old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=self._watch, args=(read_end,), daemon=True,
+                                   name="llmrun-ctrl-c")
+        watcher.start()
+        try:
+            yield
+        finally:
+            self._done.set()
+            signal.set_wakeup_fd(old_fd)
+            os.close(write_end)
+            watcher.join()  # (before SIGUSR1's default, which ends the process, is back)
+            os.close(read_end)
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGUSR1, old_usr1)
+
+
 def history_path() -> Path | None:
     from llmrun import config
 
@@ -239,6 +311,12 @@ def run_session(client: Client, session: Session,
     console.print(f"[dim]Chatting with {session.model}. Type /? for help, /bye to quit.[/]")
     client.load(session.model)  # before the first prompt, so the first answer starts promptly
     reader = reader or LineReader(history_path())
+    with _PromptInterrupts().installed():
+        _chat(client, session, stream, reader)
+
+
+def _chat(client: Client, session: Session,
+          stream: Callable[[Session, list[dict[str, Any]]], str], reader: LineReader) -> None:
     while True:
         asked = len(session.history)
         try:
