@@ -24,10 +24,23 @@ LISTED = [Device("CPU", "cpu", 64 << 30, 32 << 30, "AMD EPYC"),
 def test_list_devices_on_this_build_names_the_cpu_with_sane_memory() -> None:
     done = subprocess.run([sys.executable, "-m", "llmrun.engine.runner", "--list-devices"],
                           capture_output=True, text=True, timeout=120, check=True)
-    listed = devices.parse(done.stdout)
+    listed, idle = devices.parse(done.stdout)
     cpu = [d for d in listed if d.type == "cpu"]
     assert len(cpu) == 1 and cpu[0].name == "CPU"
     assert 64 << 20 < cpu[0].total < 1 << 50 and 0 < cpu[0].free <= cpu[0].total
+    assert idle == []  # (the CPU build: no GPU backend to find nothing)
+
+
+def test_a_gpu_backend_without_a_device_is_named_with_llama_cpps_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    listing = ('{"devices": [{"name": "CPU", "type": "cpu", "total": 8, "free": 4}],'
+               ' "backends": {"CUDA": 0, "CPU": 1, "RPC": 0, "Vulkan": 1}}')
+    listed, idle = devices.parse(listing)
+    assert [d.name for d in listed] == ["CPU"] and idle == ["CUDA"]
+    stderr = ("ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is "
+              "detected\nload_backend: loaded CPU backend\n")
+    assert "no CUDA-capable device" in devices._why("CUDA", stderr)
+    assert devices._why("Vulkan", stderr) == ""
 
 
 @pytest.mark.model

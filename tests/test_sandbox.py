@@ -342,3 +342,50 @@ def test_default_mode_runs_what_it_can_warns_once_and_ps_says_so(tmp_path: Path)
                 if "sandbox: model runners run without: seccomp" in line]
     assert len(warnings) == 1, warnings
 
+
+
+DEVICE_PROBE = """
+import errno, json, os, sys
+from pathlib import Path
+from llmrun.engine import sandbox
+
+node, other, victim = sys.argv[1:4]
+held = os.open(node, os.O_RDONLY)  # as a GPU backend holds its device open
+nodes = sandbox.gpu_nodes(prefixes=(node,))
+result = sandbox.confine(devices=nodes)
+results = {}
+for name, attempt in {
+    "open_node_rw": lambda: os.close(os.open(node, os.O_RDWR)),
+    "open_other_node_rw": lambda: os.close(os.open(other, os.O_RDWR)),
+    "write_file": lambda: open(victim, "w"),
+    "unlink": lambda: os.unlink(victim),
+}.items():
+    try:
+        attempt()
+        results[name] = "ok"
+    except OSError as exc:
+        results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+print(json.dumps({"nodes": [str(n) for n in nodes], "applied": result.applied,
+                  "missing": result.missing, "results": results}))
+"""
+
+
+def test_a_gpu_runner_keeps_its_device_nodes_and_nothing_else_writable(tmp_path: Path) -> None:
+    """A runner on a GPU may open the device nodes its backend held open read-write (its
+    driver reopens them); still no other node, no file, no deleting. (/dev/zero stands in
+    for a GPU's node, /dev/full for another device.)"""
+    if not landlock_available():
+        pytest.skip("without Landlock a GPU runner's device opens cannot be kept to its nodes")
+    victim = tmp_path / "bashrc"
+    victim.write_text("keep me\n")
+    out = subprocess.run([sys.executable, "-c", DEVICE_PROBE, "/dev/zero", "/dev/full",
+                          str(victim)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["nodes"] == ["/dev/zero"] and report["missing"] == []
+    assert "landlock" in report["applied"] and "seccomp" in report["applied"]
+    results = report["results"]
+    assert results["open_node_rw"] == "ok"
+    assert results["open_other_node_rw"] == "EACCES"  # Landlock: not this runner's device
+    assert results["write_file"] == "EACCES" and results["unlink"] == "EPERM"
+    assert victim.read_text() == "keep me\n"

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmrun.server.devices import parse
 from llmrun.store import Store
 from tests.conftest import Daemon, make_home
 
@@ -85,17 +86,21 @@ def test_the_device_is_listed() -> None:
     out = subprocess.run([str(PYTHON), "-m", "llmrun.engine.runner", "--list-devices"],
                          env={**os.environ, **VISIBLE}, capture_output=True, text=True,
                          timeout=120, check=True).stdout
-    devices = json.loads(out)
+    listing = json.loads(out)
+    devices = listing["devices"]
     gpus = [d for d in devices if d["type"] != "cpu"]
     assert gpus, devices
     assert gpus[0]["name"] == "Vulkan0" and "llvmpipe" in gpus[0]["description"], devices
     assert 0 < gpus[0]["free"] <= gpus[0]["total"], devices
-    # without the variable ggml leaves the CPU-type device out: the CPU alone
+    assert listing["backends"]["Vulkan"] == 1 and listing["backends"]["CPU"] == 1
+    # without the variable ggml leaves the CPU-type device out: the CPU alone, and the
+    # daemon says the Vulkan backend found no device
     hidden = subprocess.run([str(PYTHON), "-m", "llmrun.engine.runner", "--list-devices"],
                             env={k: v for k, v in os.environ.items()
                                  if k != "GGML_VK_VISIBLE_DEVICES"},
                             capture_output=True, text=True, timeout=120, check=True).stdout
-    assert [d["type"] for d in json.loads(hidden)] == ["cpu"]
+    listed, idle = parse(hidden)
+    assert [d.type for d in listed] == ["cpu"] and idle == ["Vulkan"]
 
 
 # How far the device's numbers may stray from the CPU's (measured with scripts/kv_types.py

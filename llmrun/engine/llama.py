@@ -137,7 +137,11 @@ def _dev_lib() -> ctypes.CDLL:
                 ("ggml_backend_dev_name", ctypes.c_char_p, [dev]),
                 ("ggml_backend_dev_description", ctypes.c_char_p, [dev]),
                 ("ggml_backend_dev_type", ctypes.c_int, [dev]),
-                ("ggml_backend_dev_memory", None, [dev, size_p, size_p])):
+                ("ggml_backend_dev_memory", None, [dev, size_p, size_p]),
+                ("ggml_backend_reg_count", ctypes.c_size_t, []),
+                ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
+                ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+                ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _dev_bound = True
@@ -161,6 +165,16 @@ def list_devices() -> list[dict[str, Any]]:
                     "type": DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else "other",
                     "total": total.value, "free": free.value})
     return out
+
+
+def list_backends() -> dict[str, int]:
+    """The backends this llama.cpp was built with (CPU, CUDA, Vulkan, RPC...) and how many
+    devices each found: a GPU backend with none is a build whose GPU or driver is missing."""
+    init_backend()
+    lib = _dev_lib()
+    regs = (lib.ggml_backend_reg_get(i) for i in range(lib.ggml_backend_reg_count()))
+    return {(lib.ggml_backend_reg_name(r) or b"").decode(errors="replace"):
+            lib.ggml_backend_reg_dev_count(r) for r in regs}
 
 
 def _devices_array(names: list[str]) -> Any:

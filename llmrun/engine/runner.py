@@ -62,6 +62,7 @@ from llmrun.engine.llama import (
     Model,
     Projector,
     RpcWorkers,
+    list_backends,
     list_devices,
 )
 from llmrun.engine.promptcache import PromptCache
@@ -643,10 +644,12 @@ def lora_arg(text: str) -> tuple[Path, float]:
     return Path(text), 1.0
 
 
-def _confine(files: list[Path], writable: Path | None = None) -> tuple[dict[str, Any], str]:
+def _confine(files: list[Path], writable: Path | None = None,
+             devices: list[Path] | None = None) -> tuple[dict[str, Any], str]:
     """Confine this process before llama.cpp reads a byte of the model files (`files`, the
-    only ones it may still open besides the Python installation and system libraries), and
-    the prompt-cache directory `writable`, the only place it may write.
+    only ones it may still open besides the Python installation and system libraries), the
+    prompt-cache directory `writable`, the only place it may write, and the GPU device
+    nodes `devices` it uses.
 
     Returns the sandbox fields of the ready info and, in LLMRUN_SANDBOX=strict mode when a
     layer could not be applied, why the runner must not go on (else "")."""
@@ -654,7 +657,10 @@ def _confine(files: list[Path], writable: Path | None = None) -> tuple[dict[str,
     if mode == "off":
         log.warning("sandbox: off (LLMRUN_SANDBOX=0): this runner is not confined")
         return {"sandbox": [], "confined": False, "sandbox_missing": ["off (LLMRUN_SANDBOX=0)"]}, ""
-    result = sandbox.confine(read=files, read_write=[writable] if writable else [])
+    result = sandbox.confine(read=files, read_write=[writable] if writable else [],
+                             devices=devices or [])
+    if devices:
+        log.info("sandbox: GPU device nodes kept: %s", ", ".join(map(str, devices)))
     log.info("sandbox: %s", ", ".join(result.applied))
     for why in (*result.missing, *result.unavailable):
         log.warning("sandbox: not applied: %s", why)
@@ -804,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="largest IPC message in bytes (the daemon passes its own)")
     args = ap.parse_args(argv)
     if args.list_devices:
-        print(json.dumps(list_devices()))
+        print(json.dumps({"devices": list_devices(), "backends": list_backends()}))
         return 0
     if args.fd is None or not args.model or args.ctx is None:
         ap.error("--fd, --model and --ctx are required (or --list-devices)")
@@ -824,13 +830,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, LlamaError) as exc:
         chan.send({"type": "fatal", "error": str(exc)})
         return 1
-    # before the sandbox: a GPU backend opens its device nodes as it initialises
-    free_before = _device_free() if args.device and not workers else {}
+    # before the sandbox: a GPU backend opens its device nodes as it initialises (listing
+    # the devices with their free memory creates CUDA's context), and a confined runner
+    # keeps exactly those nodes; a runner kept on the CPU keeps none
+    free_now = _device_free()
+    on_gpu = bool(args.device) and workers is None
+    free_before = free_now if on_gpu else {}
+    gpu_nodes = sandbox.gpu_nodes() if on_gpu else []
     if args.mmproj is not None:
         images.preload()  # the decoders' modules, while files can still be opened
     confinement, refusal = _confine([*args.model, *(path for path, _ in args.lora),
                                      *([args.mmproj] if args.mmproj else []),
-                                     *args.draft_model], cache_dir)
+                                     *args.draft_model], cache_dir, gpu_nodes)
     if refusal:
         chan.send({"type": "fatal", "error": refusal})
         return 1

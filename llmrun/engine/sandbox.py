@@ -10,7 +10,8 @@ them up for good *before* llama.cpp reads the first byte of the model:
   working, which also lets an unprivileged process take on the two layers below;
 - Landlock (Linux 5.13+): the file system becomes read-only and shrinks to the model files,
   the Python installation and the system libraries; nothing is writable except the paths a
-  caller names (the quantizer's output file; later a prompt-cache directory). Where the
+  caller names (the quantizer's output file, a runner's prompt-cache directory), and the
+  device nodes of the GPU a runner uses are its only other read-write files. Where the
   kernel knows them, TCP bind/connect, abstract unix sockets and signals to processes outside
   the sandbox are cut too (a future RPC client would need a NET_PORT rule for its workers);
 - a seccomp filter (through libseccomp, the library Docker and systemd use) that answers
@@ -102,10 +103,11 @@ _FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCT
 READ = FS_READ_FILE | FS_READ_DIR
 WRITE = (FS_WRITE_FILE | FS_TRUNCATE | FS_REMOVE_FILE | FS_REMOVE_DIR | FS_MAKE_REG
          | FS_MAKE_DIR | FS_REFER)
-# Device nodes a GPU build talks to (read, write and ioctl), where they exist.
-GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/dri",
-               "/dev/kfd", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
-               "/dev/nvidia4", "/dev/nvidia5", "/dev/nvidia6", "/dev/nvidia7")
+# Device nodes of GPUs (NVIDIA's driver, DRM render nodes, AMD's compute node).
+GPU_NODE_PREFIXES = ("/dev/nvidia", "/dev/dri/renderD", "/dev/kfd")
+# Nodes NVIDIA's driver shares among its GPUs and may open after initialising one (the
+# unified-memory node as memory is first allocated).
+NVIDIA_SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 @dataclass
@@ -201,7 +203,25 @@ class _Filter:
             raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
 
 
-def _add_rules(f: _Filter, fs_changes: bool) -> None:
+def gpu_nodes(prefixes: tuple[str, ...] = GPU_NODE_PREFIXES) -> list[Path]:
+    """The GPU device nodes this process holds open: what its GPU backend opened as it
+    initialised (listing the devices and their free memory creates CUDA's context and opens
+    a Vulkan driver's render node), and for NVIDIA the nodes its driver shares. A runner
+    keeps exactly these once confined; lavapipe, a CPU driver, opens none."""
+    held: set[str] = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # (the directory's own descriptor, closed as it was listed)
+        if target.startswith(prefixes):
+            held.add(target)
+    if any(t.startswith("/dev/nvidia") for t in held):
+        held.update(n for n in NVIDIA_SHARED_NODES if os.path.exists(n))
+    return sorted(Path(t) for t in held)
+
+
+def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
     eperm = _errno_action(errno.EPERM)
     for name in DENIED:
         f.rule(eperm, name)
@@ -217,6 +237,8 @@ def _add_rules(f: _Filter, fs_changes: bool) -> None:
         return
     for name in DENIED_FS_CHANGES:
         f.rule(eperm, name)
+    if write_opens:
+        return
     # open for writing: one rule per flag (the rules of a syscall are OR-ed); openat2 passes
     # its flags in memory, so it answers ENOSYS and the C library falls back to openat.
     for flag in WRITE_FLAGS:
@@ -225,7 +247,7 @@ def _add_rules(f: _Filter, fs_changes: bool) -> None:
     f.rule(_errno_action(errno.ENOSYS), "openat2")
 
 
-def _install_filter(lib: ctypes.CDLL, fs_changes: bool) -> None:
+def _install_filter(lib: ctypes.CDLL, fs_changes: bool, write_opens: bool) -> None:
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")
@@ -239,7 +261,7 @@ def _install_filter(lib: ctypes.CDLL, fs_changes: bool) -> None:
         # mitigation, which slows number crunching; it guards against code running inside
         # the process, which a runner does not host (Docker passes the same flag).
         lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_SSB, 1)
-        _add_rules(_Filter(lib, ctx), fs_changes)
+        _add_rules(_Filter(lib, ctx), fs_changes, write_opens)
         rc = lib.seccomp_load(ctx)
         if rc < 0:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
@@ -247,14 +269,17 @@ def _install_filter(lib: ctypes.CDLL, fs_changes: bool) -> None:
         lib.seccomp_release(ctx)
 
 
-def restrict_syscalls(lib: ctypes.CDLL | None, *, fs_changes: bool = False) -> None:
+def restrict_syscalls(lib: ctypes.CDLL | None, *, fs_changes: bool = False,
+                      write_opens: bool = False) -> None:
     """Install the seccomp filter with `lib` (_libseccomp(), looked up before Landlock hides
     the tools find_library runs); needs no_new_privs first. `fs_changes` keeps opening for
     writing, renaming, deleting... allowed, for a process whose writes Landlock confines to
-    named paths. Raises OSError when it cannot be installed."""
+    named paths; `write_opens` keeps only opening for writing (a GPU driver opens its device
+    nodes read-write, and Landlock allows no other file). Raises OSError when it cannot be
+    installed."""
     if lib is None:
         raise OSError(errno.ENOENT, "libseccomp not found (install libseccomp2)")
-    _install_filter(lib, fs_changes)
+    _install_filter(lib, fs_changes, write_opens or fs_changes)
 
 
 # --- Landlock ------------------------------------------------------------------------------
@@ -314,10 +339,12 @@ def _add_path(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> bool:
     return True
 
 
-def restrict_files(read: Iterable[Path], read_write: Iterable[Path] = ()) -> int:
+def restrict_files(read: Iterable[Path], read_write: Iterable[Path] = (),
+                   devices: Iterable[Path] = ()) -> int:
     """Landlock: from now on this process opens only `read` (plus system_read_paths()) for
-    reading and `read_write` for reading and writing; it binds and connects no TCP socket and
-    signals no process outside itself. Needs no_new_privs (or CAP_SYS_ADMIN) first.
+    reading, `read_write` for reading and writing, and the device nodes `devices` for
+    reading, writing and ioctl; it binds and connects no TCP socket and signals no process
+    outside itself. Needs no_new_privs (or CAP_SYS_ADMIN) first.
     Returns the ABI version used; raises OSError when Landlock cannot be applied."""
     abi = landlock_abi()
     handled = _FS_BY_ABI.get(abi, _FS_BY_ABI[5])
@@ -330,9 +357,9 @@ def restrict_files(read: Iterable[Path], read_write: Iterable[Path] = ()) -> int
     try:
         for path in [*system_read_paths(), *read]:
             _add_path(libc, ruleset, Path(path), READ & handled)
-        gpu = FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV | FS_READ_DIR
-        for dev in GPU_DEVICES:
-            _add_path(libc, ruleset, Path(dev), gpu & handled)
+        for dev in devices:
+            _add_path(libc, ruleset, Path(dev), (FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV)
+                      & handled)
         for path in read_write:
             if not _add_path(libc, ruleset, Path(path), (READ | WRITE) & handled):
                 raise OSError(errno.ENOENT, f"landlock: {path} does not exist")
@@ -353,14 +380,17 @@ def _no_new_privs() -> None:
         raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
 
 
-def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = ()) -> Confinement:
+def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
+            devices: Iterable[Path] = ()) -> Confinement:
     """Apply every layer this system allows, in the order they depend on each other.
 
     `read`: files and directories the process must still read (the model, its adapters);
     `read_write`: the only paths it may write (then opening for writing stays allowed in the
     seccomp filter and Landlock alone decides where; without Landlock such a process can
-    write wherever its user can, and `missing` says so)."""
-    read_write = list(read_write)
+    write wherever its user can, and `missing` says so); `devices`: the GPU device nodes it
+    uses (gpu_nodes()), which it may open read-write (then only opening for writing stays
+    allowed in the filter: renaming, deleting and the rest do not)."""
+    read_write, devices = list(read_write), list(devices)
     result = Confinement()
     seccomp_lib = _libseccomp()  # before Landlock: find_library runs ldconfig
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -374,18 +404,18 @@ def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = ()) -> Confi
                            f"{SECCOMP}: needs {NO_NEW_PRIVS}"]
         return result
     try:
-        abi = restrict_files(read, read_write)
+        abi = restrict_files(read, read_write, devices)
         result.applied.append(LANDLOCK)
         log.debug("sandbox: Landlock ABI %d", abi)
     except OSError as exc:
         absent = exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP)
         why = f"{LANDLOCK}: {'not available in this kernel' if absent else _why(exc)}"
-        if absent and not read_write:
+        if absent and not read_write and not devices:
             result.unavailable.append(why)
         else:  # a kernel that has it refused, or this process's writes would go unconfined
             result.missing.append(why + (" (its writes would go unconfined)" if absent else ""))
     try:
-        restrict_syscalls(seccomp_lib, fs_changes=bool(read_write))
+        restrict_syscalls(seccomp_lib, fs_changes=bool(read_write), write_opens=bool(devices))
         result.applied.append(SECCOMP)
     except OSError as exc:
         result.missing.append(f"{SECCOMP}: {_why(exc)}")

@@ -49,11 +49,27 @@ def describe(devices: Sequence[Device]) -> str:
     return "; ".join(parts) or "none listed"
 
 
-def parse(text: str) -> list[Device]:
-    """The runner's --list-devices output."""
-    return [Device(name=str(d["name"]), type=str(d["type"]), total=int(d["total"]),
-                   free=int(d["free"]), description=str(d.get("description", "")))
-            for d in json.loads(text)]
+# Backends that are no GPU's: the CPU's own, its BLAS helper, and RPC (workers added later)
+NOT_GPU_BACKENDS = frozenset({"CPU", "BLAS", "RPC"})
+
+
+def parse(text: str) -> tuple[list[Device], list[str]]:
+    """The runner's --list-devices output: the devices, and the GPU backends built in that
+    found no device (a CUDA build on a machine without an NVIDIA driver)."""
+    listing = json.loads(text)
+    devices = [Device(name=str(d["name"]), type=str(d["type"]), total=int(d["total"]),
+                      free=int(d["free"]), description=str(d.get("description", "")))
+               for d in listing["devices"]]
+    idle = [str(name) for name, count in dict(listing.get("backends", {})).items()
+            if name not in NOT_GPU_BACKENDS and int(count) == 0]
+    return devices, idle
+
+
+def _why(backend: str, stderr: str) -> str:
+    """llama.cpp's own words on why `backend` found no device, from the runner's log."""
+    lines = [ln.strip() for ln in stderr.splitlines()
+             if backend.lower() in ln.lower() and ("fail" in ln.lower() or "no " in ln.lower())]
+    return f" ({lines[-1][-200:]})" if lines else ""
 
 
 async def list_devices() -> list[Device]:
@@ -64,9 +80,14 @@ async def list_devices() -> list[Device]:
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=runner_env())
         out, err = await asyncio.wait_for(proc.communicate(), LIST_TIMEOUT)
+        stderr = err.decode(errors="replace")
         if proc.returncode != 0:
-            raise OSError(f"exit status {proc.returncode}: {err.decode(errors='replace')[-500:]}")
-        return parse(out.decode())
+            raise OSError(f"exit status {proc.returncode}: {stderr[-500:]}")
+        devices, idle = parse(out.decode())
+        for backend in idle:
+            log.warning("llama.cpp here has the %s backend, but it found no device%s: models "
+                        "run on the CPU", backend, _why(backend, stderr))
+        return devices
     except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
         log.warning("listing llama.cpp's devices failed (%s): models run on the CPU", exc)
         return []
