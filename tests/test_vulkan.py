@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 
 from llmrun.server.devices import parse
 from llmrun.store import Store
-from tests.conftest import Daemon, make_home
+from tests.conftest import Daemon, make_home, runner_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-vulkan"
@@ -170,3 +171,25 @@ def test_an_idle_model_makes_room_on_the_device(tmp_path: Path, smollm2_path: Pa
         assert "unloading smollm2:latest to make room" in d.log.read_text()
     finally:
         d.stop()
+
+
+
+def test_a_runner_that_loses_its_device_fails_its_request_and_the_next_load_fits_again(
+        vk: Daemon) -> None:
+    """A GPU that stops answering (reset, unplugged, a driver fault) aborts ggml inside the
+    runner: SIGABRT mid-answer here. The stream ends with an error saying the runner stopped,
+    the daemon lives, and the next request loads the model afresh, fitted on the device."""
+    _generate(vk, PROMPTS[0], num_predict=2)  # loaded, on the device
+    with httpx.stream("POST", vk.url + "/api/generate", timeout=600, json={
+            "model": "smollm2", "prompt": PROMPTS[3], "raw": True,
+            "options": {"temperature": 0, "num_predict": 2000}}) as r:
+        lines = r.iter_lines()
+        assert "response" in json.loads(next(lines))  # the answer has started
+        (runner,) = runner_pids(vk.proc.pid)
+        os.kill(runner, signal.SIGABRT)
+        last = json.loads(list(lines)[-1])
+    assert "error" in last and "runner" in last["error"], last
+    answer = _generate(vk, PROMPTS[2])
+    assert answer["response"].strip()
+    model = _ps(vk)
+    assert model["size_vram"] > 0 and model["confined"] is True, model
