@@ -15,8 +15,10 @@ from collections.abc import Mapping
 ALLOWED = frozenset({
     "PATH", "HOME",  # HOME: Python finds user site-packages (pip install --user) through it
     "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
-    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+    "VK_DRIVER_FILES", "VK_ICD_FILENAMES",  # which Vulkan driver (the loader's choice)
+    "MTMD_CPP_LIB",  # llama-cpp-python's libmtmd from elsewhere (beside LLAMA_CPP_LIB_PATH)
     "GLIBC_TUNABLES",  # malloc's settings, e.g. glibc.malloc.hugetlb=1 (docs/benchmarks.md)
 })
 # Families passed on: locale, the interpreter's own settings, thread and BLAS tuning,

@@ -7,12 +7,15 @@
 # an unsafe wheel. We keep our own cache keyed by version, flags, Python tag, CPU flags and
 # llmrun's patches to llama.cpp (scripts/llama-sources.sh applies them).
 #
-# The backend (LLMRUN_BACKEND, part of the cache key): `cpu`; `vulkan` (llama.cpp's Vulkan
-# backend, built from Debian's packages: any GPU with a Vulkan driver, and Mesa's CPU driver
-# lavapipe, which the tests use); `auto` (the default): Vulkan where a GPU's Vulkan driver
-# and the build packages are present, else the CPU, so a machine without a GPU builds
-# exactly the CPU library. A backend whose packages are missing is not built: the script
-# prints the apt-get line that installs them and builds the CPU backend.
+# The backend (LLMRUN_BACKEND, part of the cache key): `cpu`; `cuda` (NVIDIA GPUs, built with
+# the CUDA 13 toolkit from PyPI's wheels, installed in a build-only directory of the cache);
+# `vulkan` (llama.cpp's Vulkan backend, built from Debian's packages: any GPU with a Vulkan
+# driver, and Mesa's CPU driver lavapipe, which the tests use); `auto` (the default): CUDA
+# where an NVIDIA driver new enough for CUDA 13 is present, else Vulkan where a GPU's Vulkan
+# driver and the build packages are present, else the CPU, so a machine without a GPU builds
+# exactly the CPU library. A backend that cannot be built here is not: the script says why
+# (the apt-get line that installs Vulkan's packages; the driver CUDA 13 needs) and builds
+# the next one.
 #
 # Usage: scripts/llama-wheel.sh PYTHON   (installs into that interpreter's environment)
 set -euo pipefail
@@ -47,11 +50,44 @@ vulkan_gpu_present() {  # a GPU's Vulkan driver (not only lavapipe, the CPU driv
   ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null \
     | grep -qv lvp_icd || return 1
 }
+# CUDA: the toolkit's major version (the runtime wheels installed beside llama-cpp-python
+# match it), and what the NVIDIA driver here supports (nvidia-smi's "CUDA Version"; none: no
+# driver). CUDA 13 needs driver 580 or newer.
+CUDA_MAJOR=13
+CUDA_TOOLKIT_SPEC="cuda-toolkit[nvcc,nvvm,crt,cudart,cccl,cublas]==13.0.*"
+CUDA_RUNTIME_SPECS=("nvidia-cuda-runtime==13.0.*" "nvidia-cublas==13.*")
+cuda_driver_version() {
+  nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1
+}
+cuda_driver_ok() {  # the driver here runs CUDA $CUDA_MAJOR code (else says why)
+  local v
+  v=$(cuda_driver_version)
+  [ -n "$v" ] || return 1
+  if [ "${v%%.*}" -lt "$CUDA_MAJOR" ]; then
+    echo "The NVIDIA driver here supports CUDA $v; llmrun's CUDA build needs CUDA" \
+      "$CUDA_MAJOR (driver 580 or newer): update the driver to use the GPU through CUDA" >&2
+    return 1
+  fi
+}
+# The one GPU architecture built (`-real`: machine code for it alone, the fastest build):
+# LLMRUN_CUDA_ARCH (e.g. 90), else the first GPU's compute capability, else 90 (H100/H200).
+cuda_arch() {
+  local a=${LLMRUN_CUDA_ARCH:-}
+  [ -n "$a" ] || a=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+    | head -n1 | tr -d ' .')
+  echo "${a:-90}"
+}
+
 BACKEND=${LLMRUN_BACKEND:-auto}
 case "$BACKEND" in
-  auto)
+  auto|cuda)
+    want=$BACKEND
     BACKEND=cpu
-    if vulkan_gpu_present; then
+    if cuda_driver_ok || { [ "$want" = cuda ] && [ -z "$(cuda_driver_version)" ]; }; then
+      # (asked for on a machine without a driver: built for another machine, or to prove
+      # the build; the runner then lists no CUDA device and runs on the CPU)
+      BACKEND=cuda
+    elif vulkan_gpu_present; then
       if [ -z "$(vulkan_build_missing)" ]; then BACKEND=vulkan; else
         echo "A GPU with a Vulkan driver is here, but building llama.cpp's Vulkan backend" \
           "needs: sudo apt-get install $(vulkan_build_missing) (then rerun); building the" \
@@ -65,7 +101,7 @@ case "$BACKEND" in
       BACKEND=cpu
     fi ;;
   cpu) ;;
-  *) echo "LLMRUN_BACKEND must be auto, cpu or vulkan, not '$BACKEND'" >&2; exit 2 ;;
+  *) echo "LLMRUN_BACKEND must be auto, cpu, cuda or vulkan, not '$BACKEND'" >&2; exit 2 ;;
 esac
 if [ "$BACKEND" = vulkan ]; then
   # ggml-vulkan compiles its shaders with glslc at build time (about 2.5x the CPU build's
@@ -76,7 +112,22 @@ if [ "$BACKEND" = vulkan ]; then
   TRIM="$TRIM backend=vulkan vulkan-patches=$vk_patches"
   COMPILE_CPU_S=$((COMPILE_CPU_S * 5 / 2))
 fi
-echo "llama.cpp backend: $BACKEND"
+if [ "$BACKEND" = cuda ]; then
+  CUDA_ARCH=$(cuda_arch)
+  case "$CUDA_ARCH" in [0-9][0-9]|[0-9][0-9][0-9]|[0-9][0-9][0-9][af]) ;;
+    *) echo "LLMRUN_CUDA_ARCH must be a compute capability without its dot (e.g. 90)," \
+         "not '$CUDA_ARCH'" >&2; exit 2 ;;
+  esac
+  # GGML_CUDA_NO_VMM: the toolkit's wheels carry no libcuda stub to link the driver API
+  # against (the runtime, libcudart, opens the driver itself). The path options are filled in
+  # once the toolkit is installed (below): the cache key holds what is built, not where from.
+  CMAKE_ARGS_ALL="$CMAKE_ARGS_ALL -DGGML_CUDA=ON -DGGML_CUDA_NO_VMM=ON"
+  CMAKE_ARGS_ALL="$CMAKE_ARGS_ALL -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH-real"
+  TRIM="$TRIM backend=cuda cuda=$CUDA_TOOLKIT_SPEC"
+  # measured on a 2-core AMD EPYC VM (2026-12), one architecture
+  COMPILE_CPU_S=$((COMPILE_CPU_S * 16))
+fi
+echo "llama.cpp backend: $BACKEND${CUDA_ARCH:+ (CUDA architecture sm_$CUDA_ARCH)}"
 
 here=$(cd "$(dirname "$0")" && pwd)
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -87,6 +138,45 @@ key=$(printf '%s\n%s\n%s\n%s\n%s\n%s\n' "$VERSION" "$CMAKE_ARGS_ALL" "$pytag" "$
   "$patches" "$TRIM" | sha256sum | cut -c1-16)
 cache_root=${LLMRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmrun/wheels}
 cache="$cache_root/llama-cpp-python-$VERSION-$pytag-$key"
+
+# CUDA at run time: libggml-cuda needs libcudart and libcublas, from NVIDIA's runtime wheels
+# (what PyTorch installs too), beside llama-cpp-python in site-packages/nvidia/cu13/lib,
+# where the library's RPATH looks (set at build, below). The toolkit, a gigabyte with nvcc,
+# stays in the build-only directory.
+if [ "$BACKEND" = cuda ]; then
+  "$PY" -m pip install -q --disable-pip-version-check "${CUDA_RUNTIME_SPECS[@]}" \
+    || { echo "installing NVIDIA's CUDA $CUDA_MAJOR runtime wheels (${CUDA_RUNTIME_SPECS[*]})" \
+           "failed" >&2; exit 1; }
+fi
+
+# The toolkit that builds the CUDA backend, installed once in the cache (not the user's
+# environment): LLMRUN_CUDA_TOOLKIT names one already installed (a directory with bin/nvcc,
+# e.g. /usr/local/cuda) for a machine that reaches no package index.
+cuda_toolkit() {  # prints the toolkit's root
+  if [ -n "${LLMRUN_CUDA_TOOLKIT:-}" ]; then
+    [ -x "$LLMRUN_CUDA_TOOLKIT/bin/nvcc" ] \
+      || { echo "LLMRUN_CUDA_TOOLKIT=$LLMRUN_CUDA_TOOLKIT has no bin/nvcc" >&2; return 1; }
+    echo "$LLMRUN_CUDA_TOOLKIT"; return
+  fi
+  local dir
+  dir="$(dirname "$cache_root")/cuda-toolkit-$(echo "$CUDA_TOOLKIT_SPEC" | sha256sum | cut -c1-8)"
+  if [ ! -x "$dir/nvidia/cu$CUDA_MAJOR/bin/nvcc" ]; then
+    echo "installing the CUDA $CUDA_MAJOR toolkit (about 1 GB, for the build only) in $dir" >&2
+    local t
+    t=$(mktemp -d "$dir.tmp.XXXXXX" 2>/dev/null || { mkdir -p "$(dirname "$dir")"; mktemp -d "$dir.tmp.XXXXXX"; })
+    "$PY" -m pip install -q --disable-pip-version-check --no-compile --target "$t" \
+      "$CUDA_TOOLKIT_SPEC" >&2 || { rm -rf "$t"; return 1; }
+    # The wheels lay the toolkit out as nvidia/cu13/{bin,lib,include}; nvcc looks for its
+    # libraries in lib64, and CMake's FindCUDAToolkit for unversioned names.
+    local lib="$t/nvidia/cu$CUDA_MAJOR/lib"
+    ln -sfn lib "$t/nvidia/cu$CUDA_MAJOR/lib64"
+    for so in "$lib"/lib*.so.[0-9]*; do
+      ln -sf "$(basename "$so")" "${so%%.so.*}.so"
+    done
+    rm -rf "$dir"; mv -T "$t" "$dir"
+  fi
+  echo "$dir/nvidia/cu$CUDA_MAJOR"
+}
 
 # The marker records the hash of the CPU backend library this script installed and the key
 # of the flags it was built with: a later `pip install --force-reinstall llama-cpp-python`
@@ -142,6 +232,16 @@ if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     "$src/CMakeLists.txt"
   grep -q 'set(LLAMA_BUILD_COMMON OFF CACHE BOOL' "$src/CMakeLists.txt" \
     || { echo "llama-cpp-python's CMakeLists.txt changed: update TRIM in $0" >&2; exit 1; }
+  if [ "$BACKEND" = cuda ]; then
+    toolkit=$(cuda_toolkit) || { echo "the CUDA toolkit could not be installed" >&2; exit 1; }
+    CMAKE_ARGS_ALL="$CMAKE_ARGS_ALL -DCUDAToolkit_ROOT=$toolkit"
+    CMAKE_ARGS_ALL="$CMAKE_ARGS_ALL -DCMAKE_CUDA_COMPILER=$toolkit/bin/nvcc"
+    # the libraries find the runtime wheels' libcudart and libcublas (installed above)
+    sed -i 's|INSTALL_RPATH "\$ORIGIN"|INSTALL_RPATH "\$ORIGIN;\$ORIGIN/../../nvidia/cu'"$CUDA_MAJOR"'/lib"|' \
+      "$src/CMakeLists.txt"
+    grep -q "nvidia/cu$CUDA_MAJOR/lib" "$src/CMakeLists.txt" \
+      || { echo "llama-cpp-python's CMakeLists.txt changed: update the RPATH in $0" >&2; exit 1; }
+  fi
   if [ "$BACKEND" = vulkan ]; then
     for p in "$here"/llama-patches/vulkan/*.patch; do
       patch -p1 --forward --fuzz=0 --quiet -d "$src/vendor/llama.cpp" < "$p"

@@ -68,6 +68,21 @@ def _row_digests(ctx: Context, batch: Batch, tokens: list[int], chunk: int,
     return out
 
 
+@pytest.mark.parametrize(("env", "said"), [
+    ({"LLMRUN_BACKEND": "metal"}, "must be auto, cpu, cuda or vulkan, not 'metal'"),
+    # asked for on a machine without a driver (as here): built for another machine, with the
+    # architecture named; a malformed one stops before anything is fetched or built
+    ({"LLMRUN_BACKEND": "cuda", "LLMRUN_CUDA_ARCH": "9.0"}, "without its dot (e.g. 90)"),
+])
+def test_the_wheel_script_refuses_a_bad_backend_before_building(
+        env: dict[str, str], said: str, tmp_path: Path) -> None:
+    done = subprocess.run([str(ROOT / "scripts" / "llama-wheel.sh"), "python3"],
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not (tmp_path / ".cache").exists()  # nothing fetched, nothing cached
+
+
 def test_small_tiles_read_a_prompt_as_one_large_chunk_does(smollm2_path: Path) -> None:
     """scripts/llama-patches/0003: with `small_tiles`, flash attention sums a ubatch of 17
     rows or more in its tiled path, where a row's numbers do not depend on the other rows,

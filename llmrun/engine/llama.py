@@ -54,11 +54,17 @@ class LlamaError(RuntimeError):
 SMALL_TILE_ROWS = 17
 
 
+def _lib_dir() -> Path:
+    """Where the libllama in use and its ggml libraries are: llama-cpp-python's package, or
+    LLAMA_CPP_LIB_PATH (a llama.cpp build of one's own, as scripts/gpu_check.sh uses)."""
+    return Path(getattr(C, "_base_path", Path(C.__file__).parent / "lib"))
+
+
 def _tiled_rows_setter() -> Any:
     """The patch's setter in the libggml-cpu llama.cpp loaded, or None on a build without it.
     (A wheel holds copies of the library under several names, not links: RTLD_NOLOAD finds
     the one in use, where loading another name would load a second copy.)"""
-    base = Path(getattr(C, "_base_path", Path(C.__file__).parent / "lib"))
+    base = _lib_dir()
     for path in sorted(base.glob("libggml-cpu*")):
         try:
             lib = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -103,7 +109,7 @@ def _ggml() -> ctypes.CDLL:
     if _ggml_lib is None:
         # by the name libllama was linked against (its SONAME): another name would load a
         # second copy of ggml, with a registry of its own that llama.cpp never sees
-        lib = ctypes.CDLL(str(Path(C.__file__).parent / "lib" / "libggml.so.0"))
+        lib = ctypes.CDLL(str(_lib_dir() / "libggml.so.0"))
         for name, res, args in (
                 ("ggml_backend_register", None, [ctypes.c_void_p]),
                 ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
@@ -193,7 +199,7 @@ def _rpc_proc(name: str, restype: Any, *argtypes: Any) -> Any:
     """A function of llama.cpp's RPC backend (libggml-rpc, there when llama-cpp-python was
     built with GGML_RPC); LlamaError when it is not."""
     init_backend()
-    path = Path(C.__file__).parent / "lib" / "libggml-rpc.so.0"  # its SONAME: see _ggml
+    path = _lib_dir() / "libggml-rpc.so.0"  # its SONAME: see _ggml
     try:
         fn = getattr(ctypes.CDLL(str(path)), name)
     except (OSError, AttributeError):

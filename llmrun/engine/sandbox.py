@@ -306,6 +306,8 @@ def system_read_paths() -> list[Path]:
              "/proc/cpuinfo", "/proc/meminfo", "/sys", "/dev/null", "/dev/urandom"}
     cwd = os.getcwd()
     paths.update(p for p in sys.path if p and os.path.abspath(p) != cwd)
+    # llama.cpp's libraries from a build of one's own (llama-cpp-python's variables)
+    paths.update(os.environ[v] for v in ("LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB") if os.environ.get(v))
     for package in ("llmrun", "llama_cpp", "numpy", "jinja2", "pydantic", "pydantic_core"):
         spec = importlib.util.find_spec(package)
         if spec is not None and spec.origin:  # a package imported from the working directory
