@@ -5,7 +5,7 @@ socket, as the engine does per step, and between frames either spins or streams 
 of --stream-mb through the caches (a decode reads all the weights once per token). A
 minimal relay on uvloop turns each frame into an OpenAI-style SSE chunk on a TCP connection
 to a reading client (another child). It prints the relay's CPU time per token: the floor
-under what the daemon spends on the same path (docs/benchmarks.md, session 38).
+under what the daemon spends on the same path (docs/benchmarks.md, serving against llama-server).
 
     .venv/bin/python scripts/relay_floor.py --stream-mb 0     # runner spins: warm caches
     .venv/bin/python scripts/relay_floor.py --stream-mb 100   # runner streams: cold caches

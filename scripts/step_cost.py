@@ -4,8 +4,8 @@ Sequence 0 stands for a streaming neighbour: its context is filled to NEIGHBOUR 
 and every step decodes one more row of it. Sequence 1 stands for a long prompt: before each
 measurement it holds DEPTH cells, and the step writes a chunk of N of its tokens beside the
 neighbour's row. The time of that decode, median of --repeat, is printed per (depth, N),
-with the step's time per prompt token (docs/benchmarks.md's column) and the marginal cost of
-one, once the neighbour's row alone (N = 0 in --chunks) is taken off.
+with the step's time per prompt token (a column of docs/benchmarks-log.md's tables) and the
+marginal cost of one, once the neighbour's row alone (N = 0 in --chunks) is taken off.
 
 It drives `engine/llama.py`'s Context, as the batcher does (separate KV streams, the same
 batch and ubatch sizes), with no daemon or runner around it.
