@@ -24,6 +24,7 @@ test: install
 	scripts/vulkan-env.sh $(BIN)/python $(VENV)-vulkan
 	$(BIN)/python scripts/fetch_test_models.py
 	$(BIN)/ruff check llmrun tests scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint:

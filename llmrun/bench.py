@@ -60,7 +60,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -145,7 +145,7 @@ class _Response:
         self.complete = True
 
 
-async def post_lines(url: str, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def post_lines(url: str, path: str, body: dict[str, Any]) -> AsyncGenerator[bytes, None]:
     """POST `body` as JSON and yield the streamed answer line by line as it arrives.
 
     The load generator runs on the machine it measures, so its own CPU per token is taken
@@ -491,7 +491,8 @@ def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
     n = 0
     for chunk in llm.create_completion(prompt, max_tokens=tokens, temperature=0.0,
                                        repeat_penalty=1.0, stream=True):
-        n += 1 if chunk["choices"][0]["text"] else 0
+        # (llama-cpp-python types the result as a response or a stream, whatever `stream`)
+        n += 1 if chunk["choices"][0]["text"] else 0  # type: ignore[index]
     wall = time.perf_counter() - t0
     llm.close()
     return n / wall
@@ -771,7 +772,7 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     constrained = [int(x) for x in args.constrained.split(",") if x.strip()]
     against = against_servers(args.against, args.against_model or args.model)
-    api = args.api or ("openai" if against else "chat")
+    api: Api = args.api or ("openai" if against else "chat")
     print(run(args.url, args.model, gguf, levels, args.tokens, args.threads,
               constrained=constrained, rounds=args.rounds, api=api, against=against).table())
 

@@ -69,7 +69,7 @@ def checked(frame: bytes) -> bytes:
     return frame
 
 
-def decode_length(header: bytes) -> int:
+def decode_length(header: bytes | bytearray) -> int:
     (n,) = HEADER.unpack(header)
     if n > MAX_FRAME:
         raise ChannelClosed(f"frame of {n} bytes exceeds the limit")

@@ -22,8 +22,8 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.api.events import first_output
+from llmrun.api.events import OutputStream, first_output
 from llmrun.api.images import fetched, from_media_type, from_url
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import (
@@ -450,7 +450,7 @@ def _signature(thinking: str) -> str:
     return "llmrun-" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
 
 
-def _tool_id(call: ToolCall) -> str:
+def _tool_id(call: ToolCall | PartialCall) -> str:
     return call.id or "toolu_" + secrets.token_hex(12)
 
 
@@ -480,8 +480,7 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
         + b"\n\n"
 
 
-async def _collect(body: MessagesBody, first: Chunk | Done,
-                   rest: AsyncIterator[Chunk | Done]) -> Response:
+async def _collect(body: MessagesBody, first: Chunk | Done, rest: OutputStream) -> Response:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
@@ -544,7 +543,7 @@ def _resolved(event: Started | Chunk | Done) -> asyncio.Future[Started | Chunk |
 
 async def _stream(body: MessagesBody, started: Started | None,
                   first: asyncio.Future[Started | Chunk | Done],
-                  rest: AsyncIterator[Started | Chunk | Done]) -> AsyncIterator[bytes]:
+                  rest: AsyncGenerator[Started | Chunk | Done, None]) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, per block content_block_start / _delta /
     _stop, message_delta (stop reason, final usage), message_stop. `ping` events keep the
     connection alive while the first token is awaited (a long prompt being read).
@@ -662,10 +661,12 @@ def router(service: Service) -> APIRouter:
         while the request waited for its slot or its first token) an `error` event. One trip:
         message_start's input_tokens comes from the stream's own Started event."""
         leased = asyncio.Event()
-        events = service.chat(req, leased)
+        # (no Progress: this request asks for none)
+        events = cast("AsyncGenerator[Started | Chunk | Done, None]", service.chat(req, leased))
         if not req.stream:
             try:
-                return await _collect(body, await first_output(events), events)
+                return await _collect(body, await first_output(events),
+                                      cast(OutputStream, events))
             except EngineError as exc:
                 return engine_error(exc, body.model)
         # What fails at once (a full queue, a prompt over the context) or while the model

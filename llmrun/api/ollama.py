@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,13 +17,14 @@ from starlette.requests import ClientDisconnect
 
 from llmrun import __version__, config, jsonio
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.api.events import first_output
+from llmrun.api.events import EventStream, OutputStream, first_output
 from llmrun.api.images import from_base64, from_data_url
 from llmrun.request import (
     ChatRequest,
     Chunk,
     Done,
     EngineError,
+    Format,
     Message,
     Options,
     Progress,
@@ -240,7 +241,8 @@ def router(service: Service) -> APIRouter:
                 stream=body.stream,
                 progress=body.stream and body.return_progress,
                 keep_alive=body.keep_alive,
-                format=body.format or None,
+                # (a string here is "json": anything else was refused above)
+                format=cast(Format, body.format or None),
                 format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
                 logprobs=body.top_logprobs if body.logprobs else None,
                 think=_think(body.think),
@@ -282,7 +284,8 @@ def router(service: Service) -> APIRouter:
                 stream=body.stream,
                 progress=body.stream and body.return_progress,
                 keep_alive=body.keep_alive,
-                format=body.format or None,
+                # (a string here is "json": anything else was refused above)
+                format=cast(Format, body.format or None),
                 format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
                 logprobs=body.top_logprobs if body.logprobs else None,
             )
@@ -377,7 +380,7 @@ async def _pull_events(store: Store, name: str) -> AsyncIterator[dict[str, Any]]
     at most ~10 per second per file so a fast local download does not flood the client."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    last = {"status": "", "t": 0.0}
+    last: dict[str, Any] = {"status": "", "t": 0.0}
 
     def progress(status: str, completed: int, total: int) -> None:
         now = time.monotonic()
@@ -509,7 +512,7 @@ def _done_obj(req: ChatRequest, stats: Stats, shape: Shape, content: str = "",
     return {**out, **stats_fields(stats)}
 
 
-async def _respond(req: ChatRequest, events: AsyncIterator[Started | Chunk | Done],
+async def _respond(req: ChatRequest, events: EventStream,
                    shape: Shape, request: Request | None = None) -> Response:
     """Errors before the first token are HTTP errors; after it, a final NDJSON error line.
     A non-streaming request whose client disconnects is cancelled."""
@@ -525,18 +528,17 @@ async def _respond(req: ChatRequest, events: AsyncIterator[Started | Chunk | Don
                              media_type="application/x-ndjson")
 
 
-async def _first_then_collect(req: ChatRequest, events: AsyncIterator[Started | Chunk | Done],
+async def _first_then_collect(req: ChatRequest, events: EventStream,
                               shape: Shape) -> Response:
     try:
         first = await first_output(events)
     except EngineError as exc:
         return error(exc.status, exc.message, exc.retry_after)
-    return await _collect(req, first, events, shape)
+    return await _collect(req, first, cast(OutputStream, events), shape)
 
 
 async def _ndjson(req: ChatRequest, first: Started | Progress | Chunk | Done,
-                  rest: AsyncIterator[Started | Progress | Chunk | Done],
-                  shape: Shape) -> AsyncIterator[bytes]:
+                  rest: EventStream, shape: Shape) -> AsyncIterator[bytes]:
     event: Started | Progress | Chunk | Done | None = first
     try:
         while event is not None:
@@ -564,7 +566,7 @@ def _progress_obj(req: ChatRequest, p: Progress, shape: Shape) -> dict[str, Any]
 
 
 async def _collect(req: ChatRequest, first: Chunk | Done,
-                   rest: AsyncIterator[Chunk | Done], shape: Shape) -> Response:
+                   rest: OutputStream, shape: Shape) -> Response:
     parts: list[str] = []
     thoughts: list[str] = []
     logprobs: list[dict[str, Any]] = []

@@ -28,7 +28,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,7 +36,7 @@ from pydantic import Field
 
 from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.api.events import first_output
+from llmrun.api.events import OutputStream, first_output
 from llmrun.api.images import fetched, from_url
 from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error
 from llmrun.api.openai.translate import _arguments
@@ -367,11 +367,12 @@ def to_think(body: ResponsesBody) -> Think:
 def to_request(body: ResponsesBody, earlier: list[dict[str, Any]]) -> tuple[ChatRequest, ToolMap]:
     tools, choice, mapping, strict = to_tools(body)
     fmt, fmt_strict = to_format(body)
-    values = {"temperature": body.temperature, "top_p": body.top_p,
-              "num_predict": body.max_output_tokens, "seed": body.seed,
-              "num_ctx": body.num_ctx, "top_k": body.top_k, "min_p": body.min_p,
-              "repeat_penalty": body.repeat_penalty, "typical_p": body.typical_p,
-              "repeat_last_n": body.repeat_last_n}
+    values: dict[str, Any] = {  # (each checked by Options)
+        "temperature": body.temperature, "top_p": body.top_p,
+        "num_predict": body.max_output_tokens, "seed": body.seed,
+        "num_ctx": body.num_ctx, "top_k": body.top_k, "min_p": body.min_p,
+        "repeat_penalty": body.repeat_penalty, "typical_p": body.typical_p,
+        "repeat_last_n": body.repeat_last_n}
     req = ChatRequest(
         model=body.model, messages=to_messages(body, earlier, mapping),
         options=Options(**{k: v for k, v in values.items() if v is not None}),
@@ -480,8 +481,7 @@ class Events:
         return frame
 
 
-async def stream(answer: Answer, first: asyncio.Future[Chunk | Done],
-                 rest: AsyncIterator[Chunk | Done],
+async def stream(answer: Answer, first: asyncio.Future[Chunk | Done], rest: OutputStream,
                  on_done: Callable[[dict[str, Any]], None] | None = None
                  ) -> AsyncIterator[bytes]:
     """response.created, in_progress, then per output item: output_item.added, its parts and
@@ -578,8 +578,9 @@ async def stream(answer: Answer, first: asyncio.Future[Chunk | Done],
                 yield ev("response.output_text.delta", {
                     "item_id": open_item["id"], "output_index": index, "content_index": 0,
                     "delta": event.text, "logprobs": []})
-            for call in [*(event.tool_calls or []),
-                         *([event.partial_call] if event.partial_call else [])]:
+            calls: list[ToolCall | PartialCall] = [
+                *(event.tool_calls or []), *([event.partial_call] if event.partial_call else [])]
+            for call in calls:
                 for frame in close():
                     yield frame
                 item = answer.tools.item(call)
@@ -666,7 +667,8 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
             events = service.chat(req)
             if not req.stream:
                 try:
-                    response, _ = await collect(answer, await first_output(events), events)
+                    response, _ = await collect(answer, await first_output(events),
+                                                cast(OutputStream, events))
                 except (EngineError, ApiError) as exc:
                     return api_error(exc)
                 finally:
@@ -689,7 +691,7 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
                     await first
                 await events.aclose()
                 raise
-            return StreamingResponse(stream(answer, first, events, keep),
+            return StreamingResponse(stream(answer, first, cast(OutputStream, events), keep),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache, wraps
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2 import nodes
@@ -209,8 +209,8 @@ def _method_size(s: str | bytes, name: str, args: tuple[Any, ...],
     if name in ("center", "ljust", "rjust", "zfill"):
         return max(len(s), _int_arg(args, kwargs, 0, "width", 0))
     if name == "expandtabs":
-        tab = b"\t" if isinstance(s, bytes) else "\t"
-        return len(s) + s.count(tab) * max(0, _int_arg(args, kwargs, 0, "tabsize", 8))
+        tabs = s.count(b"\t") if isinstance(s, bytes) else s.count("\t")
+        return len(s) + tabs * max(0, _int_arg(args, kwargs, 0, "tabsize", 8))
     if name == "replace" and isinstance(s, str) and len(args) >= 2:
         return _replace_size(s, args[0], args[1], args[2] if len(args) > 2 else -1)
     if name == "join" and args:
@@ -497,7 +497,8 @@ def _generate(template: jinja2.Template, variables: dict[str, Any]) -> str:
     """Render piece by piece, stopping at the output limit or when the budget runs out."""
     budget = _Budget()
     token = _BUDGET.set(budget)
-    pieces = template.generate(**variables)
+    # (a generator: jinja2 annotates it as an Iterator, which has no close())
+    pieces = cast("Generator[str, None, None]", template.generate(**variables))
     try:
         out: list[str] = []
         size = 0

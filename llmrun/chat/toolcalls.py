@@ -311,6 +311,7 @@ def _mistral(text: str, check: ToolCheck, truncated: bool) -> tuple[list[ToolCal
 def _at(text: str, m: re.Match[str], check: ToolCheck) -> tuple[int, list[ToolCall]] | None:
     """The calls of the call-shaped place `m` found, and where it ends; None if not calls."""
     start, token = m.start(), m.group()
+    end: int | None  # None: no balanced end (_balanced)
     if token in _BLOCK_END:  # <tool_call> ... </tool_call>, the end tag may be missing
         close = text.find(_BLOCK_END[token], m.end())
         end = len(text) if close == -1 else close + len(_BLOCK_END[token])

@@ -116,6 +116,7 @@ def register(app: typer.Typer) -> None:
         client = connect()
         base = client.base_url
         env: dict[str, str] = {}
+        settings: dict[str, object]
         if tool == "claude":
             env, args = claude_env(base, model), claude_args(ctx.args)
             settings = {"env": STABLE_PROMPT_ENV}

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from llmrun.cli._common import console
@@ -149,8 +150,8 @@ class Session:
                  "nowordwrap": ("wordwrap", False), "markdown": ("markdown", True),
                  "plain": ("markdown", False)}
         if what in flags:
-            attr, value = flags[what]
-            setattr(self, attr, value)
+            attr, setting = flags[what]
+            setattr(self, attr, setting)
             return f"Set '{what}' mode."
         return ("Usage: /set parameter NAME VALUE | system TEXT | think | nothink | verbose | "
                 "quiet | format json | noformat | history | nohistory | wordwrap | nowordwrap | "
@@ -201,6 +202,7 @@ class LineReader:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.save = True
+        rl: ModuleType | None
         try:
             import readline as rl  # importing it gives input() line editing
         except ImportError:  # (a Python built without it: plain lines)

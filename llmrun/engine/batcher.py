@@ -82,7 +82,7 @@ from llmrun.engine.llama import (
 from llmrun.engine.promptcache import Entry, PromptCache
 from llmrun.engine.promptcost import PromptCost, attention_per_cell
 from llmrun.engine.threads import ThreadGovernor
-from llmrun.request import ChatRequest, error_event
+from llmrun.request import ChatRequest, ErrorCode, error_event
 
 log = logging.getLogger(__name__)
 
@@ -1067,7 +1067,7 @@ class Engine:
         seq.pending = []
         if seq.sampler is not None:
             seq.sampler.close()
-        code = "invalid_request" if isinstance(exc, ConstraintError) else "internal"
+        code: ErrorCode = "invalid_request" if isinstance(exc, ConstraintError) else "internal"
         events.append((seq.id, "error", error_event(code, _describe(exc))))
 
     def _on_token(self, seq: Sequence, token: int, idx: int, events: list[Event]) -> None:

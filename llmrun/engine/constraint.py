@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import llguidance as lg
 from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -38,6 +38,9 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 from llmrun.chat.schema import ANY_OBJECT, JSON_OPTIONS, bound_numbers, prepare_schema
 from llmrun.engine.llama import Model
 from llmrun.request import ChatRequest
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # (in llguidance's stubs alone)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,8 @@ def from_schema(schema: dict[str, Any], *, strict: bool = True) -> str:
     """llguidance grammar text for a JSON schema. Not strict: keywords llguidance cannot
     enforce are ignored (llguidance's `lenient`), and `compile` logs them as warnings. Its
     numbers are bounded so that what a client parses obeys it (schema.bound_numbers)."""
-    options = {**JSON_OPTIONS, "lenient": not strict}
+    # (JSON_OPTIONS, in llmrun.chat, which may not import llguidance, is a plain dict)
+    options = cast("JsonCompileOptions", {**JSON_OPTIONS, "lenient": not strict})
     prepared = bound_numbers(prepare_schema(schema))
     try:
         return lg.LLMatcher.grammar_from_json_schema(prepared, overrides=options)

@@ -615,7 +615,8 @@ class Context:
         if not ptr:
             raise LlamaError(f"no logits for batch row {index}")
         row = self._logits_row.from_address(ctypes.addressof(ptr.contents))
-        return np.frombuffer(row, dtype=np.float32)
+        # (a ctypes array is a buffer; numpy's stubs name only the builtin buffer types)
+        return np.frombuffer(row, dtype=np.float32)  # type: ignore[call-overload]
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.memory, seq, p0, p1))

@@ -574,7 +574,7 @@ class ModelHost:
             return
         self.emit([(req_id, "tokens", {"tokens": tokens, "pieces": pieces})])
 
-    def detokenize(self, req_id: str, tokens: list[Any]) -> None:
+    def detokenize(self, req_id: str, tokens: object) -> None:
         """The text of `tokens` (special tokens add nothing, as in generated text)."""
         n_vocab = self.model.n_vocab
         bad = next((t for t in tokens if not isinstance(t, int) or isinstance(t, bool)

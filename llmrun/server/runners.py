@@ -51,6 +51,7 @@ _ids = itertools.count(1)
 def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]]]:
     """(offset, inputs) pieces of at most EMBED_PIECE inputs whose JSON fits `limit` bytes
     (an input too large on its own is a piece alone, refused when sent)."""
+    piece: list[str]
     start, piece, size = 0, [], 0
     for i, text in enumerate(inputs):
         n = len(json.dumps(text, ensure_ascii=False).encode()) + 1

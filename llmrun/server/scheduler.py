@@ -166,6 +166,9 @@ class Runner(Protocol):
 
     async def count(self, req: ChatRequest) -> int: ...
 
+    # a one-answer message (count, tokenize, detokenize): its `answer` event's payload
+    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]: ...
+
     async def embed(self, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int]: ...
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import config
 from llmrun.api import anthropic, openai
@@ -149,7 +149,7 @@ class Security:
             await self.app(scope, receive, send)
             return
 
-        async def with_cors(message: dict) -> None:  # type: ignore[type-arg]
+        async def with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []),
                                       (b"access-control-allow-origin", origin.encode()),

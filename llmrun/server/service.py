@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from llmrun import bounds, config
@@ -135,7 +135,7 @@ class Service:
             self.metrics.runner_requests.labels(lease.manifest.name, kind).inc()
 
     async def chat(self, req: ChatRequest, leased: asyncio.Event | None = None
-                   ) -> AsyncIterator[Started | Progress | Chunk | Done]:
+                   ) -> AsyncGenerator[Started | Progress | Chunk | Done, None]:
         """The request's events: Started (the prompt's size, once it has a slot), Progress
         (only if `req.progress`), Chunks, Done; an EngineError before Started means nothing
         was generated. `leased` is set
@@ -143,6 +143,7 @@ class Service:
         that must answer before the first token can tell a load from a queue)."""
         t0 = time.perf_counter()
         self.check(req)
+        event: Started | Progress | Chunk | Done  # (an upstream's has no Progress)
         remote = self._upstream(req)
         if remote is not None:
             manifest, upstream = remote

@@ -71,7 +71,7 @@ def _token() -> str | None:
 def _hub_transport_errors() -> tuple[type[BaseException], ...]:
     """huggingface_hub 2.x talks through `httpx2`, whose errors are not httpx's."""
     try:
-        import httpx2  # type: ignore[import-not-found]
+        import httpx2
     except ImportError:
         return ()
     return (httpx2.HTTPError,)
@@ -118,7 +118,9 @@ def list_repo(repo: str, revision: str | None = None,
         raise PullError(f"Hugging Face repo '{repo}' not found (or it needs HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise PullError(f"revision '{revision}' not found in '{repo}'") from None
-    except (HfHubHTTPError, httpx.HTTPError, OSError, *_hub_transport_errors()) as exc:
+    # (mypy reads no starred tuple of exception types; evaluated only when one is raised)
+    except (HfHubHTTPError, httpx.HTTPError, OSError,  # type: ignore[misc]
+            *_hub_transport_errors()) as exc:
         raise PullError(f"cannot list '{repo}' on Hugging Face: {exc}") from None
     files: list[RemoteFile] = []
     projectors: list[RemoteFile] = []

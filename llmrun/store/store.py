@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import re
@@ -229,7 +230,8 @@ class Store:
                               "adapters (adapter.type 'lora') are supported")
         return ref, path, info
 
-    def _with_adapters(self, base: Manifest, adapters: list[tuple[str, Path, gguf.GGUFInfo]],
+    def _with_adapters(self, base: Manifest,
+                       adapters: builtins.list[tuple[str, Path, gguf.GGUFInfo]],
                        progress: Progress | None) -> Manifest:
         """Import checked ADAPTERs as blobs, after those `base` already has. On a refusal, the
         blobs this create imported and nothing references are removed again."""
@@ -404,17 +406,17 @@ class Store:
         return _scalar_info(gguf.read(path)) if path is not None else None
 
     def capabilities(self, manifest: Manifest,
-                     info: Mapping[str, object] | None = None) -> list[str]:
+                     info: Mapping[str, object] | None = None) -> builtins.list[str]:
         """What clients may ask of the model (`show`; Open WebUI and VS Code read it)."""
         info = self.model_info(manifest) if info is None else info
         return capabilities(self.template_of(manifest), info,
                             vision=manifest.projector is not None)
 
-    def model_paths(self, manifest: Manifest) -> list[Path]:
+    def model_paths(self, manifest: Manifest) -> builtins.list[Path]:
         """The GGUF file(s) to load, in order (several for a split model)."""
         return [self.blobs.path(x.digest) for x in (manifest.layer, *manifest.parts)]
 
-    def adapter_paths(self, manifest: Manifest) -> list[Path]:
+    def adapter_paths(self, manifest: Manifest) -> builtins.list[Path]:
         """The LoRA adapter GGUF files to apply on top of the model, in order."""
         return [self.blobs.path(x.digest) for x in manifest.adapters]
 
@@ -502,9 +504,9 @@ class Store:
         except gguf.GGUFError as exc:
             raise hub.PullError(f"projector {repo}/{path}: {exc}") from None
 
-    def _download_parts(self, files: list[hub.RemoteFile], catalog_sha: str | None,
+    def _download_parts(self, files: builtins.list[hub.RemoteFile], catalog_sha: str | None,
                         progress: Progress | None, catalog_size: int | None = None,
-                        projector: bool = False) -> tuple[list[Layer], gguf.GGUFInfo]:
+                        projector: bool = False) -> tuple[builtins.list[Layer], gguf.GGUFInfo]:
         """Download a model's file(s), or with `projector` a vision projector's; each is
         refused (and removed unless another model has it) when its header says otherwise."""
         from llmrun.store import pull as hub
@@ -544,7 +546,8 @@ class Store:
             if not any(digest in m.digests() for m in self.manifests.all()):
                 self.blobs.remove(digest)
 
-    def prune(self, orphan_age: float = ORPHAN_AGE, temp_age: float = TEMP_AGE) -> list[str]:
+    def prune(self, orphan_age: float = ORPHAN_AGE,
+              temp_age: float = TEMP_AGE) -> builtins.list[str]:
         """Remove blobs no manifest mentions once they are `orphan_age` seconds old (uploads
         nobody created a model from; a younger one may belong to a create in progress), and
         temporary files left by writes that died (untouched for `temp_age`; a resumable pull's

@@ -8,12 +8,12 @@ import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fastapi.responses import JSONResponse, Response
 
 from llmrun import __version__, jsonio
-from llmrun.api.events import first_output
+from llmrun.api.events import EventStream, OutputStream, first_output
 from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error_body
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody
 from llmrun.request import (
@@ -22,7 +22,6 @@ from llmrun.request import (
     Done,
     EngineError,
     PartialCall,
-    Started,
     Stats,
     TokenLogprob,
     ToolCall,
@@ -53,14 +52,14 @@ class Choices:
         default_factory=asyncio.Queue)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     buffered: list[tuple[int, Chunk | Done]] = field(default_factory=list)
-    single: AsyncIterator[Started | Chunk | Done] | None = None  # the one choice's stream
+    single: EventStream | None = None  # the one choice's stream
 
     async def _pump(self, index: int) -> None:
         events = self.service.chat(self.reqs[index])
         try:
             # usage comes from Done: Started (the prompt's size, up front) is not reported
             self.queue.put_nowait((index, await first_output(events)))
-            async for event in events:
+            async for event in cast(OutputStream, events):
                 self.queue.put_nowait((index, event))
         except Exception as exc:  # reported to the reader, which fails the response
             self.queue.put_nowait((index, exc))
@@ -92,12 +91,13 @@ class Choices:
     async def events(self) -> AsyncIterator[tuple[int, Chunk | Done]]:
         """Every event until each choice is done; raises the first error."""
         done = sum(isinstance(e, Done) for _, e in self.buffered)
+        event: Chunk | Done | Exception
         for item in self.buffered:
             yield item
         self.buffered = []
         if self.single is not None:
             if not done:
-                async for event in self.single:
+                async for event in cast(OutputStream, self.single):
                     yield 0, event  # (Started came before the first output)
             return
         while done < len(self.reqs):
@@ -248,8 +248,8 @@ async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choice
             if event.thinking:
                 yield frame(index, {"reasoning_content": event.thinking})
             lps = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
-            calls = [*(event.tool_calls or []),
-                     *([event.partial_call] if event.partial_call else [])]
+            calls: list[ToolCall | PartialCall] = [
+                *(event.tool_calls or []), *([event.partial_call] if event.partial_call else [])]
             if event.text or (lps and not calls):
                 yield frame(index, {"content": event.text}, logprobs=lps)
             if calls:

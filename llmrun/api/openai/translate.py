@@ -31,7 +31,7 @@ from llmrun.request import (
 
 def _options(body: ChatCompletionBody | CompletionBody, max_tokens: int | None) -> Options:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    values = {
+    values: dict[str, Any] = {  # (each checked by Options)
         "temperature": body.temperature, "top_p": body.top_p, "num_predict": max_tokens,
         "stop": stop, "seed": body.seed, "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty, "num_ctx": body.num_ctx,
@@ -183,7 +183,7 @@ def _think(body: ChatCompletionBody) -> Think:
     for a model that cannot think both are ignored, as OpenAI ignores them for such models."""
     effort = body.reasoning_effort
     if effort is not None:
-        return False if effort in ("none", "minimal") else effort
+        return False if effort == "none" or effort == "minimal" else effort
     enable = (body.chat_template_kwargs or {}).get("enable_thinking")
     return enable if isinstance(enable, bool) else None
 
@@ -233,7 +233,7 @@ def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatReque
     raw = body.prompt
     if isinstance(raw, list) and raw and not isinstance(raw[0], str):
         raise ApiError(400, "prompts as token ids are not supported; send text", "prompt")
-    prompts = [raw] if isinstance(raw, str) else list(raw)  # type: ignore[arg-type]
+    prompts = [raw] if isinstance(raw, str) else list(raw)
     if not prompts:
         raise ApiError(400, "'prompt' is empty", "prompt")
     options = _options(body, body.max_tokens)

@@ -204,7 +204,7 @@ def _through_response(nodes: tuple[Any, ...]) -> tuple[Any, ...]:
         nonlocal cut
         cmds = []
         for cmd in p.cmds:
-            args = []
+            args: list[Any] = []
             for arg in cmd:
                 if isinstance(arg, _Field) and "Response" in arg.names:
                     cut = True

@@ -173,7 +173,7 @@ def _slice(item: Any, *bounds: Any) -> Any:
             raise _Fail(f"index out of range: {i}")
     if lo > hi:
         raise _Fail(f"invalid slice index: {lo} > {hi}")
-    return seq[lo:hi].decode(errors="replace") if isinstance(item, str) else list(seq[lo:hi])
+    return seq[lo:hi].decode(errors="replace") if isinstance(seq, bytes) else list(seq[lo:hi])
 
 
 def _len(v: Any) -> int:
