@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from llmrun import jsonio
+from llmrun import config, jsonio
 
 T = TypeVar("T")
 PROMPTS = [
@@ -749,7 +749,8 @@ def against_servers(urls: list[str], model: str) -> list[Server]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--url", default=os.environ.get("LLMRUN_URL", "http://127.0.0.1:11434"))
+    ap.add_argument("--url", default=config.base_url(),
+                    help="the daemon measured (default: LLMRUN_HOST's)")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--gguf", type=Path, help="model file for the raw baselines "
                     "(default: the store's blob for --model)")

@@ -102,6 +102,11 @@ SETTINGS: list[Setting] = [
             "1: debug logs: the daemon's at DEBUG level, and a line per engine step in each "
             "runner's log (its rows, the prompt pieces it read and where, its time, the "
             "time spent keeping prompt states), for finding where latency goes"),
+    Setting("LLMRUN_CACHE", "",
+            "Downloads that can be thrown away (models' wheels fetched from PyPI); empty: "
+            "the platform's cache directory (~/.cache/llmrun)"),
+    Setting("LLMRUN_NOHISTORY", "0",
+            "1: `llmrun run`'s chat keeps no history file of what is typed"),
     Setting("LLMRUN_WATCHDOG", "300s",
             "A runner with requests in flight that reports nothing for this long is "
             "restarted and its requests fail"),
@@ -128,8 +133,8 @@ def make_private(directory: Path) -> Path:
 
 def cache_dir() -> Path:
     """Downloads that can be thrown away (wheels fetched from PyPI, for instance)."""
-    raw = os.environ.get("LLMRUN_CACHE") or platformdirs.user_cache_dir("llmrun", appauthor=False)
-    return Path(raw).expanduser()
+    value = raw("LLMRUN_CACHE") or platformdirs.user_cache_dir("llmrun", appauthor=False)
+    return Path(value).expanduser()
 
 
 @cache
@@ -405,6 +410,11 @@ def max_image_size() -> int:
 
 def debug() -> bool:
     return _parsed("LLMRUN_DEBUG", _flag)
+
+
+def no_history() -> bool:
+    """Whether the chat keeps what is typed out of its history file."""
+    return _parsed("LLMRUN_NOHISTORY", _flag)
 
 
 def image_urls() -> bool:

@@ -313,3 +313,21 @@ def test_run_pulls_a_model_the_store_lacks(_isolated_home: Path, smollm2_path: P
             assert r.returncode != 0 and "missing-GGUF" in r.stderr
         finally:
             stop_daemon(_isolated_home)
+
+
+def test_history_and_cache_settings_come_from_the_settings_table(
+        _isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmrun import config
+    from llmrun.cli.repl import history_path
+
+    assert history_path() == _isolated_home / "history"
+    monkeypatch.setenv("LLMRUN_NOHISTORY", "yes")
+    assert history_path() is None
+    monkeypatch.delenv("LLMRUN_NOHISTORY")
+    # like every setting, also from config.yaml
+    (_isolated_home / "config.yaml").write_text(
+        f"LLMRUN_NOHISTORY: 1\nLLMRUN_CACHE: {_isolated_home / 'cache'}\n")
+    config._file_settings.cache_clear()  # (read once per process, as a daemon does)
+    assert history_path() is None and config.cache_dir() == _isolated_home / "cache"
+    names = {s.name for s in config.SETTINGS}
+    assert {"LLMRUN_NOHISTORY", "LLMRUN_CACHE"} <= names

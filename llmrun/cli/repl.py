@@ -299,7 +299,7 @@ class _PromptInterrupts:
 def history_path() -> Path | None:
     from llmrun import config
 
-    if os.environ.get("LLMRUN_NOHISTORY", "").strip().lower() in ("1", "true", "yes", "on"):
+    if config.no_history():
         return None
     return config.home() / "history"
 
