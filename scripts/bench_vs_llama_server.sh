@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llmrun against llama.cpp's own server, in one run (issue 14's measurement):
+# llmrun against llama.cpp's own server, in one run:
 #   scripts/bench_vs_llama_server.sh [GGUF] [-- extra `llmrun bench` options]
 # Builds llama-server from the pinned llama-cpp-python sdist (scripts/build_llama_server.sh,
 # once), starts it and an llmrun daemon (a scratch LLMRUN_HOME holding GGUF) with the same

@@ -1,6 +1,6 @@
 """Prompt reading alone, llmrun against other OpenAI-compatible servers (llama-server, stock
-and patched) on the same GGUF and threads, in alternating turns (issue 19's "prefill speed
-kept").
+and patched) on the same GGUF and threads, in alternating turns: does llmrun, with stall-free
+batching, still read a prompt alone at full speed?
 
 Each turn sends a fresh prompt (a unique first line, so no cache helps) with max_tokens 1;
 the time to the answer is the time to read the prompt and sample one token.

@@ -1,4 +1,4 @@
-"""What one engine step costs: a generating row beside a prompt chunk (issue 19's table).
+"""What one engine step costs: a generating row beside a prompt chunk.
 
 Sequence 0 stands for a streaming neighbour: its context is filled to NEIGHBOUR cells once,
 and every step decodes one more row of it. Sequence 1 stands for a long prompt: before each

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite's dependability check (issue 13): `.ci/run` five times in a row on a fresh clone,
+# The suite's dependability check: `.ci/run` five times in a row on a fresh clone,
 # with a one-core busy loop beside it the whole time. Stops at the first failure.
 #   scripts/suite_under_load.sh [COMMIT] [RUNS]     results in /tmp/suite-under-load/summary
 set -u

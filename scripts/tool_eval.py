@@ -1,4 +1,4 @@
-"""How well a model calls tools through llmrun with tool_choice "auto" (issue 20).
+"""How well a model calls tools through llmrun with tool_choice "auto".
 
 A fixed set of requests, greedy, through the OpenAI-compatible API of a running daemon:
 requests that need a tool, requests that need none (one asks for JSON), and multi-turn

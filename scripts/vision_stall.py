@@ -1,6 +1,6 @@
 """An image read beside a streaming client: does the stream stand still while the vision
-encoder runs and the image's positions are read? (issue 21: "image chunks are evaluated
-within continuous batching without stalling other sequences").
+encoder runs and the image's positions are read? The claim measured: image chunks are
+evaluated within continuous batching without stalling other sequences.
 
 Makes a vision model of SmolLM2 and a random projector the size of CLIP ViT-B/14 at 224 px
 (12 layers, 768 wide, 256 image positions: tests/vision.py's generator, bigger), serves it

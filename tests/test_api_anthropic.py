@@ -420,7 +420,7 @@ def test_image_is_refused(client: anthropic.Anthropic) -> None:
     assert info.value.status_code == 400
     body = info.value.body
     assert body["error"]["type"] == "invalid_request_error"
-    # translated (issue 21), then refused: SmolLM2 has no vision projector
+    # translated, then refused: SmolLM2 has no vision projector
     assert "image" in body["error"]["message"]
 
 

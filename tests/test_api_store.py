@@ -118,7 +118,7 @@ def test_create_from_uploaded_blob(client: ollama.Client, store_daemon: Daemon,
 
 def test_create_a_vision_model_from_uploaded_files(client: ollama.Client, store_daemon: Daemon,
                                                   smollm2_path: Path, tmp_path: Path) -> None:
-    """`files` may hold a model and its projector (issue 21), told apart by their GGUF
+    """`files` may hold a model and its projector, told apart by their GGUF
     headers, whatever their names or order; show then lists `vision`."""
     model = client.create_blob(smollm2_path)
     projector = client.create_blob(write_projector(tmp_path / "model.gguf"))
@@ -213,7 +213,7 @@ def test_create_from_a_host_path_is_refused_alike_whether_it_exists_or_not(
     assert sorted(p.name for p in blobs.iterdir()) == before  # nothing was imported
     names = {m["name"] for m in httpx.get(f"{store_daemon.url}/api/tags").json()["models"]}
     assert "stolen:latest" not in names
-    # a Modelfile FROM a server's URL makes a remote model (issue 18), which this loopback
+    # a Modelfile FROM a server's URL makes a remote model, which this loopback
     # caller may create (one from another host may not: tests/test_upstream.py); it reads
     # no file and imports nothing
     r = httpx.post(f"{store_daemon.url}/api/create",

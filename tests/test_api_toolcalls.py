@@ -1,4 +1,4 @@
-"""Tool calls as a small model writes them (issue 20), through the real daemon and the
+"""Tool calls as a small model writes them, through the real daemon and the
 three SDKs: SmolLM2-135M, steered by a system prompt and few-shot messages into answering
 with a fenced JSON call (not the `<tool_call>` tags its prompt asks for), with tool_choice
 "auto", the default of every agent. The call must come back as a call, streamed or not,

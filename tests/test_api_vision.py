@@ -1,4 +1,4 @@
-"""Images in every dialect, through the real daemon and the official SDKs (issue 21).
+"""Images in every dialect, through the real daemon and the official SDKs.
 
 A model made of SmolLM2 and tests/vision.py's tiny random projector (two FROM lines): the
 answers mean nothing, but the same image gives the same greedy answer, another image

@@ -165,7 +165,7 @@ def test_projectors_are_well_formed(entry: catalog.CatalogModel) -> None:
 
 
 def test_vision_entries() -> None:
-    """The small vision models (issue 21): each with the projector its repo pairs it with."""
+    """The small vision models: each with the projector its repo pairs it with."""
     for name in ("smolvlm:256m", "smolvlm:500m", "gemma3:4b"):
         entry = catalog.lookup(names.parse(name))
         assert entry is not None and entry.projector is not None, name

@@ -81,7 +81,7 @@ def test_unsupported_keyword_is_refused_unless_not_strict(tok: lg.LLTokenizer) -
 
 
 def test_huge_bounds_compile_and_hold(tok: lg.LLTokenizer) -> None:
-    """What llama.cpp's GBNF path crashed on (issue 11) is an ordinary grammar here."""
+    """What llama.cpp's GBNF path crashed on (SIGSEGV) is an ordinary grammar here."""
     m = matcher_for(tok, {"type": "string", "maxLength": 200000})
     assert m.consume_tokens(tok.tokenize_str('"' + "ab" * 50))
     m = matcher_for(tok, {"type": "string", "maxLength": 3})
@@ -132,8 +132,9 @@ def test_masked_sampling_never_writes_llama_cpp_logits(model: Model, tok: lg.LLT
 
 
 def test_integer_bounds_hold_whatever_is_sampled(harness: Harness, tok: lg.LLTokenizer) -> None:
-    """Issue 12: `{"minimum": 0, "maximum": 150}` came back as 987654321987. Hot sampling,
-    a prompt that asks for a huge number: every answer is still in range."""
+    """Through the old GBNF converter, `{"minimum": 0, "maximum": 150}` came back as
+    987654321987. Hot sampling, a prompt that asks for a huge number: every answer is still in
+    range."""
     rids = [submit(harness, "Reply in JSON: an age of 987654321987 years.",
                    matcher_for(tok, AGE), temperature=1.5, top_k=0, seed=seed)
             for seed in range(6)]

@@ -1,4 +1,4 @@
-"""When a prompt or its answer outgrows num_ctx (issue 15): a clear error by default;
+"""When a prompt or its answer outgrows num_ctx: a clear error by default;
 `truncate` drops the oldest turns (keeping the system prompt and the last user turn) and
 `shift` makes room while generating, and the response says what was dropped, in every
 dialect. On the real model, with a 512-token context so that outgrowing it is quick."""

@@ -165,7 +165,7 @@ def states(home: Path) -> list[Path]:
 # the rest is two restarts and two restores
 @pytest.mark.timeout(1800)
 def test_the_agent_prefix_outlives_the_daemon_and_the_runner(daemon32k: Daemon) -> None:
-    """issue 15: a new session's first request (same system prompt and tools, a new user
+    """A new session's first request (same system prompt and tools, a new user
     message) after the daemon restarted, and after keep-alive unloaded the model, is answered
     in at most 5% of the cold time to first token, the restored tokens reported as cached."""
     def session(text: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Images in, in every dialect (issue 21): each dialect's image form becomes `Message.images`
+"""Images in, in every dialect: each dialect's image form becomes `Message.images`
 (canonical base64, in order); bad base64, bad data URLs, URLs the daemon may not fetch, too
 many and too large images are a 400 in the dialect's own error shape; with LLMRUN_IMAGE_URLS
 on, an http URL is fetched (here from a local server) within the same size limit.

@@ -1,4 +1,4 @@
-"""One request never takes the engine down (issue 11, findings 3 and 5-IPC).
+"""One request never takes the engine down, nor does an oversized IPC frame.
 
 In-process: a real runner (engine/runner.py's ModelHost on the real SmolLM2 model) whose channel
 is a stand-in keeping every frame, so a test can break one sequence and watch the others.

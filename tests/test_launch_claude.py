@@ -1,4 +1,4 @@
-"""`llmrun launch claude` keeps Claude Code's prompt byte-stable between requests (issue 15),
+"""`llmrun launch claude` keeps Claude Code's prompt byte-stable between requests,
 so each turn reuses the previous turn's KV cache: the real Claude Code (from npm, pinned and
 cached), run with launch's environment and settings against a recording server, makes two
 requests of one session (`claude -p`, then `--continue`); both go through the Anthropic

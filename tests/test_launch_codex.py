@@ -1,6 +1,6 @@
-"""The real Codex CLI (from npm, pinned and cached) on the daemon over the Responses API
-(issue 16): `codex exec` with `llmrun launch codex`'s command line against Gemma 3 270M at
-32k context finishes with exit code 0 after the daemon read its whole ~9k-token prompt, and
+"""The real Codex CLI (from npm, pinned and cached) on the daemon over the Responses API:
+`codex exec` with `llmrun launch codex`'s command line against Gemma 3 270M at 32k context
+finishes with exit code 0 after the daemon read its whole ~9k-token prompt, and
 a second `codex exec` in the same directory reads that prefix from the cache. And Codex's
 `--oss --local-provider ollama` mode gets past its Ollama version check.
 

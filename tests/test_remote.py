@@ -1,4 +1,4 @@
-"""A model served by a remote engine (issue 18), end to end: two daemons on loopback, the
+"""A model served by a remote engine, end to end: two daemons on loopback, the
 second serving SmolLM2 behind an API key, the first holding a remote model that points at a
 dead replica and then at the second. The three SDKs stream through the first; the key
 reaches the upstream and appears nowhere on the first; a stopped upstream is a clear error."""

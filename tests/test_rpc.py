@@ -1,4 +1,4 @@
-"""One model over several hosts through llama.cpp's RPC backend (issue 18), on loopback: two
+"""One model over several hosts through llama.cpp's RPC backend, on loopback: two
 `llmrun rpc-worker` processes and a daemon configured with both. The split model's greedy
 answer is the local one token for token; losing a worker mid-stream ends that stream with an
 error and the daemon stays up; the model loads again once the worker is back."""

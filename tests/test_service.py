@@ -87,7 +87,7 @@ def test_num_ctx_change_reloads(tmp_path: Path) -> None:
 
 def test_kv_cache_types_answer_and_shrink_the_estimate(tmp_path: Path,
                                                       smollm2_path: Path) -> None:
-    """issue 15: LLMRUN_KV_CACHE_TYPE, the Modelfile's and the request's kv_cache_type. A
+    """LLMRUN_KV_CACHE_TYPE, the Modelfile's and the request's kv_cache_type. A
     q8_0 and a q4_0 cache still answer the question; /api/ps shows each runner's type and a
     memory estimate that shrinks with it; flash attention off falls back to f16 (llama.cpp
     cannot quantize the V cache without it)."""
@@ -275,8 +275,7 @@ def test_fill_in_the_middle_and_context(tmp_path: Path) -> None:
 
 
 def test_load_options_are_capped(tmp_path: Path) -> None:
-    """Per-request load options past what can help are capped, not honoured one reload each
-    (issue 11, finding 5)."""
+    """Per-request load options past what can help are capped, not honoured one reload each."""
     from llmrun.request import Options
     from llmrun.server.scheduler import Scheduler
 
@@ -333,7 +332,7 @@ if any(arg.endswith({blob!r}) for arg in sys.argv):
 
 def test_a_loaded_model_answers_while_another_loads(tmp_path: Path, smollm2_path: Path) -> None:
     """A request for a loaded model is answered while a second model's runner is still
-    loading (issue 13): the second load is held by a gate the test opens, not by timing."""
+    loading: the second load is held by a gate the test opens, not by timing."""
     home = make_home(tmp_path / "home", smollm2_path)
     store = Store(home)
     slow = store.create("slow", f"FROM {write_tiny_llama(tmp_path / 'slow.gguf')}\n")

@@ -1,4 +1,4 @@
-"""Stall-free batching (issue 19): while a sequence generates, a new prompt is read in chunks
+"""Stall-free batching: while a sequence generates, a new prompt is read in chunks
 that fit the step budget, so the stream beside it keeps going; alone, a prompt is read at full
 speed. In-process on the real model; the budget here is a token count, so the chunk sizes
 are exact whatever the machine's speed."""

@@ -1,4 +1,4 @@
-"""Vision models in the store (issue 21): a text model and its projector (an mmproj GGUF,
+"""Vision models in the store: a text model and its projector (an mmproj GGUF,
 architecture `clip`) from a Modelfile's two FROMs, from an `hf.co/...` pull or the catalog;
 kept by cp, freed by rm and prune; listed as `vision` by show. (`/api/create` with `files`
 holding both: tests/test_api_store.py; the engine loading them: tests/test_vision.py.)"""

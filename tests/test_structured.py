@@ -1,4 +1,4 @@
-"""Structured output conformance (issue 12): JSON schemas through the real daemon and SmolLM2.
+"""Structured output conformance: JSON schemas through the real daemon and SmolLM2.
 
 Every case is one schema, one prompt and one dialect: Ollama `format` (raw HTTP), OpenAI
 `response_format` json_schema with `"strict": true` (the `openai` SDK) or Anthropic

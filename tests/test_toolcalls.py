@@ -1,6 +1,6 @@
 """llmrun.chat.toolcalls: the tolerant tool-call reader and the stream filter, over recorded
-model outputs of every shape small models write (issue 20) and the near misses that must
-stay content."""
+model outputs of every shape small models write and the near misses that must stay
+content."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def calls_of(text: str, family: str = "hermes", check: ToolCheck = CHECK,
 PARIS = [("get_weather", {"city": "Paris"})]
 
 # What small models wrote, as they wrote it (SmolLM2-135M steered by few-shot messages;
-# a 0.5B Hermes model in issue 20; Llama-style tags), and what the reader makes of it.
+# a 0.5B Hermes model; Llama-style tags), and what the reader makes of it.
 RECORDED = [
     ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', PARIS, ""),
     ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',

@@ -1,4 +1,4 @@
-"""Remote models (FROM http(s)://, issue 18) without a server: the Modelfile's parameters,
+"""Remote models (FROM http(s)://) without a server: the Modelfile's parameters,
 the manifest the store makes of them, what may create one over HTTP, and the translation to
 and from an OpenAI-compatible API."""
 

@@ -1,4 +1,4 @@
-"""Images through the runner on the real model and a tiny random projector (issue 21).
+"""Images through the runner on the real model and a tiny random projector.
 
 In-process: engine/runner.py's ModelHost on SmolLM2 with tests/vision.py's projector (random
 weights: the answers mean nothing, but every line of the real path runs). Numerics first:

@@ -1,8 +1,8 @@
 """Reading tool calls out of a model's output: the tolerant reader and the stream filter.
 
-Small models do not keep to the format their template asks for (issue 20: a 0.5B Hermes
-model wrote its calls as bare or fenced JSON five times out of five), so one reader, for
-every family, accepts what models actually write:
+Small models do not keep to the format their template asks for (a 0.5B Hermes model wrote
+its calls as bare or fenced JSON five times out of five), so one reader, for every family,
+accepts what models actually write:
 
     <tool_call>{"name": ..., "arguments": {...}}</tool_call>   the closing tag may be missing
     [TOOL_CALLS]... / <|python_tag|>... / [f(a=1)]              Mistral, Llama 3 (their families)

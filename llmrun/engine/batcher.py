@@ -103,7 +103,7 @@ STATS_SECONDS = 1.0
 @dataclass
 class EngineStats:
     """Counters of the engine's steps since the runner started, and the latest budget: what
-    /metrics shows of stall-free batching (issue 19)."""
+    /metrics shows of stall-free batching."""
 
     steps: int = 0
     step_seconds: float = 0.0

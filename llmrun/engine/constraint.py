@@ -8,12 +8,12 @@ request brings becomes that here, on the runner's message thread, never the engi
     grammar = constraint.compile(req, tok)       # None: unconstrained; ValueError: a 400
     matcher = constraint.matcher(tok, grammar)   # one per sequence, handed to the batcher
 
-Why llguidance (issue 12): it implements JSON Schema's bounds (numeric ranges, maxLength,
-maxItems, formats, patterns) natively instead of unrolling them into grammar rules, so a
-`maxLength` of 200,000 costs what a `maxLength` of 10 does; it computes a whole vocabulary's
-mask in ~0.1-1 ms with no per-candidate grammar walk, and it is the engine llama.cpp, vLLM and
-SGLang embed. Its `LLExecutor` computes the masks of all constrained sequences of a step in
-parallel, outside the GIL.
+Why llguidance: it implements JSON Schema's bounds (numeric ranges, maxLength, maxItems,
+formats, patterns) natively instead of unrolling them into grammar rules, so a `maxLength` of
+200,000 costs what a `maxLength` of 10 does; it computes a whole vocabulary's mask in ~0.1-1 ms
+with no per-candidate grammar walk, and it is the engine llama.cpp, vLLM and SGLang embed. Its
+`LLExecutor` computes the masks of all constrained sequences of a step in parallel, outside the
+GIL.
 
 Limits (`LIMITS`): llguidance's defaults, which bound the work of any one mask step (lexer
 fuel 200k, 50k Earley items per step) and the grammar's size (500k symbols), so no grammar
@@ -136,7 +136,7 @@ def executor() -> lg.LLExecutor:
 
 
 class Lazy:
-    """A grammar that starts when the model begins a tool call (tool_choice "auto", issue 20;
+    """A grammar that starts when the model begins a tool call (tool_choice "auto";
     llama-server's lazy grammar): fed each generated piece, it watches the text for one of
     its triggers (tools.Steering), outside a thought; at a match its matcher consumes what
     was written after the match and from then on constrains the sequence. Text that never

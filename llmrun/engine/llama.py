@@ -97,7 +97,7 @@ def _meta_str(getter: Any, ptr: Any, key: str, size: int) -> str | None:
     return buf.value.decode("utf-8", "replace")
 
 
-# -- llama.cpp's RPC backend: a model's layers on other hosts (issue 18) ----------------------
+# -- llama.cpp's RPC backend: a model's layers on other hosts ---------------------------------
 
 _CPU_DEVICE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 _ggml_lib: ctypes.CDLL | None = None

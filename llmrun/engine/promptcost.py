@@ -1,5 +1,5 @@
 """What a prompt token costs in a step that also decodes for others: how the batcher sizes a
-prompt's chunk to fit the step budget (stall-free batching, issue 19).
+prompt's chunk to fit the step budget (stall-free batching).
 
 A prompt token's time is modelled as s x (1 + r x span): `span` is how many cells its
 attention reads (its position, or the sliding window where that is shorter), r is what

@@ -1,6 +1,6 @@
-"""Models another server runs (issue 18): a Modelfile `FROM http(s)://host/v1` names an
-OpenAI-compatible API (vLLM, SGLang, llama-server, another llmrun) that serves the model, so
-llmrun's store, CLI and three dialects front an engine that spreads a model over machines.
+"""Models another server runs: a Modelfile `FROM http(s)://host/v1` names an OpenAI-compatible
+API (vLLM, SGLang, llama-server, another llmrun) that serves the model, so llmrun's store, CLI
+and three dialects front an engine that spreads a model over machines.
 
 Each request is translated from the internal `ChatRequest` into a streamed chat completion
 (or a completion, for a raw prompt) and its events back into `Started`/`Chunk`/`Done`, as a
