@@ -31,9 +31,24 @@ def landlock_available() -> bool:
         return False
 
 
+# The probes' common part: each attempt's outcome, "ok" or the name of the errno it failed with.
+TRIED = """
+import errno
+
+def tried(attempts):
+    results = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            results[name] = "ok"
+        except OSError as exc:
+            results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+    return results
+"""
+
 # In a child process, as the runner does: confine first, then load the real model and decode
 # a few tokens, then try what a compromised runner would. Prints one JSON object.
-RUNNER_PROBE = """
+RUNNER_PROBE = TRIED + """
 import ctypes, errno, json, os, signal, socket, subprocess, sys, threading
 from pathlib import Path
 from llmrun.engine import sandbox
@@ -95,13 +110,7 @@ if cache:  # the prompt cache's directory: its files are written, renamed and re
         os.unlink(os.path.join(cache, "a.kv"))
     attempts["cache_cycle"] = cache_cycle
     attempts["rename_into_cache"] = lambda: os.rename(victim, os.path.join(cache, "stolen"))
-results = {}
-for name, attempt in attempts.items():
-    try:
-        attempt()
-        results[name] = "ok"
-    except OSError as exc:
-        results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+results = tried(attempts)
 print(json.dumps({"applied": confinement.applied, "missing": confinement.missing,
                   "generated": [model.piece(t).decode("utf-8", "replace") for t in generated],
                   "results": results}))
@@ -155,25 +164,19 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
         assert results["rename_into_cache"] in DENIED
 
 
-QUANTIZER_PROBE = """
+QUANTIZER_PROBE = TRIED + """
 import errno, json, os, socket, sys
 from pathlib import Path
 from llmrun.engine.quantize import _confine
 
 src, dst, sibling = sys.argv[1:4]
 refusal = _confine(Path(src), Path(dst))
-results = {}
-for name, attempt in {
+results = tried({
     "read_src": lambda: open(src, "rb").read(4),
     "write_dst": lambda: open(dst, "wb").write(b"GGUF"),
     "create_sibling": lambda: open(sibling, "w"),
     "socket": socket.socket,
-}.items():
-    try:
-        attempt()
-        results[name] = "ok"
-    except OSError as exc:
-        results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+})
 print(json.dumps({"refusal": refusal, "results": results}))
 """
 
@@ -344,7 +347,7 @@ def test_default_mode_runs_what_it_can_warns_once_and_ps_says_so(tmp_path: Path)
 
 
 
-DEVICE_PROBE = """
+DEVICE_PROBE = TRIED + """
 import errno, json, os, sys
 from pathlib import Path
 from llmrun.engine import sandbox
@@ -353,18 +356,12 @@ node, other, victim = sys.argv[1:4]
 held = os.open(node, os.O_RDONLY)  # as a GPU backend holds its device open
 nodes = sandbox.gpu_nodes(prefixes=(node,))
 result = sandbox.confine(devices=nodes)
-results = {}
-for name, attempt in {
+results = tried({
     "open_node_rw": lambda: os.close(os.open(node, os.O_RDWR)),
     "open_other_node_rw": lambda: os.close(os.open(other, os.O_RDWR)),
     "write_file": lambda: open(victim, "w"),
     "unlink": lambda: os.unlink(victim),
-}.items():
-    try:
-        attempt()
-        results[name] = "ok"
-    except OSError as exc:
-        results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+})
 print(json.dumps({"nodes": [str(n) for n in nodes], "applied": result.applied,
                   "missing": result.missing, "results": results}))
 """
