@@ -833,9 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     # before the sandbox: a GPU backend opens its device nodes as it initialises (listing
     # the devices with their free memory creates CUDA's context), and a confined runner
     # keeps exactly those nodes; a runner kept on the CPU keeps none
-    free_now = _device_free()
+    free_before = _device_free()
     on_gpu = bool(args.device) and workers is None
-    free_before = free_now if on_gpu else {}
     gpu_nodes = sandbox.gpu_nodes() if on_gpu else []
     if args.mmproj is not None:
         images.preload()  # the decoders' modules, while files can still be opened
@@ -888,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelHost(chan, model, ctx, n_ctx_seq, args.slots, args.threads, governor,
                        prompt_cache, step_budget=args.step_budget, projector=projector,
                        drafter=drafter)
-    if free_before:
+    if on_gpu and free_before:
         confinement["devices"] = _device_use(free_before)
     runner.sandbox_info = confinement
     _stop_on_sigterm(chan)  # (until here a SIGTERM ends it at once: nothing to keep yet)

@@ -279,7 +279,7 @@ def restrict_syscalls(lib: ctypes.CDLL | None, *, fs_changes: bool = False,
     installed."""
     if lib is None:
         raise OSError(errno.ENOENT, "libseccomp not found (install libseccomp2)")
-    _install_filter(lib, fs_changes, write_opens or fs_changes)
+    _install_filter(lib, fs_changes, write_opens)
 
 
 # --- Landlock ------------------------------------------------------------------------------
