@@ -536,7 +536,10 @@ def test_a_model_that_fits_goes_to_the_gpu_and_ps_says_so(store: Store,
             assert runner.placement.devices == ("FakeGPU0",)
             assert runner.placement.n_gpu_layers == runner.placement.layers
             (state,) = sched.models()
-            assert 0 < state.vram < state.memory and set(state.devices) == {"CPU", "FakeGPU0"}
+            # every layer on the GPU: ps's size is the GPU's part ("100% GPU", as Ollama's
+            # full offload), the host's (input embeddings, buffers) only in `devices`
+            assert 0 < state.vram == state.memory and set(state.devices) == {"CPU", "FakeGPU0"}
+            assert state.devices["CPU"] > 0 and state.devices["FakeGPU0"] == state.vram
             async with holding(sched, "b", num_gpu=0):
                 pass
             assert farm.of("b")[0].placement.n_gpu_layers == 0

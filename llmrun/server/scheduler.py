@@ -343,14 +343,21 @@ class Scheduler:
         measured = info.get("devices") or {}
         estimated = m.placement.memory if m.placement is not None else {CPU: m.memory}
         per_device = {k: int(measured.get(k) or v) for k, v in estimated.items()}
+        vram = sum(v for k, v in per_device.items() if k != CPU)
+        placed = m.placement
+        # With every layer on GPUs, `size` is what they hold, as Ollama's `ps` reports a
+        # full offload (size_vram == size, "100% GPU"): the host's part then is the input
+        # embeddings and the prompt states, which compute nothing (an H200 run showed a fully
+        # offloaded SmolLM2 as "46%/54% CPU/GPU" when they were counted). `devices` keeps it.
+        full = placed is not None and placed.layers > 0 and placed.n_gpu_layers >= placed.layers
         return ModelState(name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
                           context_length=info.get("n_ctx_seq", m.spec.n_ctx),
                           slots=m.spec.n_slots, slots_busy=m.runner.busy,
                           sandbox=list(info.get("sandbox", [])),
                           confined=bool(info.get("confined", False)),
                           reload_pending=m.reloads_waiting > 0,
-                          memory=sum(per_device.values()), devices=per_device,
-                          vram=sum(v for k, v in per_device.items() if k != CPU),
+                          memory=vram if full else sum(per_device.values()),
+                          devices=per_device, vram=vram,
                           kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
                           placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
