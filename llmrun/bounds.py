@@ -112,10 +112,10 @@ def check_messages(messages: list[Message]) -> None:
                       "(LLMRUN_MAX_MESSAGES)")
 
 
-def check_stop(stop: list[str] | None, exempt: frozenset[str] = frozenset()) -> None:
-    """At most LLMRUN_MAX_STOP stop strings, each at most MAX_STOP_LENGTH characters. The
-    model's own (`exempt`) are not counted: a dialect may add them to the client's."""
-    stops = [s for s in dict.fromkeys(stop or []) if s not in exempt]
+def check_stop(stop: list[str] | None) -> None:
+    """At most LLMRUN_MAX_STOP stop strings, each at most MAX_STOP_LENGTH characters: the
+    client's (checked before the service puts the model's own beside them)."""
+    stops = list(dict.fromkeys(stop or []))
     limit = config.max_stop()
     if len(stops) > limit:
         raise _refuse(f"too many stop strings: {len(stops)}, the limit is {limit} "
@@ -407,13 +407,13 @@ def check_grammar(gbnf: str | None) -> None:
 # -- one request -----------------------------------------------------------------------------
 
 
-def check_request(req: ChatRequest, model_stops: frozenset[str] = frozenset()) -> None:
+def check_request(req: ChatRequest) -> None:
     """Every bound of a chat request: messages, images, stop strings, tools, the schemas that
     become one grammar (the format's, and the forced tools', share one budget), and a raw
     grammar."""
     check_messages(req.messages)
     check_images(req.messages)
-    check_stop(req.options.stop, model_stops)
+    check_stop(req.options.stop)
     budget = Budget()
     check_schema(req.format, "format", budget, req.format_strict)
     check_tools(req.tools, req.tool_choice, budget, req.format_strict)

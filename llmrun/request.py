@@ -191,6 +191,9 @@ class ChatRequest(BaseModel):
     context: list[int] | None = None  # token ids of an earlier answer (Ollama's generate)
     return_context: bool = False  # report the prompt + output token ids when done
     prompt_logprobs: int | None = None  # logprobs of the prompt's own tokens (echo)
+    # the client's stop strings come after the model's own (Modelfile) instead of replacing
+    # them: Anthropic's stop_sequences, which never turn a model's end markers off
+    stop_adds: bool = False
     # the model's default system prompt (Modelfile SYSTEM): set by the service when it merges
     # the model's defaults in, used by the template when the messages bring no system turn
     system: str | None = None

@@ -52,7 +52,6 @@ from llmrun.request import (
     ToolChoice,
 )
 from llmrun.server.service import Service
-from llmrun.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -380,16 +379,6 @@ def to_tools(body: CountBody) -> tuple[list[Tool], ToolChoice, bool]:
     return tools, choice, parallel
 
 
-def _model_stops(service: Service, model: str) -> list[str]:
-    """The model's own stop strings (Modelfile): a request's stop list would replace them,
-    so the client's stop_sequences are added to these instead."""
-    try:
-        _, manifest = service.store.get(model)
-    except StoreError:
-        return []  # the chat itself reports the missing model
-    return list(manifest.options().stop or [])
-
-
 def to_format(body: MessagesBody) -> dict[str, Any] | None:
     """The JSON schema the answer must follow (structured output), if one was asked for."""
     fmt = (body.output_config or {}).get("format") or body.output_format
@@ -416,12 +405,13 @@ def to_request(body: CountBody, service: Service) -> ChatRequest:
             temperature=body.temperature,
             top_k=body.top_k,
             top_p=body.top_p,
-            stop=[*_model_stops(service, body.model), *client_stops] if client_stops else None,
+            stop=client_stops or None,
         )
     # strict: Anthropic's structured outputs promise the schema (forced tool inputs are held
     # to theirs the same way), so a keyword that cannot be enforced is a 400, never skipped
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
                        stream=stream, format=fmt, format_strict=True, tools=tools,
+                       stop_adds=True,
                        tool_choice=choice,
                        parallel_tool_calls=parallel, think=to_think(body))
 

@@ -361,15 +361,27 @@ class Scheduler:
                           kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
                           placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
+    def lookup(self, name: str) -> tuple[ModelName, Manifest]:
+        """The store's entry for `name`, or the error a request for it gets (404, 400)."""
+        try:
+            return self.store.get(name)
+        except ModelNotFound as exc:
+            raise EngineError(str(exc), status=404, kind="not_found") from None
+        except InvalidName as exc:
+            raise EngineError(f"invalid model name: {exc}", status=400,
+                              kind="invalid_request") from None
+
     @contextlib.asynccontextmanager
-    async def use(self, name: str, options: Options,
+    async def use(self, model: str | tuple[ModelName, Manifest], options: Options,
                   keep_alive: str | float | None = None) -> AsyncIterator[Lease]:
-        """Hold a loaded runner for `name` for the duration of the block."""
+        """Hold a loaded runner for `model` (a name, or what `lookup` gave for it: the
+        service looks a request's model up once) for the duration of the block."""
         try:
             ttl = parse_keep_alive(keep_alive)
         except ValueError as exc:
             raise EngineError(str(exc), status=400, kind="invalid_request") from None
-        lease = await self._acquire(name, options, ttl)
+        parsed, manifest = self.lookup(model) if isinstance(model, str) else model
+        lease = await self._acquire(parsed, manifest, options, ttl)
         loaded = lease.loaded
         try:
             yield lease
@@ -384,14 +396,8 @@ class Scheduler:
                 if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
-    async def _acquire(self, name: str, options: Options, ttl: float) -> Lease:
-        try:
-            parsed, manifest = self.store.get(name)
-        except ModelNotFound as exc:
-            raise EngineError(str(exc), status=404, kind="not_found") from None
-        except InvalidName as exc:
-            raise EngineError(f"invalid model name: {exc}", status=400,
-                              kind="invalid_request") from None
+    async def _acquire(self, parsed: ModelName, manifest: Manifest, options: Options,
+                       ttl: float) -> Lease:
         spec = self.spec_for(manifest, options)
         key = model_key(manifest)
         load_seconds = 0.0

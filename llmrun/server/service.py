@@ -13,9 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-from llmrun import bounds, config
+from llmrun import bounds
 from llmrun.request import (
     DEFAULT_OPTIONS,
     ChatRequest,
@@ -26,10 +27,12 @@ from llmrun.request import (
     Started,
     Stats,
 )
+from llmrun.server.fit import Placement
 from llmrun.server.metrics import Metrics
-from llmrun.server.scheduler import Lease, ModelState, Scheduler
+from llmrun.server.scheduler import ModelState, Runner, Scheduler
 from llmrun.server.upstream import Upstream
-from llmrun.store import Manifest, Store, StoreError
+from llmrun.store import Manifest, Store
+from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +44,82 @@ MAX_EMBED_INPUTS = 2048
 def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
     """`req` as the runner gets it: request options over the Modelfile's over llmrun's
     defaults; the Modelfile's MESSAGEs before the conversation, its template unless the
-    request brings one, its SYSTEM as the default system prompt."""
+    request brings one, its SYSTEM as the default system prompt. The client's stop strings
+    replace the Modelfile's (as Ollama's and OpenAI's options do), or with `stop_adds`
+    (Anthropic's stop_sequences, which never turn a model's own end markers off) come after
+    them."""
+    options = req.options
+    if req.stop_adds and options.stop:
+        own = [s for s in manifest.options().stop or [] if s not in options.stop]
+        options = options.model_copy(update={"stop": [*own, *options.stop]})
     return req.model_copy(update={
         "messages": [*manifest.messages, *req.messages],
         "template": req.template or manifest.template,
         "system": manifest.system,
-        "options": req.options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
+        "options": options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
     })
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model a request names, looked up once per request: its name and manifest, and
+    the remote server that runs it (None: a runner the scheduler leases runs it)."""
+
+    name: ModelName
+    manifest: Manifest
+    upstream: Upstream | None = None
+
+
+class RemoteRunner:
+    """A remote model as the scheduler's runners are seen (scheduler.Runner): generating goes
+    to its server; what only a local engine can do (counting, tokenizing, embedding) is a 400.
+    It is always loaded: its server holds the model."""
+
+    load_seconds = 0.0
+    alive = True
+
+    def __init__(self, upstream: Upstream, model: str) -> None:
+        self.upstream = upstream
+        self.model = model
+        self.info: dict[str, Any] = {}
+        self.placement: Placement | None = None
+        self.engine_stats: dict[str, Any] = {}
+
+    @property
+    def busy(self) -> int:
+        return 0
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def _refuse(self, what: str) -> EngineError:
+        return EngineError(f"{self.model} is served by a remote server: {what} is not "
+                           "available for it", status=400)
+
+    def generate(self, req: ChatRequest) -> AsyncIterator[Started | Progress | Chunk | Done]:
+        return self.upstream.chat(req)
+
+    async def count(self, req: ChatRequest) -> int:
+        raise self._refuse("counting tokens")
+
+    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]:
+        raise self._refuse(str(msg["type"]))
+
+    async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+        raise self._refuse("embedding")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A model held for one request: the runner to send it to, the manifest whose Modelfile
+    applies, and the seconds the request waited for a load."""
+
+    runner: Runner
+    manifest: Manifest
+    load_seconds: float
 
 
 def _log_done(model: str, s: Stats) -> None:
@@ -70,126 +142,105 @@ class Service:
         self.max_embed_inputs = MAX_EMBED_INPUTS
         self.upstreams: dict[str, Upstream] = {}  # remote models by manifest digest
 
-    def _upstream(self, req: ChatRequest) -> tuple[Manifest, Upstream] | None:
-        """The remote server `req`'s model runs on (FROM http(s)://), or None for a local
-        model (or an unknown one: the lease reports it)."""
-        try:
-            _, manifest = self.store.get(req.model)
-        except StoreError:
-            return None
+    def resolve(self, model: str) -> Target:
+        """The model `model` names, looked up once: a 404 or 400 if there is none."""
+        name, manifest = self.scheduler.lookup(model)
         if manifest.remote is None:
-            return None
+            return Target(name, manifest)
         upstream = self.upstreams.get(manifest.digest)
         if upstream is None:
             upstream = self.upstreams[manifest.digest] = Upstream(manifest.name, manifest.remote)
-        return manifest, upstream
+        return Target(name, manifest, upstream)
 
-    def _local_only(self, req: ChatRequest, what: str) -> None:
-        if self._upstream(req) is not None:
-            raise EngineError(f"{req.model} is served by a remote server: {what} is not "
-                              "available for it", status=400)
-
-    def check(self, req: ChatRequest) -> None:
-        """The request's bounds (llmrun/bounds.py), before a runner is leased: what the
-        engine cannot afford is answered 400 here and never reaches the shared runner."""
-        bounds.check_request(req, self._model_stops(req))
+    def prepare(self, req: ChatRequest) -> Target:
+        """`req`'s model, looked up, and the request checked against its bounds
+        (llmrun/bounds.py) before a runner is leased: what the engine cannot afford is
+        answered 400 here and never reaches the shared runner. The bounds come first, so a
+        request both malformed and for an unknown model is told what is malformed."""
+        try:
+            target = self.resolve(req.model)
+        except EngineError:
+            self.check(req)
+            raise
+        self.check(req)
         if any(m.images for m in req.messages):
-            self._check_vision(req)
+            self._check_vision(req, target)
+        return target
 
-    def _check_vision(self, req: ChatRequest) -> None:
+    @staticmethod
+    def check(req: ChatRequest) -> None:
+        """The bounds a request is held to whatever its model (llmrun/bounds.py)."""
+        bounds.check_request(req)
+
+    @staticmethod
+    def _check_vision(req: ChatRequest, target: Target) -> None:
         """Images go only to a model with a vision projector: any other answers 400 here,
         before it is loaded for nothing."""
-        try:
-            _, manifest = self.store.get(req.model)
-        except StoreError:
-            return  # the lease reports the unknown model
-        if manifest.remote is not None:
+        if target.upstream is not None:
             raise EngineError(f"model '{req.model}' is served by a remote server; images are "
                               "not forwarded to remote models", status=400)
-        if manifest.projector is None:
+        if target.manifest.projector is None:
             raise EngineError(f"model '{req.model}' does not accept images: it has no vision "
                               "projector (a Modelfile's second FROM names one)", status=400)
 
-    def _model_stops(self, req: ChatRequest) -> frozenset[str]:
-        """The model's own stop strings, which a dialect may add to the client's (they do
-        not count against LLMRUN_MAX_STOP); looked up only when the count matters."""
-        if len(req.options.stop or []) <= config.max_stop():
-            return frozenset()
-        try:
-            _, manifest = self.store.get(req.model)
-        except StoreError:
-            return frozenset()  # the lease reports the unknown model
-        return frozenset(manifest.options().stop or [])
-
     @contextlib.asynccontextmanager
-    async def _lease(self, req: ChatRequest) -> AsyncIterator[Lease]:
-        """The model `req` names, held through the scheduler for the block (counted)."""
-        async with self.scheduler.use(req.model, req.options, req.keep_alive) as lease:
-            if self.metrics is not None:
-                self.metrics.leases.labels(lease.manifest.name).inc()
-            yield lease
+    async def _hold(self, req: ChatRequest, target: Target,
+                    kind: str | None) -> AsyncIterator[Held]:
+        """`target` held for the block: a local model through the scheduler (loaded if need
+        be), a remote one as its server; each counted, with the runner request (`kind`:
+        generate, count, embed, tokenize...; None for a load alone) it is held for."""
+        if target.upstream is not None:
+            yield self._counted(Held(RemoteRunner(target.upstream, req.model), target.manifest,
+                                     0.0), kind)
+            return
+        async with self.scheduler.use((target.name, target.manifest), req.options,
+                                      req.keep_alive) as lease:
+            yield self._counted(Held(lease.runner, lease.manifest, lease.load_seconds), kind)
 
-    def _runner_request(self, lease: Lease, kind: str) -> None:
-        """Count one request sent to a runner (generate, count or embed)."""
+    def _counted(self, held: Held, kind: str | None) -> Held:
         if self.metrics is not None:
-            self.metrics.runner_requests.labels(lease.manifest.name, kind).inc()
+            self.metrics.leases.labels(held.manifest.name).inc()
+            if kind is not None:
+                self.metrics.runner_requests.labels(held.manifest.name, kind).inc()
+        return held
 
     async def chat(self, req: ChatRequest, leased: asyncio.Event | None = None
                    ) -> AsyncGenerator[Started | Progress | Chunk | Done, None]:
         """The request's events: Started (the prompt's size, once it has a slot), Progress
         (only if `req.progress`), Chunks, Done; an EngineError before Started means nothing
-        was generated. `leased` is set
-        once the model is loaded and the request is on its way to the runner (a dialect
-        that must answer before the first token can tell a load from a queue)."""
+        was generated. `leased` is set once the model is loaded and the request is on its
+        way to the runner (a dialect that must answer before the first token can tell a
+        load from a queue)."""
         t0 = time.perf_counter()
-        self.check(req)
-        event: Started | Progress | Chunk | Done  # (an upstream's has no Progress)
-        remote = self._upstream(req)
-        if remote is not None:
-            manifest, upstream = remote
+        target = self.prepare(req)
+        async with self._hold(req, target, "generate") as held:
             if leased is not None:
                 leased.set()
-            async for event in upstream.chat(merged(req, manifest)):
+            async for event in held.runner.generate(merged(req, held.manifest)):
                 if isinstance(event, Done):
+                    event.stats.load_ns = int(held.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
                     _log_done(req.model, event.stats)
                     if self.metrics is not None:
-                        self.metrics.observe(manifest.name, event.stats)
-                yield event
-            return
-        async with self._lease(req) as lease:
-            if leased is not None:
-                leased.set()
-            self._runner_request(lease, "generate")
-            async for event in lease.runner.generate(merged(req, lease.manifest)):
-                if isinstance(event, Done):
-                    event.stats.load_ns = int(lease.load_seconds * 1e9)
-                    event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
-                    _log_done(req.model, event.stats)
-                    if self.metrics is not None:
-                        self.metrics.observe(lease.manifest.name, event.stats)
+                        self.metrics.observe(held.manifest.name, event.stats)
                 yield event
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
         the same request `chat` would send, so the count matches its `prompt_tokens`."""
-        self.check(req)
-        self._local_only(req, "counting tokens")
-        async with self._lease(req) as lease:
-            self._runner_request(lease, "count")
-            return await lease.runner.count(merged(req, lease.manifest))
+        target = self.prepare(req)
+        async with self._hold(req, target, "count") as held:
+            return await held.runner.count(merged(req, held.manifest))
 
     async def tokens(self, req: ChatRequest, msg: dict[str, Any], answer: str
                      ) -> dict[str, Any]:
         """A token utility on `req`'s model (loaded if need be): `msg` is the runner message
         (count with detail, tokenize, detokenize), `answer` the event it replies with."""
-        self.check(req)
-        self._local_only(req, str(msg["type"]))
-        async with self._lease(req) as lease:
-            self._runner_request(lease, str(msg["type"]))
+        target = self.prepare(req)
+        async with self._hold(req, target, str(msg["type"])) as held:
             if msg["type"] == "count":
-                msg = {**msg, "request": merged(req, lease.manifest).model_dump()}
-            return await lease.runner.ask(msg, answer)
+                msg = {**msg, "request": merged(req, held.manifest).model_dump()}
+            return await held.runner.ask(msg, answer)
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:
@@ -199,11 +250,10 @@ class Service:
                               f"{self.max_embed_inputs} can be embedded in one request",
                               status=413, kind="request_too_large")
         t0 = time.perf_counter()
-        self._local_only(req, "embedding")
-        async with self._lease(req) as lease:
-            self._runner_request(lease, "embed")
-            vectors, n_tokens = await lease.runner.embed(inputs, truncate)
-            return (vectors, n_tokens, int(lease.load_seconds * 1e9),
+        target = self.resolve(req.model)
+        async with self._hold(req, target, "embed") as held:
+            vectors, n_tokens = await held.runner.embed(inputs, truncate)
+            return (vectors, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
     def ps(self) -> list[ModelState]:
@@ -226,7 +276,5 @@ class Service:
     async def load(self, req: ChatRequest) -> float:
         """Load (or keep) the model without generating; returns seconds spent loading (none
         for a remote model: its server holds it)."""
-        if self._upstream(req) is not None:
-            return 0.0
-        async with self._lease(req) as lease:
-            return lease.load_seconds
+        async with self._hold(req, self.resolve(req.model), None) as held:
+            return held.load_seconds
