@@ -7,7 +7,7 @@ import math
 import pytest
 
 from llmrun.config import parse_host
-from llmrun.server.scheduler import parse_keep_alive
+from llmrun.server.keepalive import parse as parse_keep_alive
 
 
 @pytest.mark.parametrize(

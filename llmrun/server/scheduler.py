@@ -31,28 +31,21 @@ import copy
 import dataclasses
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from llmrun import bounds, config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Progress, Started
-from llmrun.server import fit
+from llmrun.server import fit, keepalive, memory
 from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
-from llmrun.store import InvalidName, Manifest, ModelNotFound, Store, StoreError
-from llmrun.store import gguf as gguf_reader
+from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
 from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
 
 _warned_unconfined: list[bool] = []  # the sandbox warning is given once per daemon
 
@@ -71,64 +64,6 @@ def _warn_unconfined(info: dict[str, Any]) -> None:
 def model_key(manifest: Manifest) -> str:
     """What makes two names the same loaded model: the same weights and the same adapters."""
     return "+".join([manifest.layer.digest, *(a.digest for a in manifest.adapters)])
-
-
-def available_memory() -> int:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: do not refuse on a guess
-
-
-KV_BYTES = fit.KV_BYTES
-
-
-def estimate_memory(info: gguf_reader.GGUFInfo, weights: int, spec: RunnerSpec) -> int:
-    """Weights + the KV cache (of its element type) for every slot's full context + the
-    prompt states it may keep in memory + a compute-buffer allowance."""
-    n_layer = int(info.arch_value("block_count", 0) or 0)
-    kv = n_layer * fit.kv_width(info) * spec.n_ctx * spec.n_slots
-    kv = int(kv * KV_BYTES[spec.kv_type])
-    # (a vision projector's weights are in `weights`; its encoder needs buffers of its own)
-    vision = (128 << 20) if spec.projector_path else 0
-    return weights + kv + spec.prompt_cache_ram + fit.COMPUTE_BYTES + vision
-
-
-def needs_of(shape: fit.ModelShape, spec: RunnerSpec, need: int) -> fit.Needs:
-    """The fit's view of a load: its KV cache, and in host memory whatever the runner keeps
-    there (prompt states, the projector, the draft model, adapters), as the part of the
-    estimate `need` the model's own layers do not explain."""
-    needs = fit.Needs(n_ctx=spec.n_ctx, n_slots=spec.n_slots, kv_type=spec.kv_type)
-    own = fit.fit(shape, needs, []).size
-    return dataclasses.replace(needs, host=max(0, need - own))
-
-
-def parse_keep_alive(value: str | float | int | None) -> float:
-    """Seconds to keep a model loaded: `5m`, `1h30m`, `30s`, a number of seconds;
-    negative means forever (math.inf), 0 means unload once idle."""
-    if value is None:
-        value = config.keep_alive()
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = value.strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            sign = -1.0 if text.startswith("-") else 1.0
-            body = text[1:] if text[:1] in "+-" else text
-            parts = _DURATION.findall(body)
-            if not parts or "".join(n + u for n, u in parts) != body:
-                raise ValueError(f"invalid keep_alive duration {value!r}") from None
-            seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
-    if math.isnan(seconds):
-        raise ValueError(f"invalid keep_alive duration {value!r}")
-    return math.inf if seconds < 0 else seconds
 
 
 def _main_gpu(spec: RunnerSpec) -> int | None:
@@ -240,19 +175,36 @@ class ModelState:
     engine: dict[str, Any] = field(default_factory=dict)  # its engine's step counters
 
 
-def _expires_at_iso(loaded: Loaded) -> str:
-    """When an idle model will be unloaded; a busy one, its keep-alive from now."""
-    busy = loaded.refs > 0
-    remaining = loaded.keep_alive if busy else loaded.expires_at - time.monotonic()
-    if math.isinf(remaining):
-        return "2318-01-01T00:00:00Z"  # "forever", far in the future as Ollama shows it
-    when = datetime.now(UTC) + timedelta(seconds=max(0.0, remaining))
-    return when.isoformat().replace("+00:00", "Z")
+def snapshot(m: Loaded) -> ModelState:
+    """What `ps` shows of a loaded model, read off the table's entry."""
+    info = m.runner.info
+    # what the runner measured on each GPU, where it could; the estimate elsewhere
+    measured = info.get("devices") or {}
+    estimated = m.placement.memory if m.placement is not None else {CPU: m.memory}
+    per_device = {k: int(measured.get(k) or v) for k, v in estimated.items()}
+    vram = sum(v for k, v in per_device.items() if k != CPU)
+    placed = m.placement
+    # With every layer on GPUs, `size` is what they hold, as Ollama's `ps` reports a
+    # full offload (size_vram == size, "100% GPU"): the host's part then is the input
+    # embeddings and the prompt states, which compute nothing (an H200 run showed a fully
+    # offloaded SmolLM2 as "46%/54% CPU/GPU" when they were counted). `devices` keeps it.
+    full = placed is not None and placed.layers > 0 and placed.n_gpu_layers >= placed.layers
+    return ModelState(name=m.name, manifest=m.manifest, expires_at=keepalive.expires_at_iso(
+                          m.keep_alive if m.refs > 0 else m.expires_at - time.monotonic()),
+                      context_length=info.get("n_ctx_seq", m.spec.n_ctx),
+                      slots=m.spec.n_slots, slots_busy=m.runner.busy,
+                      sandbox=list(info.get("sandbox", [])),
+                      confined=bool(info.get("confined", False)),
+                      reload_pending=m.reloads_waiting > 0,
+                      memory=vram if full else sum(per_device.values()),
+                      devices=per_device, vram=vram,
+                      kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
+                      placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
 
 
 class Scheduler:
     def __init__(self, store: Store, logs: Path, runner_factory: RunnerFactory = RunnerProcess,
-                 free_memory: Callable[[], int] = available_memory,
+                 free_memory: Callable[[], int] = memory.available,
                  devices: Callable[[], Awaitable[list[Device]]] | None = None) -> None:
         self.store = store
         self.logs = logs
@@ -334,32 +286,7 @@ class Scheduler:
 
     def models(self) -> list[ModelState]:
         """The loaded models (not those still loading), as snapshots."""
-        return [self._snapshot(m) for m in self._models.values() if m.state == READY]
-
-    @staticmethod
-    def _snapshot(m: Loaded) -> ModelState:
-        info = m.runner.info
-        # what the runner measured on each GPU, where it could; the estimate elsewhere
-        measured = info.get("devices") or {}
-        estimated = m.placement.memory if m.placement is not None else {CPU: m.memory}
-        per_device = {k: int(measured.get(k) or v) for k, v in estimated.items()}
-        vram = sum(v for k, v in per_device.items() if k != CPU)
-        placed = m.placement
-        # With every layer on GPUs, `size` is what they hold, as Ollama's `ps` reports a
-        # full offload (size_vram == size, "100% GPU"): the host's part then is the input
-        # embeddings and the prompt states, which compute nothing (an H200 run showed a fully
-        # offloaded SmolLM2 as "46%/54% CPU/GPU" when they were counted). `devices` keeps it.
-        full = placed is not None and placed.layers > 0 and placed.n_gpu_layers >= placed.layers
-        return ModelState(name=m.name, manifest=m.manifest, expires_at=_expires_at_iso(m),
-                          context_length=info.get("n_ctx_seq", m.spec.n_ctx),
-                          slots=m.spec.n_slots, slots_busy=m.runner.busy,
-                          sandbox=list(info.get("sandbox", [])),
-                          confined=bool(info.get("confined", False)),
-                          reload_pending=m.reloads_waiting > 0,
-                          memory=vram if full else sum(per_device.values()),
-                          devices=per_device, vram=vram,
-                          kv_cache_type=m.spec.kv_type, flash_attention=m.spec.flash_attention,
-                          placement=info.get("rpc"), engine=dict(m.runner.engine_stats))
+        return [snapshot(m) for m in self._models.values() if m.state == READY]
 
     def lookup(self, name: str) -> tuple[ModelName, Manifest]:
         """The store's entry for `name`, or the error a request for it gets (404, 400)."""
@@ -377,7 +304,7 @@ class Scheduler:
         """Hold a loaded runner for `model` (a name, or what `lookup` gave for it: the
         service looks a request's model up once) for the duration of the block."""
         try:
-            ttl = parse_keep_alive(keep_alive)
+            ttl = keepalive.parse(keep_alive)
         except ValueError as exc:
             raise EngineError(str(exc), status=400, kind="invalid_request") from None
         parsed, manifest = self.lookup(model) if isinstance(model, str) else model
@@ -475,7 +402,8 @@ class Scheduler:
                 await self.unload(old)
             for retiring in list(self._retiring.get(key, [])):
                 await retiring.stopped.wait()  # never two runners for one model at once
-            need, shape = await asyncio.to_thread(self._check_files, short, loaded.manifest,
+            need, shape = await asyncio.to_thread(memory.check_files, self.store,
+                                                  self._verified, short, loaded.manifest,
                                                   loaded.spec)
             loaded.memory = need
             await self._make_room(loaded, need, shape)
@@ -508,37 +436,6 @@ class Scheduler:
         self._ensure_reaper()
         if loaded.unload_when_idle and not loaded.waiting:
             await self.unload(loaded)
-
-    def _check_files(self, name: str, manifest: Manifest,
-                     spec: RunnerSpec) -> tuple[int, fit.ModelShape]:
-        """Before llama.cpp reads a file: it must still hash to its digest (checked once per
-        file version: size and mtime) and its GGUF header must pass the validator.
-        Returns the memory the loaded model will need, in bytes (an estimate), and the
-        model's shape (for the fit)."""
-        files = (*spec.model_paths, *spec.lora_paths,
-                 *([spec.projector_path] if spec.projector_path else []), *spec.draft_paths)
-        draft = None
-        try:
-            if spec.draft_model:
-                _, draft = self.store.get(spec.draft_model)
-            versions = {(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files}
-            if not versions <= self._verified:
-                self.store.verify(manifest)  # hashes every file of the model once
-                if draft is not None:
-                    self.store.verify(draft)
-                for p in files[1:]:
-                    gguf_reader.read(p)
-            info = gguf_reader.read(files[0])
-            parts = [info, *(gguf_reader.read(p) for p in spec.model_paths[1:])]
-            self._verified |= versions
-            need = estimate_memory(info, manifest.size, spec)
-            if draft is not None:  # its weights, its own KV cache and compute buffers
-                need += estimate_memory(gguf_reader.read(spec.draft_paths[0]), draft.size,
-                                        dataclasses.replace(spec, prompt_cache_ram=0,
-                                                            projector_path=None))
-        except (OSError, StoreError, gguf_reader.GGUFError) as exc:
-            raise EngineError(f"model '{name}' cannot be loaded: {exc}") from None
-        return need, fit.shape_of(parts)
 
     async def _start(self, loaded: Loaded, shape: fit.ModelShape) -> None:
         """Start the runner with the layers the fit placed; when that load fails with layers
@@ -629,7 +526,7 @@ class Scheduler:
                                        - pending.get(d.name, 0)) for d in devices]
         if num_gpu is None and spec.gpu_layers >= 0:
             num_gpu = spec.gpu_layers
-        placement = fit.fit(shape, needs_of(shape, spec, need), devices, num_gpu=num_gpu,
+        placement = fit.fit(shape, memory.needs_of(shape, spec, need), devices, num_gpu=num_gpu,
                             main_gpu=_main_gpu(spec), overhead=config.gpu_overhead())
         if placement.n_gpu_layers == 0:  # all on the CPU: the estimate, as without GPUs
             placement = dataclasses.replace(placement, memory={CPU: need})
