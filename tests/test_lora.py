@@ -12,6 +12,7 @@ import pytest
 
 from llmrun.engine import llama
 from llmrun.request import EngineError
+from llmrun.server import memory
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import CreateError, Store
 from tests.tinymodel import N_EMBD, N_FF, N_HEAD, N_HEAD_KV, write_tiny_llama
@@ -231,12 +232,12 @@ def test_scheduler_spec_and_file_check(files: Path, tmp_path: Path) -> None:
     assert spec.lora_paths == (store.blobs.path(m.adapters[0].digest),)
     assert spec != sched.spec_for(store.create("plain", "FROM ./tiny.gguf\n", base_dir=files),
                                   Options())
-    sched._check_files("tuned", m, spec)
+    memory.check_files(store, set(), "tuned", m, spec)
     with open(spec.lora_paths[0], "r+b") as fh:  # tamper with the adapter blob
         fh.seek(-4, 2)
         fh.write(b"\xff" * 4)
     with pytest.raises(EngineError, match="modified on disk"):
-        sched._check_files("tuned", m, spec)
+        memory.check_files(store, set(), "tuned", m, spec)
 
 
 def test_runner_with_lora(files: Path, tmp_path: Path) -> None:
