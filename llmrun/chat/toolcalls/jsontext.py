@@ -102,3 +102,16 @@ def json_values(text: str, truncated: bool = False) -> list[Any] | None:
         i = end
         out.extend(value if isinstance(value, list) else [value])
     return out or None
+
+
+def whole_object(text: str) -> dict[str, Any] | None:
+    """The JSON object `text` opens with, if it closes (what follows it aside)."""
+    s = text.lstrip()
+    end = balanced(s, 0) if s.startswith("{") else None
+    if end is None or nesting(s[:end]) > MAX_DEPTH:
+        return None
+    try:
+        value = loads(s[:end])
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

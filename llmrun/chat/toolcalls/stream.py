@@ -12,25 +12,11 @@ from typing import Any
 
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.toolcalls.check import ToolCheck
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.toolcalls.jsontext import whole_object
 from llmrun.chat.toolcalls.reader import MARKERS, cut_call, new_call_id, parse_calls
 from llmrun.request import PartialCall, ToolCall
 
-
-def _whole_object(text: str) -> dict[str, Any] | None:
-    """The JSON object `text` opens with, if it closes (what follows it aside)."""
-    s = text.lstrip()
-    end = balanced(s, 0) if s.startswith("{") else None
-    if end is None or nesting(s[:end]) > MAX_DEPTH:
-        return None
-    try:
-        value = loads(s[:end])
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-NO, MAYBE, YES = 0, 1, 2
+NO, MAYBE, YES = 0, 1, 2  # `shape`'s verdicts
 # What may begin a call in streamed text: held back from here while undecided.
 _STARTS = re.compile(r"[{\[`<]|functools\[")
 # a fence a call may come in: ```json, ```tool_call (or ```tool_code ...), or no language
@@ -190,7 +176,7 @@ class ToolStream:
                 cut = self.only, ""  # cut before its name was whole (a thought: not begun)
             if cut is not None:
                 name, args = cut
-                whole = _whole_object(args)
+                whole = whole_object(args)
                 if whole is not None and self.check.accepts(name, whole):
                     # only the call's own closing (`}`, `</tool_call>`) was cut
                     return Finished("", lps, [ToolCall(id=new_call_id(), name=name,
