@@ -1,4 +1,4 @@
-"""The benchmark, as a script: see llmrun/bench.py (also `llmrun bench MODEL`)."""
+"""The benchmark, as a script: see llmrun/bench/ (also `llmrun bench MODEL`)."""
 
 from llmrun.bench import main
 

@@ -28,7 +28,7 @@ import httpx
 
 try:
     import jsonschema
-except ImportError:  # installed with llmrun (toolcalls.py checks calls with it)
+except ImportError:  # installed with llmrun (chat/toolcalls/ checks calls with it)
     sys.exit("jsonschema is needed: pip install jsonschema")
 
 

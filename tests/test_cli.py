@@ -386,7 +386,7 @@ def test_bench_decode_window_and_servers() -> None:
     # drifting) moves neither the ratio nor the decode rate kept
     runs = [{"tok_s": t, "decode_tok_s": d, "decode_ratio": d / raw}
             for t, d, raw in ((90, 100, 105), (40, 50, 52), (95, 99, 110))]
-    kept = bench._summary(runs)
+    kept = bench.summary(runs)
     assert kept["tok_s"] == 90 and kept["decode_tok_s"] == 99
     assert kept["decode_ratio"] == pytest.approx(100 / 105)
     row = {"tok_s": 90.0, "decode_tok_s": 99.0, "ttft_p50": 0.1, "ttft_p95": 0.2,

@@ -1,6 +1,6 @@
 """Tool calling for every dialect: tools into the prompt, and the grammars that force a
 call ("required", a named tool) or steer one the model has begun ("auto"). Reading calls
-out of the output is toolcalls.py's.
+out of the output is the toolcalls package's.
 
 The format a model calls tools in depends on how it was trained; the chat template says
 which, so the family is detected from the template text:
@@ -122,7 +122,7 @@ class ToolPlan:
                         special=special)
 
     def stream(self) -> ToolStream:
-        """The filter that reads this request's calls out of its output (toolcalls.py)."""
+        """The filter that reads this request's calls out of its output (toolcalls/)."""
         only = self.choice.name if isinstance(self.choice, NamedTool) else \
             self.tools[0].name if len(self.tools) == 1 else None
         return ToolStream(self.info.family, ToolCheck.of(self.tools), self.parallel,

@@ -22,14 +22,15 @@ from llmrun.store.errors import (
 
 if TYPE_CHECKING:
     from llmrun.store.manifests import Manifest
-    from llmrun.store.store import HOST_PATH_REFUSED, Store, refuse_host_paths
+    from llmrun.store.references import HOST_PATH_REFUSED, refuse_host_paths
+    from llmrun.store.store import Store
 
 __all__ = ["HOST_PATH_REFUSED", "BlobTooLarge", "CreateError", "DigestError", "InvalidName",
            "Manifest", "ModelNotFound", "PullError", "Store", "StoreError",
            "refuse_host_paths"]
 
-_LAZY = {"Store": "llmrun.store.store", "HOST_PATH_REFUSED": "llmrun.store.store",
-         "refuse_host_paths": "llmrun.store.store", "Manifest": "llmrun.store.manifests"}
+_LAZY = {"Store": "llmrun.store.store", "HOST_PATH_REFUSED": "llmrun.store.references",
+         "refuse_host_paths": "llmrun.store.references", "Manifest": "llmrun.store.manifests"}
 
 
 def __getattr__(name: str) -> object:

@@ -1,0 +1,78 @@
+"""The raw baselines on the same model file and thread count, with the servers idle:
+llama-cpp-python's high-level `Llama` streaming one completion (raw-1), and a plain low-level
+loop decoding N sequences in one llama_decode per step (raw-N with its prefill, raw decode
+without: the reference of the ratios). raw-1 calls llama-cpp-python directly: it is the thing
+being compared against, not a use of llama.cpp by llmrun (that goes through engine/llama.py)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+from llmrun.bench.load import PROMPTS
+
+
+def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
+    from llama_cpp import Llama
+
+    from llmrun.chat import templates
+
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, flash_attn=True,
+                verbose=False)
+    # the same rendered prompt the engine sees (some GGUFs carry no chat template)
+    tpl = llm.metadata.get("tokenizer.chat_template") or templates.FALLBACK_TEMPLATE
+    prompt = templates.render(tpl, [{"role": "user", "content": PROMPTS[0]}])
+    t0 = time.perf_counter()
+    n = 0
+    for chunk in llm.create_completion(prompt, max_tokens=tokens, temperature=0.0,
+                                       repeat_penalty=1.0, stream=True):
+        # (llama-cpp-python types the result as a response or a stream, whatever `stream`)
+        n += 1 if chunk["choices"][0]["text"] else 0  # type: ignore[index]
+    wall = time.perf_counter() - t0
+    llm.close()
+    return n / wall
+
+
+def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> tuple[float, float]:
+    """A plain loop: prefill N prompts, then N tokens per llama_decode, greedy, until each
+    sequence has `tokens`. Returns (tokens/s with the prefill in the wall time, tokens/s of
+    the decode steps alone: the tokens after each sequence's first over their time)."""
+    from llmrun.chat import templates
+    from llmrun.engine.llama import Batch, Context, Model, Sampler
+
+    model = Model(gguf)
+    ctx = Context(model, n_ctx_seq=1024, n_seq=n_seq, n_batch=512, n_threads=threads)
+    tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
+    prompts = [model.tokenize(templates.render(tpl, [{"role": "user", "content": p}]),
+                              add_special=False)
+               for p in itertools.islice(itertools.cycle(PROMPTS), n_seq)]
+    samplers = [Sampler(model, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                        repeat_last_n=0, repeat_penalty=1.0, presence_penalty=0.0,
+                        frequency_penalty=0.0, seed=0) for _ in range(n_seq)]
+    batch = Batch(512)
+    t0 = time.perf_counter()
+    nxt, pos = [], []
+    for s, p in enumerate(prompts):
+        batch.clear()
+        for i, t in enumerate(p):
+            idx = batch.add(t, i, s, i == len(p) - 1)
+        ctx.decode(batch)
+        nxt.append(ctx.sample(samplers[s], idx))  # each sequence's first token
+        pos.append(len(p))
+    t_decode = time.perf_counter()
+    for _ in range(max(0, tokens - 1)):
+        batch.clear()
+        rows = [batch.add(nxt[s], pos[s], s, True) for s in range(n_seq)]
+        ctx.decode(batch)
+        for s in range(n_seq):
+            nxt[s] = ctx.sample(samplers[s], rows[s])
+            pos[s] += 1
+    t_end = time.perf_counter()
+    for sm in samplers:
+        sm.close()
+    batch.close()
+    ctx.close()
+    model.close()
+    decode = n_seq * max(0, tokens - 1) / (t_end - t_decode) if tokens > 1 else float("nan")
+    return n_seq * tokens / (t_end - t0), decode

@@ -1,0 +1,102 @@
+"""What `show` says about a stored model: its Modelfile, chat template, GGUF metadata, the
+projector's, its capabilities; and the `details` a manifest keeps from a GGUF header."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from llmrun.store import gguf, modelfile
+from llmrun.store.manifests import Details, Manifest
+
+if TYPE_CHECKING:
+    from llmrun.store.store import Store
+
+
+def human_params(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def details_of(info: gguf.GGUFInfo) -> Details:
+    return Details(
+        family=info.architecture,
+        parameter_size=human_params(info.parameter_count),
+        quantization_level=info.quantization,
+        context_length=info.context_length,
+    )
+
+
+def modelfile_of(store: Store, manifest: Manifest) -> modelfile.Modelfile:
+    """The model as a Modelfile (what `show --modelfile` prints)."""
+    if manifest.remote is not None:  # the key's variable's name, never the key
+        r = manifest.remote
+        remote: dict[str, object] = {"remote_model": r.model}
+        if len(r.urls) > 1:
+            remote["remote_replica"] = r.urls[1:]
+        if r.key_env:
+            remote["remote_key_env"] = r.key_env
+        return modelfile.Modelfile(
+            from_=r.urls[0], parameters=dict(manifest.parameters), system=manifest.system,
+            messages=list(manifest.messages), license=list(manifest.license),
+            remote=remote)
+    projector = store.projector_path(manifest)
+    return modelfile.Modelfile(
+        from_=str(store.model_path(manifest)),
+        extra_from=[str(projector)] if projector is not None else [],
+        parameters=dict(manifest.parameters),
+        template=manifest.template, system=manifest.system,
+        messages=list(manifest.messages), license=list(manifest.license),
+        adapters=[str(p) for p in store.adapter_paths(manifest)])
+
+
+def template_of(store: Store, manifest: Manifest) -> str:
+    """The chat template the model renders with: the Modelfile's, else its GGUF's."""
+    if manifest.template:
+        return manifest.template
+    if manifest.remote is not None:
+        return ""  # its server's own
+    return gguf.read(store.model_path(manifest)).chat_template or ""
+
+
+def model_info(store: Store, manifest: Manifest) -> dict[str, object]:
+    """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`; for a
+    remote model, where it is served."""
+    if manifest.remote is not None:
+        return {"general.architecture": "remote", "remote.urls": manifest.remote.urls,
+                "remote.model": manifest.remote.model}
+    return _scalar_info(gguf.read(store.model_path(manifest)))
+
+
+def projector_info(store: Store, manifest: Manifest) -> dict[str, object] | None:
+    """The vision projector's metadata, as model_info (Ollama's `projector_info`)."""
+    path = store.projector_path(manifest)
+    return _scalar_info(gguf.read(path)) if path is not None else None
+
+
+def capabilities(template: str, info: Mapping[str, object], vision: bool = False) -> list[str]:
+    """Every model takes tools here: a template without tool support gets them in a system
+    preamble. `vision` is having a projector: images need one, whatever the template says."""
+    from llmrun.chat import thinking
+
+    out = ["completion", "tools"]
+    if "tokenizer.ggml.fim_pre_token_id" in info:
+        out.append("insert")
+    if thinking.markers(template):
+        out.append("thinking")
+    if vision:
+        out.append("vision")
+    return out
+
+
+def _scalar_info(info: gguf.GGUFInfo) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in info.metadata.items():
+        if isinstance(value, gguf.ArraySummary):
+            out[key] = None  # Ollama leaves the big tokenizer arrays out unless verbose
+        elif key != "tokenizer.chat_template":
+            out[key] = value
+    out["general.parameter_count"] = info.parameter_count
+    return out
