@@ -21,13 +21,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmrun import __version__, config
 from llmrun.api import anthropic, ollama, openai, responses, tokens
 from llmrun.api.validation import describe_validation_error
+from llmrun.daemon.limits import BodyLimit, RateLimit
+from llmrun.daemon.security import Security, authorized, dialect_error
 from llmrun.request import EngineError
 from llmrun.server.devices import DeviceList
-from llmrun.server.limits import BodyLimit, RateLimit
 from llmrun.server.metrics import CONTENT_TYPE, Metrics
 from llmrun.server.responsestore import ResponseStore
 from llmrun.server.scheduler import Scheduler
-from llmrun.server.security import Security, authorized, dialect_error
 from llmrun.server.service import Service
 from llmrun.store import Store
 
