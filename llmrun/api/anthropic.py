@@ -22,16 +22,16 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun import jsonio
+from llmrun.api.dialect import Dialect
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import OutputStream, first_output
 from llmrun.api.images import fetched, from_media_type, from_url
@@ -149,23 +149,6 @@ def engine_message(exc: EngineError, model: str) -> str:
 
 def engine_error(exc: EngineError, model: str) -> JSONResponse:
     return error(exc.status, engine_message(exc, model), exc.retry_after)
-
-
-class AnthropicRoute(APIRoute):
-    """Routes whose failures, request validation included, answer in Anthropic's shape."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                return error(400, describe_validation_error(exc, quote_field=False))
-            except EngineError as exc:
-                return error(exc.status, exc.message, getattr(exc, "retry_after", None))
-
-        return route
 
 
 # ---- request: Anthropic -> ChatRequest --------------------------------------------------
@@ -654,7 +637,7 @@ async def _stream(body: MessagesBody, started: Started | None,
 
 
 def router(service: Service) -> APIRouter:
-    api = APIRouter(route_class=AnthropicRoute)
+    api = APIRouter()
 
     async def respond(body: MessagesBody, req: ChatRequest) -> Response:
         """Errors within the grace period are HTTP errors; later ones (the stream opened
@@ -721,3 +704,20 @@ def router(service: Service) -> APIRouter:
         return JSONResponse({"input_tokens": n})
 
     return api
+
+
+def _validation_error(exc: RequestValidationError) -> Response:
+    return error(400, describe_validation_error(exc, quote_field=False))
+
+
+def _engine_error(exc: EngineError) -> Response:
+    """An engine error no route caught (an image that cannot be fetched, a body that cannot
+    become a request): Anthropic's shape, without the prompt-too-long wording."""
+    return error(exc.status, exc.message, exc.retry_after)
+
+
+DIALECT = Dialect(
+    name="anthropic", prefixes=("/v1/messages",),
+    routers=lambda backends: [router(backends.service)],
+    error_body=lambda status, message, _: error_body(status, message),
+    validation_error=_validation_error, engine_error=_engine_error)

@@ -16,6 +16,12 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from llmrun import __version__, config, jsonio
+from llmrun.api.dialect import (
+    Dialect,
+    plain_engine_error,
+    plain_error_body,
+    plain_validation_error,
+)
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import EventStream, OutputStream, first_output
 from llmrun.api.images import from_base64, from_data_url
@@ -820,3 +826,11 @@ def _modelfile_from(body: CreateBody, allow_remote: bool = False) -> Modelfile:
         license=licenses)
     refuse_host_paths(mf, allow_remote)
     return mf
+
+
+DIALECT = Dialect(
+    name="ollama", prefixes=("/",),
+    routers=lambda backends: [router(backends.service),
+                              store_router(backends.store, backends.devices)],
+    error_body=plain_error_body, validation_error=plain_validation_error,
+    engine_error=plain_engine_error)
