@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from llmrun.api.anthropic import CountBody, to_request
+from llmrun.api.anthropic.wire import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
 from llmrun.engine.draft import common_prefix
 from llmrun.engine.llama import Context, Model
