@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from llmrun import __version__, jsonio
 from llmrun.api.events import EventStream, OutputStream, first_output
-from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error_body
+from llmrun.api.openai.errors import ApiError, api_error, engine_error_fields, error_body
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody
 from llmrun.request import (
     ChatRequest,
@@ -142,7 +142,7 @@ async def _start(service: Service, reqs: list[ChatRequest]) -> Choices | JSONRes
 
 def _stream_error(exc: Exception) -> bytes:
     if isinstance(exc, EngineError):
-        status, message, param, code, _ = _engine_error(exc)
+        status, message, param, code, _ = engine_error_fields(exc)
         return sse(error_body(status, message, param, code))
     log.exception("stream failed", exc_info=exc)
     return sse(error_body(500, f"internal error: {type(exc).__name__}"))

@@ -75,7 +75,7 @@ def _image(part: ContentPart, param: str) -> str:
         raise ApiError(exc.status, exc.message, param) from None
 
 
-def _arguments(raw: Any, param: str) -> dict[str, Any]:
+def tool_arguments(raw: Any, param: str) -> dict[str, Any]:
     """A call's arguments (a JSON object, or its text) as a dict; 400 naming `param`."""
     if isinstance(raw, dict):
         return raw
@@ -103,7 +103,7 @@ def _messages(body: ChatCompletionBody) -> list[Message]:
         elif m.role == "assistant":
             calls = []
             for j, c in enumerate(m.tool_calls or []):
-                args = _arguments(c.function.arguments,
+                args = tool_arguments(c.function.arguments,
                                   f"messages[{i}].tool_calls[{j}].function.arguments")
                 call_id = c.id or f"call_{i}_{j}"
                 names[call_id] = c.function.name
