@@ -21,8 +21,7 @@ from llmrun.api.dialect import (
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError
-from llmrun.api.openai.translate import chat_requests
-from llmrun.api.openai.wire import ChatCompletionBody
+from llmrun.api.openai.wire import ChatCompletionBody, chat_requests
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
 

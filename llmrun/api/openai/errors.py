@@ -83,7 +83,7 @@ def _is_type_tag(part: str) -> bool:
 
 
 
-def _invalid(exc: ValidationError) -> JSONResponse:
+def invalid_value(exc: ValidationError) -> JSONResponse:
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"])
     return error(400, f"Invalid value for '{param}': {first['msg']}", param or None)

@@ -131,7 +131,7 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-async def _start(service: Service, reqs: list[ChatRequest]) -> Choices | JSONResponse:
+async def start_choices(service: Service, reqs: list[ChatRequest]) -> Choices | JSONResponse:
     choices = Choices(service, reqs)
     try:
         await choices.start()
@@ -175,7 +175,7 @@ class ChatChoice:
     stats: Stats | None = None
 
 
-async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
+async def chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
                         choices: Choices, cid: str, created: int) -> Response:
     acc = [ChatChoice() for _ in reqs]
     try:
@@ -217,7 +217,7 @@ async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
     })
 
 
-async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choices: Choices,
+async def chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choices: Choices,
                        cid: str, created: int) -> AsyncIterator[bytes]:
     usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -290,7 +290,7 @@ class LegacyLogprobs:
         return out
 
 
-async def _completion_collect(body: CompletionBody, prompts: list[str],
+async def completion_collect(body: CompletionBody, prompts: list[str],
                               reqs: list[ChatRequest], choices: Choices, cid: str,
                               created: int) -> Response:
     texts = [[p] if body.echo else [] for p in prompts]
@@ -333,7 +333,7 @@ def _usage_per_prompt(stats: list[Stats], n: int) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
-async def _completion_stream(body: CompletionBody, prompts: list[str], reqs: list[ChatRequest],
+async def completion_stream(body: CompletionBody, prompts: list[str], reqs: list[ChatRequest],
                              choices: Choices, cid: str, created: int) -> AsyncIterator[bytes]:
     usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -14,8 +14,7 @@ from pydantic import Field
 
 from llmrun.api.images import from_url
 from llmrun.api.openai.errors import ApiError
-from llmrun.api.openai.translate import tool_arguments
-from llmrun.api.openai.wire import LlamaExtras
+from llmrun.api.openai.wire import LlamaExtras, tool_arguments
 from llmrun.request import (
     ChatRequest,
     EngineError,
