@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from llmrun import jsonio
 from llmrun.api.anthropic.errors import engine_error, engine_message, error_body
 from llmrun.api.anthropic.wire import MessagesBody, shows_thinking
-from llmrun.api.events import OutputStream, first_output
+from llmrun.api.events import OutputStream, first_event, first_output
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -259,41 +259,45 @@ async def respond(service: Service, body: MessagesBody, req: ChatRequest) -> Res
     leased = asyncio.Event()
     # (no Progress: this request asks for none)
     events = cast("AsyncGenerator[Started | Chunk | Done, None]", service.chat(req, leased))
+    def on_error(exc: EngineError) -> Response:
+        return engine_error(exc, body.model)
+
     if not req.stream:
-        try:
-            return await _collect(body, await first_output(events),
-                                  cast(OutputStream, events))
-        except EngineError as exc:
-            return engine_error(exc, body.model)
+        output = await first_event(first_output(events), events.aclose, (EngineError,),
+                                   on_error)
+        if isinstance(output, Response):
+            return output
+        return await _collect(body, output.result(), cast(OutputStream, events))
     # What fails at once (a full queue, a prompt over the context) or while the model
     # loads is still an HTTP error; past the grace period after the load the stream
     # starts and pings while the request waits for a slot or its prompt is read.
     loop = asyncio.get_running_loop()
-    first = asyncio.ensure_future(anext(events))
-    started: Started | None = None
-    try:
-        loaded = asyncio.ensure_future(leased.wait())
+    deadline = loop.time() + PING_GRACE
+
+    async def loaded_and_grace(first: asyncio.Future[Started | Chunk | Done]) -> None:
+        nonlocal deadline
+        loaded: asyncio.Future[Any] = asyncio.ensure_future(leased.wait())
         try:
             await asyncio.wait({first, loaded}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             loaded.cancel()
         deadline = loop.time() + PING_GRACE
         await asyncio.wait({first}, timeout=PING_GRACE)
-        if first.done() and isinstance(got := first.result(), Started):
-            started = got
-            first = asyncio.ensure_future(anext(events))
-            await asyncio.wait({first}, timeout=max(0.0, deadline - loop.time()))
-        if first.done():
-            first.result()
-    except EngineError as exc:
-        await events.aclose()
-        return engine_error(exc, body.model)
-    except BaseException:  # the client left (unless_disconnected cancels this)
-        first.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await first
-        await events.aclose()
-        raise
+
+    async def rest_of_grace(first: asyncio.Future[Started | Chunk | Done]) -> None:
+        await asyncio.wait({first}, timeout=max(0.0, deadline - loop.time()))
+
+    first = await first_event(anext(events), events.aclose, (EngineError,), on_error,
+                              loaded_and_grace)
+    if isinstance(first, Response):
+        return first
+    started: Started | None = None
+    if first.done() and isinstance(got := first.result(), Started):
+        started = got  # and within what is left of the grace period, the first output
+        first = await first_event(anext(events), events.aclose, (EngineError,), on_error,
+                                  rest_of_grace)
+        if isinstance(first, Response):
+            return first
     return StreamingResponse(_stream(body, started, first, events),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})

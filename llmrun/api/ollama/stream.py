@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmrun import jsonio
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.api.events import EventStream, OutputStream, first_output
+from llmrun.api.events import EventStream, OutputStream, first_event, first_output
 from llmrun.api.ollama.errors import error
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Progress, Started, Stats, ToolCall
 from llmrun.server.service import Service
@@ -97,28 +97,32 @@ def _done_obj(req: ChatRequest, stats: Stats, shape: Shape, content: str = "",
 
 
 async def respond(req: ChatRequest, events: EventStream,
-                   shape: Shape, request: Request | None = None) -> Response:
+                  shape: Shape, request: Request | None = None) -> Response:
     """Errors before the first token are HTTP errors; after it, a final NDJSON error line.
     A non-streaming request whose client disconnects is cancelled."""
     if not req.stream:
         return await unless_disconnected(request, _first_then_collect(req, events, shape))
-    try:
-        # with `return_progress` the stream opens once the prompt has a slot, to say how
-        # far its reading is; else with the first token
-        first = await anext(events) if req.progress else await first_output(events)
-    except EngineError as exc:
-        return error(exc.status, exc.message, exc.retry_after)
-    return StreamingResponse(_ndjson(req, first, events, shape),
+    # with `return_progress` the stream opens once the prompt has a slot, to say how far its
+    # reading is; else with the first token
+    first = await first_event(anext(events) if req.progress else first_output(events),
+                              events.aclose, (EngineError,), _engine_error)
+    if isinstance(first, Response):
+        return first
+    return StreamingResponse(_ndjson(req, first.result(), events, shape),
                              media_type="application/x-ndjson")
 
 
 async def _first_then_collect(req: ChatRequest, events: EventStream,
                               shape: Shape) -> Response:
-    try:
-        first = await first_output(events)
-    except EngineError as exc:
-        return error(exc.status, exc.message, exc.retry_after)
-    return await _collect(req, first, cast(OutputStream, events), shape)
+    first = await first_event(first_output(events), events.aclose, (EngineError,),
+                              _engine_error)
+    if isinstance(first, Response):
+        return first
+    return await _collect(req, first.result(), cast(OutputStream, events), shape)
+
+
+def _engine_error(exc: EngineError) -> Response:
+    return error(exc.status, exc.message, exc.retry_after)
 
 
 async def _ndjson(req: ChatRequest, first: Started | Progress | Chunk | Done,

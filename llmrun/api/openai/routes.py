@@ -62,7 +62,7 @@ async def _answer(request: Request, service: Service, reqs: list[ChatRequest], i
 
     async def respond() -> Response:
         started = await start_choices(service, reqs)
-        if isinstance(started, JSONResponse):
+        if isinstance(started, Response):
             return started
         cid, created = f"{id_prefix}-{secrets.token_hex(12)}", int(time.time())
         if not reqs[0].stream:

@@ -13,7 +13,7 @@ from typing import Any, cast
 from fastapi.responses import JSONResponse, Response
 
 from llmrun import __version__, jsonio
-from llmrun.api.events import EventStream, OutputStream, first_output
+from llmrun.api.events import EventStream, OutputStream, first_event, first_output
 from llmrun.api.openai.errors import ApiError, api_error, engine_error_fields, error_body
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody
 from llmrun.request import (
@@ -131,13 +131,11 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-async def start_choices(service: Service, reqs: list[ChatRequest]) -> Choices | JSONResponse:
+async def start_choices(service: Service, reqs: list[ChatRequest]) -> Choices | Response:
     choices = Choices(service, reqs)
-    try:
-        await choices.start()
-    except (EngineError, ApiError) as exc:
-        return api_error(exc)
-    return choices
+    started = await first_event(choices.start(), choices.close, (EngineError, ApiError),
+                                api_error)
+    return started if isinstance(started, Response) else choices
 
 
 def _stream_error(exc: Exception) -> bytes:

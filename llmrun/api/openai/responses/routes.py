@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, cast
 
@@ -12,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmrun.api.disconnect import unless_disconnected
-from llmrun.api.events import OutputStream, first_output
+from llmrun.api.events import OutputStream, first_event, first_output
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError, api_error, error
 from llmrun.api.openai.responses.stream import KEEPALIVE_SECONDS, Answer, collect, stream
@@ -74,21 +73,13 @@ def router(service: Service, store: ResponseStore) -> APIRouter:
                 keep(response)
                 return JSONResponse(response)
             # what fails before the first output (an unknown model, a full queue, a prompt
-            # over the context) is still an HTTP error
-            first = asyncio.ensure_future(first_output(events))
-            try:
-                await asyncio.wait({first}, timeout=KEEPALIVE_SECONDS)
-                if first.done():
-                    first.result()
-            except (EngineError, ApiError) as exc:
-                await events.aclose()
-                return api_error(exc)
-            except BaseException:
-                first.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await first
-                await events.aclose()
-                raise
+            # over the context) is still an HTTP error; past KEEPALIVE_SECONDS the stream
+            # opens and keeps the connection alive while the prompt is read
+            first = await first_event(
+                first_output(events), events.aclose, (EngineError, ApiError), api_error,
+                lambda first: asyncio.wait({first}, timeout=KEEPALIVE_SECONDS))
+            if isinstance(first, Response):
+                return first
             return StreamingResponse(stream(answer, first, cast(OutputStream, events), keep),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
