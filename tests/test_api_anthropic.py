@@ -18,14 +18,8 @@ import httpx
 import jsonschema
 import pytest
 
-from llmrun.api.anthropic import (
-    CountBody,
-    MessagesBody,
-    _stream,
-    stop_reason,
-    to_messages,
-    to_tools,
-)
+from llmrun.api.anthropic.stream import _stream, stop_reason
+from llmrun.api.anthropic.wire import CountBody, MessagesBody, to_messages, to_tools
 from llmrun.request import (
     Chunk,
     Done,
@@ -723,7 +717,7 @@ def test_stream_framing_of_tool_calls_and_errors() -> None:
 
 
 def test_stream_pings_while_the_first_token_is_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llmrun.api.anthropic.PING_EVERY", 0.05)
+    monkeypatch.setattr("llmrun.api.anthropic.stream.PING_EVERY", 0.05)
     req = MessagesBody.model_validate({"model": MODEL, "max_tokens": 9, "messages": HI})
 
     async def nothing() -> AsyncIterator[Chunk | Done]:

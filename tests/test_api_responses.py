@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from llmrun.api.openai.errors import ApiError
-from llmrun.api.responses import ResponsesBody, to_request
+from llmrun.api.openai.responses import ResponsesBody, to_request
 from llmrun.server.responsestore import NotStored, ResponseStore, new_id
 from tests.conftest import Daemon
 

@@ -434,7 +434,7 @@ def test_create_through_a_running_daemon_uploads_files_as_blobs(home_with_model:
 
 
 def test_serve_starts_on_a_port_its_last_daemon_just_left() -> None:
-    from llmrun.server.main import ServeError, check_port
+    from llmrun.daemon.main import ServeError, check_port
 
     # a daemon that answered a request and stopped: its side of the connection closed
     # first, so the port has a connection in TIME_WAIT (for a minute) and no listener

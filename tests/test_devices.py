@@ -103,7 +103,7 @@ def test_api_show_names_the_daemons_devices(tmp_path: Path,
     first listing, then the visible devices (a fake list; no runner child)."""
     from fastapi.testclient import TestClient
 
-    from llmrun.server.app import create_app
+    from llmrun.daemon.app import create_app
     from llmrun.store import Store
     from tests.tinymodel import write_tiny_llama
 

@@ -23,8 +23,8 @@ from fastapi.testclient import TestClient
 
 from llmrun import bounds, ipc
 from llmrun.api import images
+from llmrun.daemon.app import create_app
 from llmrun.request import ChatRequest, EngineError, Message
-from llmrun.server.app import create_app
 from llmrun.store import Store
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 3  # bytes only: decoding is the runner's

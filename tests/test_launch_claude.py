@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from llmrun.api.anthropic import CountBody, to_request
+from llmrun.api.anthropic.wire import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
 from llmrun.engine.draft import common_prefix
 from llmrun.engine.llama import Context, Model
@@ -126,7 +126,7 @@ def test_two_turns_of_claude_code_share_all_but_the_last_message(
         host = ModelHost(None, model, ctx, 256, 1)  # type: ignore[arg-type]
 
         def render(body: dict[str, Any]) -> tuple[ChatRequest, list[int]]:
-            req = to_request(CountBody.model_validate(body), None)  # type: ignore[arg-type]
+            req = to_request(CountBody.model_validate(body))
             return req, host.render(req)[0]
 
         req1, tokens1 = render(first)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmrun.server.limits import BodyLimit, RateLimit, TokenBuckets
+from llmrun.daemon.limits import BodyLimit, RateLimit, TokenBuckets
 from tests.conftest import Daemon
 from tests.test_service import gen, tiny_home
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmrun.server.security import Security
+from llmrun.daemon.security import Security
 from tests.conftest import Daemon, free_port
 from tests.test_service import tiny_home
 

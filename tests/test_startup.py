@@ -27,7 +27,7 @@ from llmrun.store.manifests import Layer, Manifest, Manifests
 # the Hub, llama.cpp and its grammar engine, the daemon's web stack, the REPL's line editor.
 HEAVY = ("httpx", "jinja2", "huggingface_hub", "llama_cpp", "llguidance", "fastapi",
          "uvicorn", "starlette", "prompt_toolkit", "llmrun.chat.templates",
-         "llmrun.engine", "llmrun.server", "llmrun.api")
+         "llmrun.engine", "llmrun.daemon", "llmrun.server", "llmrun.api")
 
 _RUN = """
 import json, os, sys

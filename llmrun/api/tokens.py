@@ -2,7 +2,7 @@
 `/detokenize` and `/apply-template` take the `model` they apply to (llama-server has only
 one). `/apply-template` takes an OpenAI chat request and answers with the prompt exactly as
 the model would read it (its template, tools and the Modelfile's system prompt included).
-Errors take Ollama's shape, as every path outside /v1 does."""
+Errors take the `{"error": message}` shape of Ollama's paths (`DIALECT`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from llmrun.api.dialect import (
+    Dialect,
+    plain_engine_error,
+    plain_error_body,
+    plain_validation_error,
+)
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError
-from llmrun.api.openai.translate import chat_requests
-from llmrun.api.openai.wire import ChatCompletionBody
+from llmrun.api.openai.wire import ChatCompletionBody, chat_requests
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
 
@@ -87,3 +92,11 @@ def router(service: Service) -> APIRouter:
         return JSONResponse({"prompt": reply["prompt"], "prompt_tokens": len(reply["tokens"])})
 
     return api
+
+
+# llama-server's routes, outside any prefix of a dialect, answer errors as it does
+DIALECT = Dialect(
+    name="llama-server", prefixes=("/tokenize", "/detokenize", "/apply-template"),
+    routers=lambda backends: [router(backends.service)],
+    error_body=plain_error_body, validation_error=plain_validation_error,
+    engine_error=plain_engine_error)

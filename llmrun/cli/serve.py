@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _check_exposure(host, port, insecure)  # before binding, before the heavy imports
 
-        from llmrun.server.main import ServeError, run
+        from llmrun.daemon.main import ServeError, run
 
         try:
             run(host, port)

@@ -42,11 +42,11 @@ def error(status: int, message: str, param: str | None = None,
 def api_error(exc: ApiError | EngineError) -> JSONResponse:
     if isinstance(exc, ApiError):
         return error(exc.status, exc.message, exc.param, exc.code)
-    status, message, param, code, headers = _engine_error(exc)
+    status, message, param, code, headers = engine_error_fields(exc)
     return error(status, message, param, code, headers)
 
 
-def _engine_error(exc: EngineError) -> tuple[int, str, str | None, str | None,
+def engine_error_fields(exc: EngineError) -> tuple[int, str, str | None, str | None,
                                              dict[str, str] | None]:
     code = {"not_found": "model_not_found", "overloaded": "server_overloaded",
             "insufficient_memory": "insufficient_memory"}.get(exc.kind)
@@ -83,7 +83,7 @@ def _is_type_tag(part: str) -> bool:
 
 
 
-def _invalid(exc: ValidationError) -> JSONResponse:
+def invalid_value(exc: ValidationError) -> JSONResponse:
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"])
     return error(400, f"Invalid value for '{param}': {first['msg']}", param or None)

@@ -13,8 +13,8 @@ from typing import Any, cast
 from fastapi.responses import JSONResponse, Response
 
 from llmrun import __version__, jsonio
-from llmrun.api.events import EventStream, OutputStream, first_output
-from llmrun.api.openai.errors import ApiError, _engine_error, api_error, error_body
+from llmrun.api.events import EventStream, OutputStream, first_event, first_output
+from llmrun.api.openai.errors import ApiError, api_error, engine_error_fields, error_body
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody
 from llmrun.request import (
     ChatRequest,
@@ -131,18 +131,16 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-async def _start(service: Service, reqs: list[ChatRequest]) -> Choices | JSONResponse:
+async def start_choices(service: Service, reqs: list[ChatRequest]) -> Choices | Response:
     choices = Choices(service, reqs)
-    try:
-        await choices.start()
-    except (EngineError, ApiError) as exc:
-        return api_error(exc)
-    return choices
+    started = await first_event(choices.start(), choices.close, (EngineError, ApiError),
+                                api_error)
+    return started if isinstance(started, Response) else choices
 
 
 def _stream_error(exc: Exception) -> bytes:
     if isinstance(exc, EngineError):
-        status, message, param, code, _ = _engine_error(exc)
+        status, message, param, code, _ = engine_error_fields(exc)
         return sse(error_body(status, message, param, code))
     log.exception("stream failed", exc_info=exc)
     return sse(error_body(500, f"internal error: {type(exc).__name__}"))
@@ -175,7 +173,7 @@ class ChatChoice:
     stats: Stats | None = None
 
 
-async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
+async def chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
                         choices: Choices, cid: str, created: int) -> Response:
     acc = [ChatChoice() for _ in reqs]
     try:
@@ -217,7 +215,7 @@ async def _chat_collect(body: ChatCompletionBody, reqs: list[ChatRequest],
     })
 
 
-async def _chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choices: Choices,
+async def chat_stream(body: ChatCompletionBody, reqs: list[ChatRequest], choices: Choices,
                        cid: str, created: int) -> AsyncIterator[bytes]:
     usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -290,7 +288,7 @@ class LegacyLogprobs:
         return out
 
 
-async def _completion_collect(body: CompletionBody, prompts: list[str],
+async def completion_collect(body: CompletionBody, prompts: list[str],
                               reqs: list[ChatRequest], choices: Choices, cid: str,
                               created: int) -> Response:
     texts = [[p] if body.echo else [] for p in prompts]
@@ -333,7 +331,7 @@ def _usage_per_prompt(stats: list[Stats], n: int) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
-async def _completion_stream(body: CompletionBody, prompts: list[str], reqs: list[ChatRequest],
+async def completion_stream(body: CompletionBody, prompts: list[str], reqs: list[ChatRequest],
                              choices: Choices, cid: str, created: int) -> AsyncIterator[bytes]:
     usage = bool(body.stream_options and body.stream_options.include_usage)
 

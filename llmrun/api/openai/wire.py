@@ -1,12 +1,29 @@
-"""OpenAI's request bodies, in the order of its reference; llama.cpp's extras
-(`LlamaExtras`) are accepted as extra body fields, as llama-server does."""
+"""OpenAI's request bodies, in the order of its reference, and how each becomes internal
+requests (`to_requests`: one per choice); llama.cpp's extras (`LlamaExtras`) are accepted as
+extra body fields, as llama-server does."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from llmrun.api.images import from_url
+from llmrun.api.openai.errors import ApiError
+from llmrun.request import (
+    ChatRequest,
+    EngineError,
+    Format,
+    Message,
+    NamedTool,
+    Options,
+    Think,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +146,10 @@ class ChatCompletionBody(LlamaExtras):
     # llama-server's way to pass template variables; `enable_thinking` is the one used here
     chat_template_kwargs: dict[str, Any] | None = None
 
+    def to_requests(self) -> list[ChatRequest]:
+        """One internal request per choice (`n`)."""
+        return chat_requests(self)
+
 
 class CompletionBody(LlamaExtras):
     """POST /v1/completions (legacy)."""
@@ -152,6 +173,10 @@ class CompletionBody(LlamaExtras):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     user: str | None = None
 
+    def to_requests(self) -> tuple[list[str], list[ChatRequest]]:
+        """The prompts, and one internal request per prompt and choice."""
+        return completion_requests(self)
+
 
 class EmbeddingBody(Body):
     input: str | list[str] | list[int] | list[list[int]]
@@ -160,3 +185,229 @@ class EmbeddingBody(Body):
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
     keep_alive: str | float | None = None
+
+
+# -- translation to the internal request ----------------------------------------------------
+
+
+def _options(body: ChatCompletionBody | CompletionBody, max_tokens: int | None) -> Options:
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    values: dict[str, Any] = {  # (each checked by Options)
+        "temperature": body.temperature, "top_p": body.top_p, "num_predict": max_tokens,
+        "stop": stop, "seed": body.seed, "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty, "num_ctx": body.num_ctx,
+        "top_k": body.top_k, "min_p": body.min_p, "repeat_penalty": body.repeat_penalty,
+        "typical_p": body.typical_p, "repeat_last_n": body.repeat_last_n,
+    }
+    return Options(**{k: v for k, v in values.items() if v is not None})
+
+
+def _content(content: str | list[ContentPart] | None, param: str,
+             role: str) -> tuple[str, list[str]]:
+    """A message's text (its text parts joined) and images (its `image_url` parts, in order).
+    Only user messages carry images, as at OpenAI: elsewhere one is a 400, never dropped."""
+    if content is None or isinstance(content, str):
+        return content or "", []
+    texts: list[str] = []
+    pictures: list[str] = []
+    for j, part in enumerate(content):
+        if part.type == "text":
+            texts.append(part.text or "")
+        elif part.type == "image_url":
+            if role != "user":
+                raise ApiError(400, "Image URLs are only allowed for messages with role "
+                                    f"'user', but this message with role '{role}' contains "
+                                    "an image URL.", f"{param}[{j}]")
+            pictures.append(_image(part, f"{param}[{j}].image_url"))
+        elif part.type != "refusal":
+            raise ApiError(400, f"content parts of type '{part.type}' are not supported",
+                           f"{param}[{j}].type")
+    return "\n".join(texts), pictures
+
+
+def _image(part: ContentPart, param: str) -> str:
+    """An `image_url` part's image: `{"url": ..., "detail": ...}` (`detail` is for OpenAI's
+    tiling; the model's projector sizes images itself), or the URL alone as some clients
+    send it."""
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    try:
+        return from_url(url, param)
+    except EngineError as exc:
+        raise ApiError(exc.status, exc.message, param) from None
+
+
+def tool_arguments(raw: Any, param: str) -> dict[str, Any]:
+    """A call's arguments (a JSON object, or its text) as a dict; 400 naming `param`."""
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        raise ApiError(400, "'arguments' must be a JSON string", param)
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError:
+        raise ApiError(400, "function arguments must be a JSON object", param) from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "function arguments must be a JSON object", param)
+    return value
+
+
+def _messages(body: ChatCompletionBody) -> list[Message]:
+    out: list[Message] = []
+    names: dict[str, str] = {}  # tool call id -> function name, to name tool results
+    for i, m in enumerate(body.messages):
+        param = f"messages[{i}].content"
+        text, pictures = _content(m.content, param, m.role)
+        if m.role in ("system", "developer"):
+            out.append(Message(role="system", content=text))
+        elif m.role == "user":
+            out.append(Message(role="user", content=text, images=pictures))
+        elif m.role == "assistant":
+            calls = []
+            for j, c in enumerate(m.tool_calls or []):
+                args = tool_arguments(c.function.arguments,
+                                  f"messages[{i}].tool_calls[{j}].function.arguments")
+                call_id = c.id or f"call_{i}_{j}"
+                names[call_id] = c.function.name
+                calls.append(ToolCall(id=call_id, name=c.function.name, arguments=args))
+            out.append(Message(role="assistant", content=text, tool_calls=calls))
+        elif m.role == "tool":
+            if not m.tool_call_id:
+                raise ApiError(400, "a 'tool' message needs 'tool_call_id'",
+                               f"messages[{i}].tool_call_id")
+            out.append(Message(role="tool", content=text, tool_call_id=m.tool_call_id,
+                               name=m.name or names.get(m.tool_call_id)))
+        else:  # "function": the deprecated predecessor of "tool"
+            out.append(Message(role="tool", content=text, name=m.name))
+    return out
+
+
+def _tools(body: ChatCompletionBody) -> tuple[list[Tool], ToolChoice]:
+    tools = [Tool(name=t.function.name, description=t.function.description or "",
+                  parameters=t.function.parameters or {"type": "object", "properties": {}})
+             for t in body.tools or []]
+    choice: ToolChoice
+    if isinstance(body.tool_choice, NamedToolChoice):
+        name = body.tool_choice.function.name
+        if name not in {t.name for t in tools}:
+            raise ApiError(400, f"tool_choice names the function '{name}', which is not in "
+                                "'tools'", "tool_choice")
+        choice = NamedTool(name=name)
+    else:
+        choice = body.tool_choice or "auto"
+        if choice == "required" and not tools:
+            raise ApiError(400, "tool_choice 'required' needs 'tools'", "tool_choice")
+    return tools, choice
+
+
+def _constraint(body: ChatCompletionBody | CompletionBody) -> tuple[Format, str | None]:
+    """(format, raw grammar) from `response_format` (chat only) or llama-server's `grammar`
+    / `json_schema`; asking for two of them is ambiguous, as llama-server also says."""
+    rf = getattr(body, "response_format", None)
+    given = [name for name, value in (("response_format", rf and rf.type != "text"),
+                                      ("json_schema", body.json_schema is not None),
+                                      ("grammar", body.grammar is not None)) if value]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of {' and '.join(repr(g) for g in given)}: each "
+                            "constrains the whole output", given[1])
+    if body.grammar is not None:
+        return None, body.grammar
+    if body.json_schema is not None:
+        return body.json_schema, None
+    if rf is None or rf.type == "text":
+        return None, None
+    if rf.type == "json_object":
+        return "json", None  # compiled as any JSON object, as OpenAI's JSON mode answers
+    if rf.json_schema is None:
+        raise ApiError(400, "response_format of type 'json_schema' needs 'json_schema'",
+                       "response_format.json_schema")
+    return rf.json_schema.schema_ or "json", None
+
+
+def _strict(body: ChatCompletionBody, choice: ToolChoice) -> bool:
+    """Whether every schema this request enforces was marked `strict: true`. OpenAI's
+    default is not strict: a keyword structured output cannot enforce is then skipped with
+    a logged warning, where a strict schema gets a 400 naming it. Forced tools (required:
+    all, named: that one) and a `json_schema` response format count; llama-server's
+    `json_schema` field has no such flag and is strict, as `format` is in Ollama's API."""
+    flags: list[bool] = []
+    if isinstance(choice, NamedTool) or choice == "required":
+        flags += [t.function.strict is True for t in body.tools or []
+                  if not isinstance(choice, NamedTool) or t.function.name == choice.name]
+    rf = body.response_format
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        flags.append(rf.json_schema.strict is True)
+    return all(flags)
+
+
+def _think(body: ChatCompletionBody) -> Think:
+    """`reasoning_effort` (OpenAI), or `chat_template_kwargs.enable_thinking` (llama-server);
+    for a model that cannot think both are ignored, as OpenAI ignores them for such models."""
+    effort = body.reasoning_effort
+    if effort is not None:
+        return False if effort == "none" or effort == "minimal" else effort
+    enable = (body.chat_template_kwargs or {}).get("enable_thinking")
+    return enable if isinstance(enable, bool) else None
+
+
+def chat_requests(body: ChatCompletionBody) -> list[ChatRequest]:
+    """One internal request per choice (`n`)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+    tools, choice = _tools(body)
+    fmt, grammar = _constraint(body)
+    base = ChatRequest(
+        model=body.model,
+        messages=_messages(body),
+        options=_options(body, body.max_completion_tokens or body.max_tokens),
+        stream=bool(body.stream),
+        keep_alive=body.keep_alive,
+        format=fmt,
+        format_strict=_strict(body, choice),
+        grammar=grammar,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        think=_think(body),
+    )
+    return _replicate(base, body.n)
+
+
+def _replicate(base: ChatRequest, n: int) -> list[ChatRequest]:
+    """n copies; with a fixed seed, choice i samples with seed + i (else all n would match)."""
+    out = [base]
+    for i in range(1, n):
+        seed = base.options.seed
+        opts = base.options.model_copy(update={"seed": seed + i}) if seed is not None \
+            and seed >= 0 else base.options
+        out.append(base.model_copy(update={"options": opts}))
+    return out
+
+
+# -- completions ----------------------------------------------------------------------------
+
+
+def completion_requests(body: CompletionBody) -> tuple[list[str], list[ChatRequest]]:
+    """(prompt of each choice, request of each choice): choice p*n + j is prompt p's j-th."""
+    if body.best_of is not None and body.best_of != body.n:
+        raise ApiError(400, "'best_of' other than 'n' is not supported", "best_of")
+    raw = body.prompt
+    if isinstance(raw, list) and raw and not isinstance(raw[0], str):
+        raise ApiError(400, "prompts as token ids are not supported; send text", "prompt")
+    prompts = [raw] if isinstance(raw, str) else list(raw)
+    if not prompts:
+        raise ApiError(400, "'prompt' is empty", "prompt")
+    options = _options(body, body.max_tokens)
+    fmt, grammar = _constraint(body)
+    texts: list[str] = []
+    reqs: list[ChatRequest] = []
+    for prompt in prompts:
+        base = ChatRequest(model=body.model, messages=[], prompt=str(prompt), options=options,
+                           format=fmt, grammar=grammar,
+                           stream=bool(body.stream), keep_alive=body.keep_alive,
+                           logprobs=body.logprobs, suffix=body.suffix or None,
+                           prompt_logprobs=body.logprobs if body.echo else None)
+        for req in _replicate(base, body.n):
+            texts.append(str(prompt))
+            reqs.append(req)
+    return texts, reqs

@@ -21,13 +21,12 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import config
-from llmrun.api import anthropic, openai
+from llmrun.daemon.dialects import error_body
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
 OPEN_PATHS = {"/", "/health"}
@@ -42,21 +41,10 @@ def _hostname(value: str) -> str:
 
 
 
-def dialect_error(path: str, status: int, message: str,
-                  code: str | None = None) -> dict[str, Any]:
-    """An error body in the shape of the dialect the path belongs to (for answers given
-    before any route runs: refusals, limits, unknown routes). `code` is OpenAI's."""
-    if path.startswith("/v1/messages"):
-        return anthropic.error_body(status, message)
-    if path.startswith("/v1/"):
-        return openai.error_body(status, message, None, code)
-    return {"error": message}
-
-
 async def send_error(send: Send, path: str, status: int, message: str, code: str | None = None,
                      headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """Answer a whole HTTP response from ASGI middleware, in the caller's dialect."""
-    body = json.dumps(dialect_error(path, status, message, code)).encode()
+    body = json.dumps(error_body(path, status, message, code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})

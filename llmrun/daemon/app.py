@@ -19,15 +19,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
-from llmrun.api import anthropic, ollama, openai, responses, tokens
-from llmrun.api.validation import describe_validation_error
+from llmrun.api.dialect import Backends
+from llmrun.daemon.dialects import DIALECTS, dialect, error_body
+from llmrun.daemon.limits import BodyLimit, RateLimit
+from llmrun.daemon.security import Security, authorized
 from llmrun.request import EngineError
 from llmrun.server.devices import DeviceList
-from llmrun.server.limits import BodyLimit, RateLimit
 from llmrun.server.metrics import CONTENT_TYPE, Metrics
 from llmrun.server.responsestore import ResponseStore
 from llmrun.server.scheduler import Scheduler
-from llmrun.server.security import Security, authorized, dialect_error
 from llmrun.server.service import Service
 from llmrun.store import Store
 
@@ -100,24 +100,22 @@ def create_app(store: Store | None = None,
                   docs_url=None, redoc_url=None)
     app.state.service = service
 
+    # errors no route answered itself, in the shape of the dialect whose prefix the path has
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        path = request.url.path
-        if path.startswith("/v1/") and not path.startswith("/v1/messages"):
-            return openai.validation_error(exc)
-        return JSONResponse({"error": describe_validation_error(exc)}, status_code=400)
+        return dialect(request.url.path).validation_error(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # unknown routes (404) and wrong methods (405): the dialect's shape, not {"detail"}
         path = request.url.path
         message = f"{exc.detail}: {request.method} {path}"
-        return JSONResponse(dialect_error(path, exc.status_code, message),
+        return JSONResponse(error_body(path, exc.status_code, message),
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(EngineError)
-    async def on_engine_error(_: Request, exc: EngineError) -> Response:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    async def on_engine_error(request: Request, exc: EngineError) -> Response:
+        return dialect(request.url.path).engine_error(exc)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
@@ -131,12 +129,11 @@ def create_app(store: Store | None = None,
         return {"status": "ok", "version": __version__,
                 "loaded": [m.name for m in scheduler.models()]}
 
-    app.include_router(ollama.router(service))
-    app.include_router(ollama.store_router(store, devices.cached))
-    app.include_router(anthropic.router(service))
-    app.include_router(openai.router(service))
-    app.include_router(responses.router(service, ResponseStore(config.home() / "responses")))
-    app.include_router(tokens.router(service))
+    backends = Backends(service, store, devices.cached,
+                        ResponseStore(config.home() / "responses"))
+    for each in DIALECTS:
+        for router in each.routers(backends):
+            app.include_router(router)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import config
-from llmrun.server.security import OPEN_PATHS, send_error, supplied_key
+from llmrun.daemon.security import OPEN_PATHS, send_error, supplied_key
 
 # Blob uploads are model files: they have their own cap (LLMRUN_MAX_BLOB_SIZE) and are
 # streamed to disk by their route.

@@ -13,8 +13,8 @@ import socket
 import uvicorn
 
 from llmrun import config
-from llmrun.server import pidfile
-from llmrun.server.app import create_app
+from llmrun.daemon import pidfile
+from llmrun.daemon.app import create_app
 
 
 class ServeError(Exception):

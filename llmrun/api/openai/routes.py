@@ -1,4 +1,4 @@
-"""The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
+"""OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
 
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ from pydantic import ValidationError
 
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
-from llmrun.api.openai.errors import ApiError, _invalid, api_error, error
+from llmrun.api.openai.errors import ApiError, api_error, error, invalid_value
 from llmrun.api.openai.stream import (
     Choices,
-    _chat_collect,
-    _chat_stream,
-    _completion_collect,
-    _completion_stream,
-    _start,
+    chat_collect,
+    chat_stream,
+    completion_collect,
+    completion_stream,
+    start_choices,
 )
-from llmrun.api.openai.translate import chat_requests, completion_requests
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
@@ -62,8 +61,8 @@ async def _answer(request: Request, service: Service, reqs: list[ChatRequest], i
     running choices, the response id and its creation time."""
 
     async def respond() -> Response:
-        started = await _start(service, reqs)
-        if isinstance(started, JSONResponse):
+        started = await start_choices(service, reqs)
+        if isinstance(started, Response):
             return started
         cid, created = f"{id_prefix}-{secrets.token_hex(12)}", int(time.time())
         if not reqs[0].stream:
@@ -92,29 +91,29 @@ def router(service: Service) -> APIRouter:
     async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
         body.log_extras()
         try:
-            reqs = await _with_images(chat_requests(body))
+            reqs = await _with_images(body.to_requests())
         except (ApiError, EngineError) as exc:
             return api_error(exc)
         except ValidationError as exc:
-            return _invalid(exc)
+            return invalid_value(exc)
 
         return await _answer(request, service, reqs, "chatcmpl",
-                             partial(_chat_collect, body, reqs),
-                             partial(_chat_stream, body, reqs))
+                             partial(chat_collect, body, reqs),
+                             partial(chat_stream, body, reqs))
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, request: Request) -> Response:
         body.log_extras()
         try:
-            prompts, reqs = completion_requests(body)
+            prompts, reqs = body.to_requests()
         except (ApiError, EngineError) as exc:
             return api_error(exc)
         except ValidationError as exc:
-            return _invalid(exc)
+            return invalid_value(exc)
 
         return await _answer(request, service, reqs, "cmpl",
-                             partial(_completion_collect, body, prompts, reqs),
-                             partial(_completion_stream, body, prompts, reqs))
+                             partial(completion_collect, body, prompts, reqs),
+                             partial(completion_stream, body, prompts, reqs))
 
     @api.post("/v1/embeddings", response_model=None)
     async def embeddings(body: EmbeddingBody) -> Response:
