@@ -99,7 +99,7 @@ log = logging.getLogger(__name__)
 
 
 def _refuse(message: str) -> EngineError:
-    return EngineError(message, status=400, kind="invalid_request")
+    return EngineError(message, code="invalid_request")
 
 
 # -- messages, stop strings, tools -----------------------------------------------------------

@@ -274,61 +274,56 @@ class Done(BaseModel):
 
 
 # What went wrong, as a code with its numbers rather than a sentence: an error event across the
-# IPC carries `code`, `status`, `message` and the code's fields, and each dialect words the
-# codes it cares about from the fields (Anthropic's "prompt is too long: N tokens > M maximum").
+# IPC carries `code`, `message` and the code's fields. The code says what happened and nothing
+# of HTTP: the dialects give it a status (api/dialect.py http_status) and each words the codes
+# it cares about from the fields (Anthropic's "prompt is too long: N tokens > M maximum").
 ErrorCode = Literal[
     "invalid_request",  # the request itself is at fault (template, schema, option, nesting)
     "prompt_too_long",  # fields: prompt_tokens, n_ctx
     "not_found",  # no such model
     "too_large",  # a request or reply over a size limit (the IPC frame)
-    "busy",  # the queue is full: retry (retry_after)
+    "busy",  # the queue is full, or the server is stopping: retry (retry_after)
     "insufficient_memory",  # the model does not fit
     "runner_failed",  # the runner process died or its engine failed; a fresh one follows
+    "upstream_refused",  # a remote model's server refused the request; fields: status (4xx)
+    "upstream_failed",  # a remote model's server failed or broke off its answer
+    "upstream_timeout",  # a remote model's server sent nothing for too long
     "internal",  # anything else: a bug, logged
 ]
-ERROR_STATUS: dict[str, int] = {
-    "invalid_request": 400, "prompt_too_long": 400, "not_found": 404, "too_large": 413,
-    "busy": 503, "insufficient_memory": 507, "runner_failed": 500, "internal": 500,
-}
-_CODE_FOR_STATUS = {400: "invalid_request", 404: "not_found", 413: "too_large", 503: "busy",
-                    507: "insufficient_memory"}
-_KIND_FOR_CODE = {"invalid_request": "invalid_request", "prompt_too_long": "invalid_request",
-                  "not_found": "not_found", "too_large": "request_too_large",
-                  "busy": "overloaded", "insufficient_memory": "insufficient_memory"}
+ERROR_CODES: frozenset[str] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]
 
 
-def error_event(code: ErrorCode, message: str, status: int | None = None,
-                **fields: Any) -> dict[str, Any]:
-    """The payload of an error event: `code`, its HTTP `status`, a `message` for logs and
-    dialects that word nothing themselves, and the code's fields."""
-    return {"code": code, "status": status or ERROR_STATUS[code], "message": message, **fields}
+def error_event(code: ErrorCode, message: str, **fields: Any) -> dict[str, Any]:
+    """The payload of an error event: `code`, a `message` for logs and dialects that word
+    nothing themselves, and the code's fields."""
+    return {"code": code, "message": message, **fields}
 
 
 class EngineError(Exception):
-    """A request the engine cannot serve; `status` is the HTTP status a dialect should use,
-    `code` what went wrong (ErrorCode) and `details` its fields (prompt_tokens, n_ctx, ...)."""
+    """A request the engine cannot serve: `code` says what went wrong (ErrorCode), `details`
+    holds its fields (prompt_tokens, n_ctx, ...), `retry_after` the seconds to wait before
+    trying again where that helps (busy)."""
 
-    def __init__(self, message: str, status: int = 500, kind: str = "server_error",
-                 retry_after: int | None = None, code: str | None = None,
+    def __init__(self, message: str, code: ErrorCode = "internal",
+                 retry_after: int | None = None,
                  details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.status = status
-        self.kind = kind
-        self.retry_after = retry_after  # seconds, for 503 "busy" answers
-        self.code = code or _CODE_FOR_STATUS.get(status, "internal")
+        self.code: ErrorCode = code
+        self.retry_after = retry_after
         self.details = details or {}
 
     @classmethod
     def from_event(cls, payload: dict[str, Any]) -> EngineError:
-        """The error an error event's payload (error_event) describes."""
+        """The error an error event's payload (error_event) describes; a code this daemon
+        does not know is `internal`."""
         fields = dict(payload)
         message = str(fields.pop("message", "") or "the model runner failed")
         code = fields.pop("code", None)
-        status = fields.pop("status", None) or ERROR_STATUS.get(code or "", 500)
-        code = code or _CODE_FOR_STATUS.get(status, "internal")
-        return cls(message, status=int(status), kind=_KIND_FOR_CODE.get(code, "server_error"),
-                   retry_after=fields.pop("retry_after", None), code=code, details=fields)
+        retry_after = fields.pop("retry_after", None)
+        return cls(message, code=code if code in ERROR_CODES else "internal",
+                   retry_after=retry_after if isinstance(retry_after, int) else None,
+                   details=fields)
 
 
 def as_dict(model: BaseModel) -> dict[str, Any]:

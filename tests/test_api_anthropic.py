@@ -644,7 +644,7 @@ def test_conversion_refuses_what_it_cannot_say_in_text() -> None:
                     [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]):
         with pytest.raises(EngineError) as info:
             to_messages(body(messages=[{"role": "user", "content": content}]))
-        assert info.value.status == 400
+        assert info.value.code == "invalid_request"
     doc = {"type": "document", "title": "T", "source": {"type": "text", "data": "D"}}
     assert to_messages(body(messages=[{"role": "user", "content": [doc]}])) == [
         Message(role="user", content="T\n\nD")]
@@ -711,7 +711,7 @@ def test_stream_framing_of_tool_calls_and_errors() -> None:
     assert json.loads(got[6][1]["delta"]["partial_json"]) == {"a": "é"}
     assert got[8][1]["delta"]["stop_reason"] == "tool_use"
 
-    got = asyncio.run(frames([Chunk(text="x"), EngineError("runner died", 500)]))
+    got = asyncio.run(frames([Chunk(text="x"), EngineError("runner died", "runner_failed")]))
     assert got[-1] == ("error", {"type": "error", "error": {"type": "api_error",
                                                             "message": "runner died"}})
 
@@ -771,7 +771,7 @@ def test_stream_of_a_queued_request_opens_with_comments_until_started() -> None:
         "cache_read_input_tokens"] == 42
     assert got[-1][0] == "message_stop"
     # an error while it waited: an error event, worded from the code's fields
-    too_long = EngineError("the prompt is 3000 tokens ...", 400, code="prompt_too_long",
+    too_long = EngineError("the prompt is 3000 tokens ...", code="prompt_too_long",
                            details={"prompt_tokens": 3000, "n_ctx": CTX})
     head, got = asyncio.run(frames(too_long))
     assert head == b": ping\n\n" and [e for e, _ in got] == ["error"]

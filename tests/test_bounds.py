@@ -42,7 +42,7 @@ def nested(depth: int, leaf: dict[str, Any] | None = None) -> dict[str, Any]:
 def refused(schema: Any) -> str:
     with pytest.raises(EngineError) as info:
         bounds.check_schema(schema)
-    assert info.value.status == 400
+    assert info.value.code == "invalid_request"
     return info.value.message
 
 

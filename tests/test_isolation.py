@@ -396,13 +396,13 @@ def test_large_batches_and_frames_with_a_small_frame_limit(tmp_path: Path,
             # a message over the limit fails its own request with 413, never the runner
             with pytest.raises(EngineError) as err:
                 await runner.embed(["x" * (300 << 10)], truncate=True)
-            assert err.value.status == 413 and str(256 << 10) in err.value.message
+            assert err.value.code == "too_large" and str(256 << 10) in err.value.message
             huge = ChatRequest(model="tiny", messages=[], prompt="x" * (300 << 10),
                                options=DEFAULT_OPTIONS)
             with pytest.raises(EngineError) as err:
                 async for _ in runner.generate(huge):
                     pass
-            assert err.value.status == 413
+            assert err.value.code == "too_large"
             assert runner.alive
             out = [c async for c in runner.generate(ChatRequest(
                 model="tiny", messages=[], prompt="hello",

@@ -111,7 +111,7 @@ def test_queue_bound_is_503_at_once(store: Store, tmp_path: Path,
             _, queued = await lease_in_task(sched, "a", release)  # in the runner's queue
             with pytest.raises(EngineError) as err:
                 await lease_in_task(sched, "a", release)  # no await blocked: refused at once
-            assert (err.value.status, err.value.retry_after) == (503, 1)
+            assert (err.value.code, err.value.retry_after) == ("busy", 1)
             assert "server busy: 2 requests for 'a'" in err.value.message
             release.set()
             await asyncio.gather(decoding, queued)
@@ -134,7 +134,7 @@ def test_queue_bound_counts_requests_waiting_for_a_load(
             await until(lambda: waiting(sched) == 2)
             with pytest.raises(EngineError, match="server busy") as err:
                 await lease_in_task(sched, "a", asyncio.Event())
-            assert err.value.status == 503
+            assert err.value.code == "busy"
             gate.set()
             (one, _), (two, _) = await first, await second
             assert one.runner is two.runner and len(farm.of("a")) == 1
@@ -214,7 +214,7 @@ def test_lru_eviction_by_memory_and_never_a_busy_model(store: Store, tmp_path: P
                 async with holding(sched, "a"):
                     with pytest.raises(EngineError, match="is available") as err:
                         await lease_in_task(sched, "b", asyncio.Event())
-                    assert (err.value.status, err.value.kind) == (507, "insufficient_memory")
+                    assert err.value.code == "insufficient_memory"
                     assert loaded(sched) == ["a:latest", "c:latest"]
             assert len(farm.of("b")) == 2 and not farm.of("b")[1].started
 
@@ -233,7 +233,7 @@ def test_two_loads_at_once_do_not_count_the_same_free_memory(store: Store,
             (refused,) = done  # while the other waits in start(), its memory counted as used
             with pytest.raises(EngineError) as err:
                 refused.result()
-            assert err.value.status == 507
+            assert err.value.code == "insufficient_memory"
             for gate in gates:
                 gate.set()
             (ok,) = pending

@@ -217,6 +217,7 @@ def test_upstream_failures_are_clear_errors(status: int, body: str,
 
     import httpx
 
+    from llmrun.api.dialect import http_status
     from llmrun.request import EngineError
     from llmrun.server.upstream import Upstream
     from llmrun.store.manifests import Remote
@@ -232,6 +233,6 @@ def test_upstream_failures_are_clear_errors(status: int, body: str,
                     Message(role="user", content="hello")])):
                 pass
         await up.close()
-        assert err.value.status == expected[0] and expected[1] in err.value.message
+        assert http_status(err.value) == expected[0] and expected[1] in err.value.message
 
     asyncio.run(scenario())

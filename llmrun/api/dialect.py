@@ -67,4 +67,23 @@ def plain_validation_error(exc: RequestValidationError) -> Response:
 
 
 def plain_engine_error(exc: EngineError) -> Response:
-    return JSONResponse({"error": exc.message}, status_code=exc.status)
+    return JSONResponse({"error": exc.message}, status_code=http_status(exc))
+
+
+# An engine error's HTTP status, the same in every dialect (each words it its own way). 507
+# for a model that does not fit is Ollama's; 502 and 504 are a gateway's, which a daemon
+# fronting a remote model is.
+HTTP_STATUS: dict[str, int] = {
+    "invalid_request": 400, "prompt_too_long": 400, "not_found": 404, "too_large": 413,
+    "busy": 503, "insufficient_memory": 507, "runner_failed": 500, "internal": 500,
+    "upstream_failed": 502, "upstream_timeout": 504,
+}
+
+
+def http_status(exc: EngineError) -> int:
+    """The status `exc` is answered with: its code's, or for a remote server's refusal the
+    4xx that server gave."""
+    if exc.code == "upstream_refused":
+        status = exc.details.get("status")
+        return status if isinstance(status, int) and 400 <= status < 500 else 502
+    return HTTP_STATUS.get(exc.code, 500)

@@ -40,7 +40,7 @@ UNTYPED = ("", "application/octet-stream", "binary/octet-stream")
 
 
 def _invalid(message: str) -> EngineError:
-    return EngineError(message, status=400, kind="invalid_request")
+    return EngineError(message, code="invalid_request")
 
 
 def _short(text: str, n: int = 80) -> str:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llmrun.api.dialect import (
     Dialect,
+    http_status,
     plain_engine_error,
     plain_error_body,
     plain_validation_error,
@@ -56,7 +57,7 @@ def router(service: Service) -> APIRouter:
         try:
             return await unless_disconnected(request, service.tokens(req, msg, answer))
         except EngineError as exc:
-            return _error(exc.status, exc.message)
+            return _error(http_status(exc), exc.message)
 
     @api.post("/tokenize", response_model=None)
     async def tokenize(body: TokenizeBody, request: Request) -> Response:
@@ -82,8 +83,10 @@ def router(service: Service) -> APIRouter:
     async def apply_template(body: ChatCompletionBody, request: Request) -> Response:
         try:
             req = await fetched(chat_requests(body)[0])  # images count: the runner reads them
-        except (ApiError, EngineError) as exc:
+        except ApiError as exc:
             return _error(exc.status, exc.message)
+        except EngineError as exc:
+            return _error(http_status(exc), exc.message)
         except ValidationError as exc:
             return _error(400, str(exc.errors()[0]["msg"]))
         reply = await ask(request, req, {"type": "count", "detail": True}, "count")

@@ -283,12 +283,12 @@ class RunnerProcess:
         except ipc.FrameTooLarge as exc:
             raise EngineError(
                 f"the request is too large for the model runner: {exc.size} bytes encoded, "
-                f"over the limit of {ipc.MAX_FRAME} bytes per message", status=413,
-                kind="request_too_large", details={"size": exc.size, "limit": ipc.MAX_FRAME},
+                f"over the limit of {ipc.MAX_FRAME} bytes per message",
+                code="too_large", details={"size": exc.size, "limit": ipc.MAX_FRAME},
             ) from None
         except (ValueError, RecursionError):
             raise EngineError("the request is nested too deeply to pass to the model runner",
-                              status=400, kind="invalid_request") from None
+                              code="invalid_request") from None
         try:
             self._channel.write(frame)
             await self._channel.drain()

@@ -276,12 +276,12 @@ class Scheduler:
         try:
             parsed, draft = self.store.get(name)
         except (ModelNotFound, InvalidName) as exc:
-            raise EngineError(f"draft model {name!r} of {manifest.name}: {exc}", status=400,
-                              kind="invalid_request") from None
+            raise EngineError(f"draft model {name!r} of {manifest.name}: {exc}",
+                              code="invalid_request") from None
         if draft.remote is not None or draft.digest == manifest.digest:
             raise EngineError(f"draft model {name!r} of {manifest.name}: it must be another "
                               f"model in this store, not a remote one or the model itself",
-                              status=400, kind="invalid_request")
+                              code="invalid_request")
         return str(parsed), tuple(self.store.model_paths(draft))
 
     def models(self) -> list[ModelState]:
@@ -293,10 +293,9 @@ class Scheduler:
         try:
             return self.store.get(name)
         except ModelNotFound as exc:
-            raise EngineError(str(exc), status=404, kind="not_found") from None
+            raise EngineError(str(exc), code="not_found") from None
         except InvalidName as exc:
-            raise EngineError(f"invalid model name: {exc}", status=400,
-                              kind="invalid_request") from None
+            raise EngineError(f"invalid model name: {exc}", code="invalid_request") from None
 
     @contextlib.asynccontextmanager
     async def use(self, model: str | tuple[ModelName, Manifest], options: Options,
@@ -306,7 +305,7 @@ class Scheduler:
         try:
             ttl = keepalive.parse(keep_alive)
         except ValueError as exc:
-            raise EngineError(str(exc), status=400, kind="invalid_request") from None
+            raise EngineError(str(exc), code="invalid_request") from None
         parsed, manifest = self.lookup(model) if isinstance(model, str) else model
         lease = await self._acquire(parsed, manifest, options, ttl)
         loaded = lease.loaded
@@ -377,7 +376,7 @@ class Scheduler:
                 f"server busy: {current.refs + current.waiting} requests for '{short}' "
                 f"already running or queued (LLMRUN_NUM_PARALLEL={current.spec.n_slots}, "
                 f"LLMRUN_MAX_QUEUE={config.max_queue()}); retry shortly",
-                status=503, kind="overloaded", retry_after=1)
+                code="busy", retry_after=1)
 
     def _begin_load(self, old: Loaded | None, parsed: ModelName, manifest: Manifest,
                     spec: RunnerSpec, key: str, ttl: float) -> Loaded:
@@ -417,8 +416,7 @@ class Scheduler:
                 log.exception("loading %s failed", loaded.name)
                 loaded.error = EngineError(f"model '{short}' failed to load: {exc}")
             else:  # cancelled: the daemon is shutting down
-                loaded.error = EngineError("the server is shutting down", status=503,
-                                           kind="overloaded")
+                loaded.error = EngineError("the server is shutting down", code="busy")
             loaded.settled.set()
             with contextlib.suppress(Exception):
                 await loaded.runner.stop()
@@ -497,7 +495,7 @@ class Scheduler:
                     f"LLMRUN_NUM_PARALLEL slots of num_ctx tokens) but only "
                     f"{max(avail, 0) / 2**30:.1f} GiB is available; lower num_ctx or "
                     "LLMRUN_NUM_PARALLEL, or stop other models",
-                    status=507, kind="insufficient_memory")
+                    code="insufficient_memory")
             loading.reserved = host
             loading.placement = placement
             if placement.n_gpu_layers or placement.reason not in ("no GPU", ""):

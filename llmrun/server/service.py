@@ -97,7 +97,7 @@ class RemoteRunner:
 
     def _refuse(self, what: str) -> EngineError:
         return EngineError(f"{self.model} is served by a remote server: {what} is not "
-                           "available for it", status=400)
+                           "available for it", code="invalid_request")
 
     def generate(self, req: ChatRequest) -> AsyncIterator[Started | Progress | Chunk | Done]:
         return self.upstream.chat(req)
@@ -178,10 +178,11 @@ class Service:
         before it is loaded for nothing."""
         if target.upstream is not None:
             raise EngineError(f"model '{req.model}' is served by a remote server; images are "
-                              "not forwarded to remote models", status=400)
+                              "not forwarded to remote models", code="invalid_request")
         if target.manifest.projector is None:
             raise EngineError(f"model '{req.model}' does not accept images: it has no vision "
-                              "projector (a Modelfile's second FROM names one)", status=400)
+                              "projector (a Modelfile's second FROM names one)",
+                              code="invalid_request")
 
     @contextlib.asynccontextmanager
     async def _hold(self, req: ChatRequest, target: Target,
@@ -248,7 +249,7 @@ class Service:
         if len(inputs) > self.max_embed_inputs:
             raise EngineError(f"too many inputs: {len(inputs)}; at most "
                               f"{self.max_embed_inputs} can be embedded in one request",
-                              status=413, kind="request_too_large")
+                              code="too_large")
         t0 = time.perf_counter()
         target = self.resolve(req.model)
         async with self._hold(req, target, "embed") as held:

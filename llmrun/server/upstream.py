@@ -87,10 +87,10 @@ def request_body(req: ChatRequest, model: str) -> tuple[str, dict[str, Any]]:
     that API cannot say (a raw grammar, Ollama's `context`, fill-in-the-middle) is a 400."""
     if req.grammar is not None:
         raise EngineError("a remote model takes no raw grammar; use a JSON schema format",
-                          status=400)
+                          code="invalid_request")
     if req.suffix is not None or req.context:
         raise EngineError("a remote model takes no suffix (fill-in-the-middle) and no "
-                          "context token ids", status=400)
+                          "context token ids", code="invalid_request")
     o = req.options
     body: dict[str, Any] = {"model": model, "stream": True,
                             "stream_options": {"include_usage": True}}
@@ -149,7 +149,7 @@ class _Reader:
         if "error" in data:
             error = data["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise EngineError(f"the remote server failed: {message}", status=502)
+            raise EngineError(f"the remote server failed: {message}", code="upstream_failed")
         out: list[Chunk] = []
         for choice in data.get("choices") or []:
             if choice.get("finish_reason"):
@@ -182,10 +182,11 @@ class _Reader:
                 args = json.loads(part["arguments"]) if part["arguments"].strip() else {}
             except ValueError:
                 raise EngineError(f"the remote server sent a tool call whose arguments are "
-                                  f"not JSON: {part['arguments'][:200]!r}", status=502) from None
+                                  f"not JSON: {part['arguments'][:200]!r}",
+                                  code="upstream_failed") from None
             if not isinstance(args, dict):
                 raise EngineError("the remote server sent a tool call whose arguments are "
-                                  "not an object", status=502)
+                                  "not an object", code="upstream_failed")
             out.append(ToolCall(id=part["id"] or f"call_{i}", name=part["name"], arguments=args))
         return out
 
@@ -252,7 +253,7 @@ class Upstream:
             self._prober = asyncio.create_task(self._probe_loop())
         if self._waiting >= config.max_queue():
             raise EngineError(f"{self.name}: too many requests are waiting for its remote "
-                              "server; retry shortly", status=503, retry_after=1)
+                              "server; retry shortly", code="busy", retry_after=1)
         self._waiting += 1
         try:
             await self._slots.acquire()
@@ -278,9 +279,11 @@ class Upstream:
                         continue
                     if response.status_code != 200:
                         await response.aread()
-                        raise EngineError(_upstream_error(response), status=(
-                            response.status_code if 400 <= response.status_code < 500
-                            else 502))
+                        if 400 <= response.status_code < 500:
+                            raise EngineError(_upstream_error(response),
+                                              code="upstream_refused",
+                                              details={"status": response.status_code})
+                        raise EngineError(_upstream_error(response), code="upstream_failed")
                     replica.down_since = None
                     async for event in self._events(response, t0):
                         yield event
@@ -290,13 +293,15 @@ class Upstream:
                 failures.append(f"{replica.url}: cannot connect")
             except httpx.TimeoutException:
                 raise EngineError(f"{self.name}: the remote server {replica.url} sent nothing "
-                                  f"for {config.upstream_timeout():g} s", status=504) from None
+                                  f"for {config.upstream_timeout():g} s",
+                                  code="upstream_timeout") from None
             except httpx.HTTPError as exc:  # the connection broke mid-answer
                 self._down(replica, type(exc).__name__)
                 raise EngineError(f"{self.name}: the remote server {replica.url} broke off the "
-                                  f"answer ({type(exc).__name__})", status=502) from None
+                                  f"answer ({type(exc).__name__})",
+                                  code="upstream_failed") from None
         raise EngineError(f"{self.name}: no replica of its remote server answers ("
-                          + "; ".join(failures) + ")", status=503, retry_after=5)
+                          + "; ".join(failures) + ")", code="busy", retry_after=5)
 
     async def _events(self, response: httpx.Response,
                       t0: float) -> AsyncIterator[Started | Chunk | Done]:
@@ -312,8 +317,8 @@ class Upstream:
             try:
                 data = json.loads(payload)
             except ValueError:
-                raise EngineError("the remote server sent a malformed stream", status=502) \
-                    from None
+                raise EngineError("the remote server sent a malformed stream",
+                                  code="upstream_failed") from None
             chunks = reader.read(data) if isinstance(data, dict) else []
             if not started and (chunks or reader.finish != "stop" or reader.usage):
                 started = True

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from llmrun.api.dialect import http_status
 from llmrun.api.validation import describe_validation_error
 from llmrun.request import EngineError
 
@@ -50,7 +51,7 @@ def engine_message(exc: EngineError, model: str) -> str:
 
 
 def engine_error(exc: EngineError, model: str) -> JSONResponse:
-    return error(exc.status, engine_message(exc, model), exc.retry_after)
+    return error(http_status(exc), engine_message(exc, model), exc.retry_after)
 
 
 def validation_error(exc: RequestValidationError) -> Response:
@@ -60,4 +61,4 @@ def validation_error(exc: RequestValidationError) -> Response:
 def uncaught_engine_error(exc: EngineError) -> Response:
     """An engine error no route caught (an image that cannot be fetched, a body that cannot
     become a request): Anthropic's shape, without the prompt-too-long wording."""
-    return error(exc.status, exc.message, exc.retry_after)
+    return error(http_status(exc), exc.message, exc.retry_after)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from llmrun import jsonio
 from llmrun.api.anthropic.errors import engine_error, engine_message, error_body
 from llmrun.api.anthropic.wire import MessagesBody, shows_thinking
+from llmrun.api.dialect import http_status
 from llmrun.api.events import OutputStream, first_event, first_output
 from llmrun.request import (
     ChatRequest,
@@ -241,7 +242,7 @@ async def _stream(body: MessagesBody, started: Started | None,
                                      "usage": usage(stats)})
         yield _sse("message_stop", {})
     except EngineError as exc:
-        status = 529 if exc.status == 503 else exc.status
+        status = 529 if http_status(exc) == 503 else http_status(exc)
         yield _sse("error", {"error": error_body(status,
                                                  engine_message(exc, body.model))["error"]})
     finally:

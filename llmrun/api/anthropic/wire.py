@@ -69,7 +69,7 @@ class MessagesBody(CountBody):
 
 
 def _invalid(message: str) -> EngineError:
-    return EngineError(message, status=400, kind="invalid_request")
+    return EngineError(message, code="invalid_request")
 
 
 def _no_documents(model: str, where: str) -> EngineError:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from llmrun import __version__, config
+from llmrun.api.dialect import http_status
 from llmrun.api.ollama.errors import error, store_status
 from llmrun.api.ollama.stream import load_only, respond
 from llmrun.api.ollama.wire import (
@@ -110,7 +111,7 @@ def router(service: Service) -> APIRouter:
         try:
             req = body.to_request()
         except EngineError as exc:
-            return error(exc.status, exc.message, exc.retry_after)
+            return error(http_status(exc), exc.message, exc.retry_after)
         if not req.messages:
             return await load_only(service, req, "chat")
         return await respond(req, service.chat(req), "chat", request)
@@ -120,7 +121,7 @@ def router(service: Service) -> APIRouter:
         try:
             req = body.to_request()
         except EngineError as exc:
-            return error(exc.status, exc.message, exc.retry_after)
+            return error(http_status(exc), exc.message, exc.retry_after)
         if not body.prompt and not body.images:  # images alone are a prompt (describe them)
             return await load_only(service, req, "generate")
         return await respond(req, service.chat(req), "generate", request)
@@ -137,7 +138,7 @@ def router(service: Service) -> APIRouter:
             vectors, n_tokens, load_ns, total_ns = await service.embed(req, inputs,
                                                                        body.truncate)
         except EngineError as exc:
-            return error(exc.status, exc.message, exc.retry_after)
+            return error(http_status(exc), exc.message, exc.retry_after)
         if body.dimensions:
             vectors = [_shorten(v, body.dimensions) for v in vectors]
         return JSONResponse({"model": body.model, "embeddings": vectors,
@@ -154,7 +155,7 @@ def router(service: Service) -> APIRouter:
                 return JSONResponse({"embedding": []})
             vectors, *_ = await service.embed(req, [body.prompt], True)
         except EngineError as exc:
-            return error(exc.status, exc.message, exc.retry_after)
+            return error(http_status(exc), exc.message, exc.retry_after)
         return JSONResponse({"embedding": vectors[0]})
 
     @api.get("/api/ps")

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmrun import jsonio
+from llmrun.api.dialect import http_status
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.events import EventStream, OutputStream, first_event, first_output
 from llmrun.api.ollama.errors import error
@@ -61,7 +62,7 @@ async def load_only(service: Service, req: ChatRequest, shape: Shape) -> Respons
         else:
             await service.load(req)
     except EngineError as exc:
-        return error(exc.status, exc.message, exc.retry_after)
+        return error(http_status(exc), exc.message, exc.retry_after)
     return JSONResponse({"model": req.model, "created_at": now(), **_text(shape, ""),
                          "done_reason": "unload" if unloading else "load", "done": True})
 
@@ -122,7 +123,7 @@ async def _first_then_collect(req: ChatRequest, events: EventStream,
 
 
 def _engine_error(exc: EngineError) -> Response:
-    return error(exc.status, exc.message, exc.retry_after)
+    return error(http_status(exc), exc.message, exc.retry_after)
 
 
 async def _ndjson(req: ChatRequest, first: Started | Progress | Chunk | Done,
@@ -168,7 +169,7 @@ async def _collect(req: ChatRequest, first: Chunk | Done,
             calls += event.tool_calls or []
             event = await anext(rest, None)
     except EngineError as exc:
-        return error(exc.status, exc.message, exc.retry_after)
+        return error(http_status(exc), exc.message, exc.retry_after)
     finally:
         await rest.aclose()
     stats = event.stats if isinstance(event, Done) else Stats(finish_reason="error")

@@ -98,7 +98,7 @@ class GenerateBody(BaseModel):
         if self.images and (self.raw or self.suffix):
             # a raw or fill-in-the-middle prompt is tokenized as is: no turn to place them in
             raise EngineError("images need a chat template; raw prompts (`raw`, `suffix`) "
-                              "cannot carry images", status=400)
+                              "cannot carry images", code="invalid_request")
         messages = []
         if self.system:
             messages.append(Message(role="system", content=self.system))
@@ -158,7 +158,7 @@ class ModelBody(BaseModel):
     @property
     def target(self) -> str:
         if not (self.model or self.name):
-            raise EngineError("missing field 'model'", status=400)
+            raise EngineError("missing field 'model'", code="invalid_request")
         return str(self.model or self.name)
 
 
@@ -187,7 +187,8 @@ class CreateBody(BaseModel):
 
 
 def _invalid_format(value: str) -> EngineError:
-    return EngineError(f"invalid format {value!r}: use \"json\" or a JSON schema", status=400)
+    return EngineError(f"invalid format {value!r}: use \"json\" or a JSON schema",
+                       code="invalid_request")
 
 
 def parse_options(raw: dict[str, Any] | None) -> Options:
@@ -202,7 +203,8 @@ def parse_options(raw: dict[str, Any] | None) -> Options:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise EngineError(f"invalid options.{field}: {first['msg']}", status=400) from None
+        raise EngineError(f"invalid options.{field}: {first['msg']}",
+                          code="invalid_request") from None
 
 
 def _with_fit(options: Options, truncate: bool | None, shift: bool | None) -> Options:
@@ -219,13 +221,14 @@ def _think(value: bool | str | None) -> Think:
     if value in ("low", "medium", "high"):
         return value  # type: ignore[return-value]
     raise EngineError(f"invalid think value {value!r}: use true, false, \"low\", \"medium\" "
-                      "or \"high\"", status=400)
+                      "or \"high\"", code="invalid_request")
 
 
 def _tool(spec: dict[str, Any]) -> Tool:
     fn = spec.get("function", spec)
     if not isinstance(fn, dict) or not fn.get("name"):
-        raise EngineError("invalid field 'tools': each tool needs function.name", status=400)
+        raise EngineError("invalid field 'tools': each tool needs function.name",
+                          code="invalid_request")
     return Tool(name=fn["name"], description=fn.get("description") or "",
                 parameters=fn.get("parameters") or {"type": "object", "properties": {}})
 

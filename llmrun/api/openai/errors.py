@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from llmrun.api.dialect import http_status
 from llmrun.request import EngineError
 
 
@@ -48,14 +49,11 @@ def api_error(exc: ApiError | EngineError) -> JSONResponse:
 
 def engine_error_fields(exc: EngineError) -> tuple[int, str, str | None, str | None,
                                              dict[str, str] | None]:
-    code = {"not_found": "model_not_found", "overloaded": "server_overloaded",
-            "insufficient_memory": "insufficient_memory"}.get(exc.kind)
-    if exc.status == 404 and code is None:
-        code = "model_not_found"
+    code = {"not_found": "model_not_found", "busy": "server_overloaded",
+            "insufficient_memory": "insufficient_memory"}.get(exc.code)
     param = "model" if code == "model_not_found" else None
-    retry = getattr(exc, "retry_after", None)
-    headers = {"Retry-After": str(retry)} if retry else None
-    return exc.status, exc.message, param, code, headers
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return http_status(exc), exc.message, param, code, headers
 
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:

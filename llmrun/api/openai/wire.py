@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmrun.api.dialect import http_status
 from llmrun.api.images import from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.request import (
@@ -233,7 +234,7 @@ def _image(part: ContentPart, param: str) -> str:
     try:
         return from_url(url, param)
     except EngineError as exc:
-        raise ApiError(exc.status, exc.message, param) from None
+        raise ApiError(http_status(exc), exc.message, param) from None
 
 
 def tool_arguments(raw: Any, param: str) -> dict[str, Any]:

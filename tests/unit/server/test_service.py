@@ -93,13 +93,13 @@ def test_an_unknown_model_is_told_after_the_bounds(store: Store, tmp_path: Path)
     service = Service(store, Scheduler(store, tmp_path / "logs"))
     with pytest.raises(EngineError) as err:
         service.prepare(ask("nope", options=Options(stop=[f"s{i}" for i in range(99)])))
-    assert err.value.status == 400 and "too many stop strings" in err.value.message
+    assert err.value.code == "invalid_request" and "too many stop strings" in err.value.message
     with pytest.raises(EngineError) as err:
         service.prepare(ask("nope"))
-    assert err.value.status == 404
+    assert err.value.code == "not_found"
     with pytest.raises(EngineError) as err:
         service.prepare(ask("bad name!"))
-    assert err.value.status == 400
+    assert err.value.code == "invalid_request"
 
 
 def test_a_remote_model_takes_the_local_path(store: Store, tmp_path: Path) -> None:
@@ -129,10 +129,11 @@ def test_a_remote_model_takes_the_local_path(store: Store, tmp_path: Path) -> No
             assert metrics.runner_requests.labels(manifest.name, "generate")._value.get() == 1
             with pytest.raises(EngineError) as err:
                 await service.count_tokens(ask("far"))
-            assert err.value.status == 400 and "served by a remote server" in err.value.message
+            assert err.value.code == "invalid_request"
+            assert "served by a remote server" in err.value.message
             with pytest.raises(EngineError) as err:
                 await service.embed(ask("far"), ["x"], True)
-            assert err.value.status == 400 and "embedding" in err.value.message
+            assert err.value.code == "invalid_request" and "embedding" in err.value.message
             assert await service.load(ask("far")) == 0.0
         finally:
             await service.close()

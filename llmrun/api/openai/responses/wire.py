@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+from llmrun.api.dialect import http_status
 from llmrun.api.images import from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import LlamaExtras, tool_arguments
@@ -137,7 +138,7 @@ def _image(part: dict[str, Any], where: str) -> str:
     try:
         return from_url(url, f"{where}.image_url")
     except EngineError as exc:
-        raise ApiError(exc.status, exc.message, f"{where}.image_url") from None
+        raise ApiError(http_status(exc), exc.message, f"{where}.image_url") from None
 
 
 def _content(content: Any, where: str, model: str, images: list[str] | None = None) -> str:
