@@ -28,6 +28,7 @@ IMAGE_CACHE_BYTES = 128 * 1024 * 1024
 
 class Encoder(Sampling):
     """The vision encoder's thread, the embeddings it made, and the image rows a step reads."""
+
     def _encode_loop(self) -> None:
         """The encoder thread: runs the vision encoder on the images a placed sequence
         needs, while the engine thread goes on decoding the others."""

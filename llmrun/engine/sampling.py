@@ -37,6 +37,7 @@ SHIFT_LIMIT = 10
 
 class Sampling(EngineState):
     """Sampling, grammar gates, logprobs, and the end of a sequence (finish or failure)."""
+
     def _sampler(self, seq: Sequence) -> Sampler:
         p = seq.params
         sampler = self.model.sampler(**p.sampling)

@@ -32,6 +32,7 @@ SWA_STATE_ALIGN = 64
 
 class Slots(Encoder):
     """Which slot a request takes, what it reuses there, and the prompt states kept."""
+
     def _cancel(self, req_id: str) -> None:
         for seq in [*self._waiting, *self._loading]:
             if seq.id == req_id:

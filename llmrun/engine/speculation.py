@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 class Speculation(EngineState):
     """The drafts of a step: their length, the rows probed exact, the draft model's calls."""
+
     def _model_drafts(self, active: list[Sequence], row_share: float) -> dict[str, list[int]]:
         """The draft model's guesses for this step's generating sequences that draft with it
         (by request id), all made in its batched decodes before the step's own. A guess

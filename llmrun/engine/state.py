@@ -27,6 +27,9 @@ from llmrun.engine.threads import ThreadGovernor
 
 
 class EngineState:
+    """What every part of the engine reads and writes: the model and context, the slots,
+    the requests waiting, the measured costs, the counters."""
+
     # the fewest prompt tokens (image rows) a step reads beside generating sequences: set by
     # Engine from the context's attention path (batcher.py)
     min_chunk: int

@@ -3,6 +3,9 @@ generating streams, the split decode of a mixed step, and a decode that fails.""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from tests.fakes.engine import Rig
 from tests.unit.engine.test_slots import endless
 
@@ -90,3 +93,51 @@ def test_the_step_counters_go_out_when_a_sequence_ends() -> None:
     rig.run(rig.submit([1, 2, 3], max_tokens=3))
     assert rig.stats and rig.stats[-1]["steps"] == rig.engine.stats.steps >= 3
     assert rig.stats[-1]["prompt_tokens"] == 3
+
+
+def test_the_engine_thread_answers_and_stops() -> None:
+    rig = Rig(slots=2)
+    done = threading.Event()
+    emit = rig.engine.emit
+
+    def emit_and_tell(events: list[tuple[str, str, Any]]) -> None:
+        emit(events)
+        if all(rig.final(r) is not None for r in ("r1", "r2")):
+            done.set()
+
+    rig.engine.emit = emit_and_tell
+    rig.engine.start()
+    try:
+        rig.submit([1, 2], max_tokens=3)
+        rig.submit([5], max_tokens=2)
+        assert done.wait(10)
+    finally:
+        rig.engine.stop()
+    assert rig.text("r1") == "<3><4><5>" and rig.text("r2") == "<6><7>"
+    assert not rig.engine._thread.is_alive()
+
+
+def test_a_failing_step_fails_every_request_and_reports_the_fault() -> None:
+    rig = Rig(slots=1, follow=endless)
+    fatal: list[BaseException] = []
+    ended = threading.Event()
+
+    def on_fatal(exc: BaseException) -> None:
+        fatal.append(exc)
+        ended.set()
+
+    def broken_step() -> None:
+        raise RuntimeError("a bug in the step")
+
+    rig.engine.on_fatal = on_fatal
+    rig.engine._step = broken_step  # type: ignore[method-assign]
+    running, waiting = rig.submit([1, 2]), rig.submit([3])
+    rig.engine.start()
+    try:
+        assert ended.wait(10)
+    finally:
+        rig.engine.stop()
+    assert isinstance(fatal[0], RuntimeError)
+    for rid in (running, waiting):
+        kind, payload = rig.final(rid) or ("", {})
+        assert kind == "error" and payload["code"] == "runner_failed"
