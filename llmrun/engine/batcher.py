@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from llmrun.engine.backend import Context, Model
 from llmrun.engine.draft import DraftModel
@@ -72,6 +73,29 @@ FIRST_PROMPT_CHUNK = 16
 # a decode of their own, without it: 65.)
 FLASH_PROMPT_CHUNK = 65
 SMALL_TILE_CHUNK = SMALL_TILE_ROWS + 1
+
+
+@dataclass
+class StepPlan:
+    """What one step decodes, as its batch is built: the rows whose logits give a token,
+    the drafts, the prompt pieces read."""
+
+    outputs: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, its row)
+    prefilling: list[Sequence] = field(default_factory=list)  # reading a prompt
+    drafted: list[tuple[Sequence, Slot]] = field(default_factory=list)  # with draft rows
+    # (seq, batch index of the logits, prompt token they score); index -1: the first token
+    scored: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    fed: list[Sequence] = field(default_factory=list)  # whose prompt this step reads further
+    pieces: list[tuple[int, int]] = field(default_factory=list)  # each: (cells before, tokens)
+    image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
+    whole: bool = False  # a prompt read from its start to its end in this step
+    generating: int = 0  # rows of sequences that generate; prompt rows follow them
+    mixed: bool = False  # a prompt is read beside generating sequences
+
+    @property
+    def read(self) -> int:
+        """Prompt tokens (and image rows) this step reads."""
+        return sum(n for _, n in self.pieces)
 
 
 class Engine(Slots, Speculation):
@@ -169,30 +193,62 @@ class Engine(Slots, Speculation):
             self._step()
 
     def _step(self) -> None:
+        """One step: a batch of every generating sequence's next token (and its drafts), and
+        of prompt chunks within the budget; decoded, sampled, and its events emitted."""
+        self._advise_threads()
+        self.batch.clear()
+        saving, self._saving_s = self._saving_s, 0.0  # (the last step's, after its tokens)
+        plan = StepPlan()
+        self._add_generating(plan, self._active())
+        self._add_prompts(plan, saving)
+        t0 = time.perf_counter()
+        events: list[Event] = []
+        sampling = self._decode(plan, events)
+        if sampling is None:
+            return
+        self._measure(plan, time.perf_counter() - t0 - sampling, sampling, saving)
+        now = time.perf_counter()
+        for seq in (s for s in plan.fed if s.pending):  # a prompt that takes steps: how far
+            # it is (llama-server's prompt_progress), for clients that show it
+            events.append((seq.id, "progress", {
+                "total": len(seq.prompt), "cached": seq.cached,
+                "processed": len(seq.slot.tokens) if seq.slot else 0}))
+        self._sample(plan.outputs, plan.scored, now, events)
+        for seq, slot in plan.drafted:  # the cells of drafted tokens that did not come true
+            seq.drafts = []
+            self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
+        clock = time.monotonic()
+        if self._ended or clock - self._last_stats >= STATS_SECONDS:
+            self._ended, self._last_stats = False, clock
+            events.append(("", "engine", self.stats.payload()))
+        if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
+            self._last_emit = clock
+            self.emit(events)  # (empty: a heartbeat)
+        self._saving_s = self._save_prompts(plan.fed) if self.prompt_cache is not None else 0.0
+
+    def _advise_threads(self) -> None:
         if self.governor is not None:
             n_threads = self.governor.advise()
             if n_threads is not None:
                 log.info("decoding with %d threads (other processes use %.1f cores)",
                          n_threads, self.governor.others)
                 self.ctx.set_threads(n_threads)
+
+    def _add_generating(self, plan: StepPlan, active: list[Sequence]) -> None:
+        """Each generating sequence's next token, then its drafts; the sequences reading a
+        prompt (not waiting for an image) go to `plan.prefilling`."""
         batch = self.batch
-        batch.clear()
-        saving, self._saving_s = self._saving_s, 0.0  # (the last step's, after its tokens)
-        outputs: list[tuple[Sequence, int]] = []
-        prefilling: list[Sequence] = []
-        active = self._active()
         decoding = sum(seq.next_token is not None for seq in active)
         row_share = self.step_cost.row_share(decoding, decoding) if decoding else 0.0
         # no drafts beside a prompt being read: its rows would share the drafts' kernels
         reading = any(seq.pending and seq.next_token is None for seq in active)
-        drafted: list[tuple[Sequence, Slot]] = []  # whose draft rows are in this batch
         guesses = self._model_drafts(active, row_share) if self.drafter and not reading else {}
         for seq in active:
             slot = seq.slot
             assert slot is not None
             if seq.next_token is not None:
                 idx = batch.add(seq.next_token, len(slot.tokens), slot.seq_id, True)
-                outputs.append((seq, idx))
+                plan.outputs.append((seq, idx))
                 slot.tokens.append(seq.next_token)
                 seq.next_token = None
                 decoding -= 1
@@ -203,74 +259,83 @@ class Engine(Slots, Speculation):
                 for i, tok in enumerate(seq.drafts):
                     batch.add(tok, len(slot.tokens) + i, slot.seq_id, True)
                 if seq.drafts:
-                    drafted.append((seq, slot))
+                    plan.drafted.append((seq, slot))
             elif seq.pending and not seq.blocked:
-                prefilling.append(seq)
-        generating = batch.n  # rows of sequences that generate; prompt rows follow them
+                plan.prefilling.append(seq)
+
+    def _add_prompts(self, plan: StepPlan, saving: float) -> None:
+        """Prompt chunks after the generating rows: all a batch holds when no sequence
+        generates, else what the budget allows (`saving`: seconds the last step spent
+        after its tokens went out, keeping prompt states)."""
+        batch = self.batch
+        plan.generating = batch.n
         budget = batch.capacity - batch.n
-        mixed = bool(outputs and prefilling)
-        if mixed:  # others generate: a prompt is read in bounded chunks
-            furthest = max((len(s.slot.tokens) for s in prefilling if s.slot), default=0)
+        plan.mixed = bool(plan.outputs and plan.prefilling)
+        if plan.mixed:  # others generate: a prompt is read in bounded chunks
+            furthest = max((len(s.slot.tokens) for s in plan.prefilling if s.slot), default=0)
             budget = min(budget, self._prompt_budget(batch.n, furthest, saving))
             self.stats.budget_tokens = budget
         # a prompt that fits the budget whole goes first (a short one is not stuck behind a
         # long one), then the oldest
-        prefilling.sort(key=lambda s: (len(s.pending) > budget, s.submitted))
-        # (seq, batch index of the logits, prompt token they score); index -1: the first token
-        scored: list[tuple[Sequence, int, int]] = []
-        fed: list[Sequence] = []  # sequences whose prompt this step reads further
-        pieces: list[tuple[int, int]] = []  # what it reads of each: (cells before, tokens)
-        image: tuple[Sequence, int] | None = None  # image rows this step reads: whose, how many
-        whole = False  # a prompt read from its start to its end in this step
-        for seq in prefilling:
+        plan.prefilling.sort(key=lambda s: (len(s.pending) > budget, s.submitted))
+        for seq in plan.prefilling:
             if budget <= 0:
                 break
-            slot = seq.slot
-            assert slot is not None
-            base = len(slot.tokens)
+            assert seq.slot is not None
+            base = len(seq.slot.tokens)
             if seq.pending[0] < 0:  # an image's rows next: one image piece per step
-                if image is None:
-                    image = (seq, self._image_piece(seq, budget, mixed))
-                    pieces.append((base, image[1]))
-                    budget -= image[1]
-                    fed.append(seq)
+                if plan.image is None:
+                    plan.image = (seq, self._image_piece(seq, budget, plan.mixed))
+                    plan.pieces.append((base, plan.image[1]))
+                    budget -= plan.image[1]
+                    plan.fed.append(seq)
                 continue
-            size = budget
-            if self.prompt_cache is not None:
-                point = self._save_point(seq)
-                if base < point:
-                    size = min(size, point - base)  # end a chunk at the save point
-            chunk = seq.pending[:size]
-            if seq.params.images:  # text up to the next image
-                cut = next((i for i, tok in enumerate(chunk) if tok < 0), len(chunk))
-                chunk = chunk[:cut]
-            del seq.pending[: len(chunk)]
-            last = len(chunk) - 1
-            score = seq.params.prompt_logprobs is not None
-            for i, tok in enumerate(chunk):
-                final = i == last and not seq.pending
-                idx = batch.add(tok, base + i, slot.seq_id, final or score)
-                if score and base + i == 0:
-                    scored.append((seq, -1, tok))
-                if score and not final:
-                    scored.append((seq, idx, seq.prompt[base + i + 1]))
-            slot.tokens.extend(chunk)
-            pieces.append((base, len(chunk)))
-            budget -= len(chunk)
-            fed.append(seq)
-            whole = whole or (base == seq.cached and not seq.pending)
-            if not seq.pending:
-                outputs.append((seq, idx))
-        read = sum(n for _, n in pieces)  # prompt tokens (and image rows) this step reads
-        t0 = time.perf_counter()
-        if image is not None:
-            rc = self._read_image(*image)
+            budget -= self._add_chunk(plan, seq, base, budget)
+
+    def _add_chunk(self, plan: StepPlan, seq: Sequence, base: int, budget: int) -> int:
+        """The next chunk of `seq`'s prompt, `base` tokens in, within `budget`: up to its
+        save point or its next image; how many tokens that is."""
+        slot = seq.slot
+        assert slot is not None
+        size = budget
+        if self.prompt_cache is not None:
+            point = self._save_point(seq)
+            if base < point:
+                size = min(size, point - base)  # end a chunk at the save point
+        chunk = seq.pending[:size]
+        if seq.params.images:  # text up to the next image
+            cut = next((i for i, tok in enumerate(chunk) if tok < 0), len(chunk))
+            chunk = chunk[:cut]
+        del seq.pending[: len(chunk)]
+        last = len(chunk) - 1
+        score = seq.params.prompt_logprobs is not None
+        for i, tok in enumerate(chunk):
+            final = i == last and not seq.pending
+            idx = self.batch.add(tok, base + i, slot.seq_id, final or score)
+            if score and base + i == 0:
+                plan.scored.append((seq, -1, tok))
+            if score and not final:
+                plan.scored.append((seq, idx, seq.prompt[base + i + 1]))
+        slot.tokens.extend(chunk)
+        plan.pieces.append((base, len(chunk)))
+        plan.fed.append(seq)
+        plan.whole = plan.whole or (base == seq.cached and not seq.pending)
+        if not seq.pending:
+            plan.outputs.append((seq, idx))
+        return len(chunk)
+
+    def _decode(self, plan: StepPlan, events: list[Event]) -> float | None:
+        """Decode the step's batch (and its image rows); the seconds spent sampling between
+        the two decodes of a split step, or None when a decode failed (every request in
+        flight has then failed)."""
+        batch, generating = self.batch, plan.generating
+        if plan.image is not None:
+            rc = self._read_image(*plan.image)
             if rc != 0:
                 self._decode_failed(rc)
-                return
-        events: list[Event] = []
-        sampling = 0.0  # seconds spent sampling between the two decodes of a split step
-        if mixed and 0 < generating < batch.n:
+                return None
+        sampling = 0.0
+        if plan.mixed and 0 < generating < batch.n:
             # Prompt pieces beside generating rows are decoded after those rows, apart: in
             # one llama_decode llama.cpp would put each piece's first token in a ubatch with
             # them (one token of each sequence), where attention sums it in another order
@@ -280,61 +345,53 @@ class Engine(Slots, Speculation):
             rc = self.ctx.decode(batch, rows=(0, generating))
             if rc != 0:
                 self._decode_failed(rc)
-                return
+                return None
             t1 = time.perf_counter()
-            self._sample([(seq, i) for seq, i in outputs if i < generating], [], t1, events)
-            outputs = [(seq, i - generating) for seq, i in outputs if i >= generating]
-            scored = [(seq, i - generating if i >= 0 else i, tok) for seq, i, tok in scored]
+            self._sample([(seq, i) for seq, i in plan.outputs if i < generating], [], t1,
+                         events)
+            plan.outputs = [(seq, i - generating) for seq, i in plan.outputs
+                            if i >= generating]
+            plan.scored = [(seq, i - generating if i >= 0 else i, tok)
+                           for seq, i, tok in plan.scored]
             sampling = time.perf_counter() - t1
-            rc = self.ctx.decode(batch, small_tiles=not whole, rows=(generating, batch.n))
+            rc = self.ctx.decode(batch, small_tiles=not plan.whole, rows=(generating, batch.n))
         else:
-            rc = self.ctx.decode(batch, small_tiles=mixed and not whole) if batch.n else 0
+            rc = self.ctx.decode(batch, small_tiles=plan.mixed and not plan.whole) \
+                if batch.n else 0
         if rc != 0:
             if events:
                 self.emit(events)
             self._decode_failed(rc)
-            return
-        elapsed = time.perf_counter() - t0 - sampling
+            return None
+        return sampling
+
+    def _measure(self, plan: StepPlan, elapsed: float, sampling: float, saving: float) -> None:
+        """Count the step (EngineStats), and learn from its `elapsed` decode time what a
+        row costs: a generated token's (drafting, the budget), a prompt token's (the
+        budget)."""
+        batch, read = self.batch, plan.read
         if log.isEnabledFor(logging.DEBUG):  # LLMRUN_DEBUG: where a stream's latency goes
             log.debug("step: %d rows, %d generating; prompt pieces (cells before, tokens) %s; "
                       "%.1f ms decoding, %.1f ms sampling between; %.1f ms keeping states "
-                      "before it", batch.n, generating, pieces, elapsed * 1e3, sampling * 1e3,
-                      saving * 1e3)
+                      "before it", batch.n, plan.generating, plan.pieces, elapsed * 1e3,
+                      sampling * 1e3, saving * 1e3)
         st = self.stats
         st.steps += 1
         st.step_seconds += elapsed
         st.step_seconds_max = max(st.step_seconds_max, elapsed)
-        if fed:
+        if plan.fed:
             st.prompt_tokens += read
-            st.mixed_steps += mixed
-        if not fed:  # every row is a token to sample: the steps drafting is weighed by
+            st.mixed_steps += plan.mixed
+        if not plan.fed:  # every row is a token to sample: the steps drafting is weighed by
             self.step_cost.observe(batch.n, elapsed)
-            if not drafted:
+            if not plan.drafted:
                 per = elapsed / batch.n
                 self.decode_token_s = per if self.decode_token_s is None else \
                     0.8 * self.decode_token_s + 0.2 * per
-        elif mixed and read >= self.min_chunk:
+        elif plan.mixed and read >= self.min_chunk:
             # (an image's rows cost about what tokens do)
-            decode_rows = batch.n + (image[1] if image is not None else 0) - read
-            self.prompt_cost.observe(pieces, elapsed - self._decode_time(decode_rows))
-        now = time.perf_counter()
-        for seq in (s for s in fed if s.pending):  # a prompt that takes steps: how far it
-            # is (llama-server's prompt_progress), for clients that show it
-            events.append((seq.id, "progress", {
-                "total": len(seq.prompt), "cached": seq.cached,
-                "processed": len(seq.slot.tokens) if seq.slot else 0}))
-        self._sample(outputs, scored, now, events)
-        for seq, slot in drafted:  # the cells of drafted tokens that did not come true
-            seq.drafts = []
-            self.ctx.seq_rm(slot.seq_id, len(slot.tokens), -1)
-        clock = time.monotonic()
-        if self._ended or clock - self._last_stats >= STATS_SECONDS:
-            self._ended, self._last_stats = False, clock
-            events.append(("", "engine", self.stats.payload()))
-        if events or clock - self._last_emit >= HEARTBEAT_SECONDS:
-            self._last_emit = clock
-            self.emit(events)  # (empty: a heartbeat)
-        self._saving_s = self._save_prompts(fed) if self.prompt_cache is not None else 0.0
+            decode_rows = batch.n + (plan.image[1] if plan.image is not None else 0) - read
+            self.prompt_cost.observe(plan.pieces, elapsed - self._decode_time(decode_rows))
 
     def _prompt_budget(self, decode_rows: int, base: int, spent: float = 0.0) -> int:
         """Prompt tokens a step may read beside `decode_rows` rows of generating sequences
