@@ -9,10 +9,11 @@ them and the context reads them, so a fake reads the same arrays a real decode d
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from llmrun.engine import llama
 from llmrun.engine.llama import Batch, EmbdBatch
 from llmrun.engine.promptcost import Shape
 
@@ -66,3 +67,9 @@ class Context(Protocol):
     def state_seq_get(self, seq: int) -> bytearray: ...
 
     def state_seq_set(self, seq: int, data: bytearray) -> bool: ...
+
+
+if TYPE_CHECKING:
+    def _llama_satisfies(model: llama.Model, ctx: llama.Context,
+                         sampler: llama.Sampler) -> tuple[Model, Context, Sampler]:
+        return model, ctx, sampler  # (mypy checks it here, whoever builds an Engine)
