@@ -112,6 +112,7 @@ class Engine(Slots, Speculation):
         super().__init__(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=emit,
                          on_fatal=on_fatal, governor=governor, prompt_cache=prompt_cache,
                          step_budget=step_budget, projector=projector, drafter=drafter)
+        # the least a step reads of a prompt beside others (the budget's floor, see above)
         self.image_min_chunk = MIN_PROMPT_CHUNK if ctx.flash_attn is False \
             else FLASH_PROMPT_CHUNK
         self.min_chunk = SMALL_TILE_CHUNK if ctx.flash_attn is not False and \
