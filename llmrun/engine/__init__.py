@@ -1,3 +1,5 @@
 """The runner process: llama.cpp behind one adapter (llama.py), continuous batching
-(batcher.py), constrained decoding (constraint.py), the sandbox, and the IPC loop (runner.py).
+(batcher.py, over slots.py, encoder.py, sampling.py and speculation.py; what it needs of
+the model in backend.py), constrained decoding (constraint.py), the sandbox, and the IPC
+loop (runner.py).
 Only runner processes, the benchmark and the quantizer child import this package."""

@@ -18,7 +18,7 @@ GIL.
 Limits (`LIMITS`): llguidance's defaults, which bound the work of any one mask step (lexer
 fuel 200k, 50k Earley items per step) and the grammar's size (500k symbols), so no grammar
 can stall the engine for long; a step that would pass them puts the matcher in an error
-state, which ends that sequence alone (batcher.py). `verbose_errors` is off: an error names
+state, which ends that sequence alone (sampling.py). `verbose_errors` is off: an error names
 the limit, not the parser's internal state (which echoes the schema back into logs).
 """
 

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from llmrun.engine import backend
 from llmrun.engine.llama import Batch, Context, LlamaError, Model
 
 # Most tokens drafted for one sequence in one step.
@@ -159,7 +160,7 @@ def draft_length(accept: float, row_share: float, limit: int) -> int:
     return min(limit, int(math.log(row_share) / math.log(accept)))
 
 
-def probe_exact_rows(ctx: Context, seq: int, pos: int, tokens: list[int]) -> int:
+def probe_exact_rows(ctx: backend.Context, seq: int, pos: int, tokens: list[int]) -> int:
     """The most rows (up to PROBE_ROWS) a decode may hold while every row's logits are
     bit-identical to decoding the same tokens one at a time, measured on this machine in
     sequence `seq` from position `pos` (its cells from `pos` on are dropped afterwards).

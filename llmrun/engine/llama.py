@@ -370,6 +370,15 @@ class Model:
         self._pieces[token] = out
         return out
 
+    def sampler(self, *, temperature: float, top_k: int, top_p: float, min_p: float,
+                typical_p: float, repeat_last_n: int, repeat_penalty: float,
+                presence_penalty: float, frequency_penalty: float, seed: int) -> Sampler:
+        """A sampler chain over this model's vocabulary (see Sampler)."""
+        return Sampler(self, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                       typical_p=typical_p, repeat_last_n=repeat_last_n,
+                       repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                       frequency_penalty=frequency_penalty, seed=seed)
+
     def close(self) -> None:
         if self.ptr:
             C.llama_model_free(self.ptr)

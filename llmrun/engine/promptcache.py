@@ -1,7 +1,7 @@
 """KV states of long prompts, kept past their slot and their runner.
 
 A coding agent sends the same ~20k tokens of system prompt and tools with every request. The
-slots' own prefix reuse (engine/batcher.py) helps only while the runner that read them lives
+slots' own prefix reuse (engine/slots.py) helps only while the runner that read them lives
 and no other conversation took the slot; this cache keeps the state of every long prompt the
 engine has read (llama.cpp's per-sequence state: the K/V cells of that sequence), so a later
 request whose prompt starts the same way, in this runner or in one started next week, loads
