@@ -1,6 +1,6 @@
 """One request never takes the engine down, nor does an oversized IPC frame.
 
-In-process: a real runner (engine/runner.py's ModelHost on the real SmolLM2 model) whose channel
+In-process: a real runner (engine/host.py's ModelHost on the real SmolLM2 model) whose channel
 is a stand-in keeping every frame, so a test can break one sequence and watch the others.
 Through a real daemon or a real runner process: the watchdog, the IPC frame limit, large
 embedding batches.
@@ -26,7 +26,7 @@ from llmrun import ipc
 from llmrun.chat.toolcalls import ToolCheck, ToolStream, parse_calls
 from llmrun.engine import batcher
 from llmrun.engine.llama import Context, Model
-from llmrun.engine.runner import ModelHost
+from llmrun.engine.host import ModelHost
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
@@ -288,7 +288,7 @@ def test_engine_thread_death_exits_the_process(runner: tuple[ModelHost, Frames])
 def test_message_loop_failure_exits_the_process(model: Model) -> None:
     class Broken(Frames):
         def recv(self) -> dict[str, Any]:
-            return {"type": "generate"}  # no id: the loop raises KeyError
+            return {"type": "generate"}  # no id: not a message (ProtocolError)
 
     frames = Broken()
     ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=1)
