@@ -25,8 +25,8 @@ import pytest
 from llmrun import ipc
 from llmrun.chat.toolcalls import ToolCheck, ToolStream, parse_calls
 from llmrun.engine import batcher
-from llmrun.engine.llama import Context, Model
 from llmrun.engine.host import ModelHost
+from llmrun.engine.llama import Context, Model
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
@@ -181,7 +181,7 @@ def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, F
     push = ToolStream.push
 
     def fragile(self: ToolStream, text: str, logprobs: Any = None) -> Any:
-        if self is r._tool_streams.get("bad"):
+        if self is r.outputs.tool_streams.get("bad"):
             raise RuntimeError("parser bug")
         return push(self, text, logprobs)
 
@@ -196,7 +196,7 @@ def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, F
     # request), and nothing more of it was sent after its error
     assert_serving(r, frames)
     assert [k for k, _ in frames.events["bad"]][-1] == "error"
-    assert "bad" not in r._tool_streams
+    assert "bad" not in r.outputs.tool_streams
 
 
 # -- (b) a sampler or grammar failure in one sequence ----------------------------------------

@@ -26,8 +26,8 @@ import pytest
 from llmrun.api.anthropic import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
 from llmrun.engine.draft import common_prefix
-from llmrun.engine.llama import Context, Model
 from llmrun.engine.host import ModelHost
+from llmrun.engine.llama import Context, Model
 from llmrun.request import ChatRequest
 
 CLAUDE_CODE = "2.1.332"

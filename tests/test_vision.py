@@ -21,8 +21,8 @@ from llama_cpp import mtmd_cpp as M
 
 from llmrun.chat import templates
 from llmrun.engine import batcher, images
-from llmrun.engine.llama import Context, LlamaError, Model, Projector
 from llmrun.engine.host import ModelHost
+from llmrun.engine.llama import Context, LlamaError, Model, Projector
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Options
 from tests.test_isolation import Frames, assert_serving
 from tests.vision import N_IMAGE_TOKENS, bomb_png, image, not_image, truncated_png, write_projector

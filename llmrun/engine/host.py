@@ -15,12 +15,13 @@ import os
 from typing import Any, cast
 
 from llmrun import ipc, protocol
-from llmrun.chat import thinking, toolcalls, tools
-from llmrun.engine import constraint
+from llmrun.chat import thinking, tools
+from llmrun.engine import outputs
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, ImageChunk, LlamaError, Model, Projector
+from llmrun.engine.outputs import OutputFilters
 from llmrun.engine.prompt import Prompter
 from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
@@ -58,15 +59,6 @@ def request_error(exc: BaseException) -> dict[str, Any]:
                                    f"{type(exc).__name__}: {exc}")
 
 
-def by_request(events: list[Event]) -> dict[str, list[Event]]:
-    """Events grouped by request id, each request's in their order."""
-    groups: dict[str, list[Event]] = {}
-    for event in events:
-        groups.setdefault(event[0], []).append(event)
-    return groups
-
-
-
 class ModelHost:
     """The runner process's side: hosts the model and its engine, answers the daemon's IPC
     messages (server/runners.py's RunnerProcess is the daemon's handle on this process)."""
@@ -92,12 +84,10 @@ class ModelHost:
         self.projector = projector
         # most rows of one image: a decode of its own reads it whole
         self.prompt = Prompter(model, n_ctx_seq, min(ctx.n_batch, ctx.n_ubatch), projector)
-        self._tool_streams: dict[str, toolcalls.ToolStream] = {}  # requests that offer tools
-        self._think_streams: dict[str, thinking.ThinkStream] = {}  # ... that may think
+        self.outputs = OutputFilters(self.engine.cancel)  # thinking and tool-call filters
         # Requests sent to the engine or embedder and not finished: failed if the process
         # has to exit. Sets of ids touched from several threads: add/discard are atomic.
         self._inflight: set[str] = set()
-        self._dropped: set[str] = set()  # failed here: their further events are not sent
         self._exit = os._exit  # replaceable in tests
         self.sandbox_info: dict[str, Any] = {}  # confinement layers, for info()
 
@@ -105,54 +95,11 @@ class ModelHost:
 
     def emit(self, events: list[Event]) -> None:
         """Send engine (or embedder) events to the daemon; an empty list is a heartbeat."""
-        if self._dropped:
-            events = self._without_dropped(events)
-        if self._think_streams or self._tool_streams:
-            events = self._filter(events)
+        events = self.outputs.apply(events)
         for rid, kind, _ in events:
             if kind in FINAL:
                 self._inflight.discard(rid)
         self._send_events(events)
-
-    def _without_dropped(self, events: list[Event]) -> list[Event]:
-        out = []
-        for event in events:
-            rid, kind, _ = event
-            if rid not in self._dropped:
-                out.append(event)
-            elif kind in FINAL:
-                self._dropped.discard(rid)
-        return out
-
-    def _filter(self, events: list[Event]) -> list[Event]:
-        """Events through the thinking and tool-call filters, one request at a time, so a
-        filter that raises on one request's output fails that request alone."""
-        out: list[Event] = []
-        for rid, group in by_request(events).items():
-            if rid in self._think_streams or rid in self._tool_streams:
-                try:
-                    if rid in self._think_streams:  # thoughts first: tools see the answer
-                        group = thinking.filter_events(self._think_streams, group)
-                    if rid in self._tool_streams:
-                        group = toolcalls.filter_events(self._tool_streams, group)
-                except Exception as exc:
-                    log.error("request %s: its output filter failed", rid, exc_info=exc)
-                    group = self._abandon(rid, group, error_event(
-                        "internal", f"the model's output could not be processed "
-                                    f"({type(exc).__name__}); generation was stopped"))
-            out += group
-        return out
-
-    def _abandon(self, rid: str, group: list[Event], error: dict[str, Any]) -> list[Event]:
-        """End request `rid` with `error` in place of `group` (its events of this step): its
-        stream state goes, and unless the group already finished it, the engine cancels it
-        and whatever it still emits for it is dropped."""
-        self._think_streams.pop(rid, None)
-        self._tool_streams.pop(rid, None)
-        if not any(kind in FINAL for _, kind, _ in group):
-            self._dropped.add(rid)
-            self.engine.cancel(rid)
-        return [(rid, "error", error)]
 
     def _send_events(self, events: list[Event]) -> None:
         """One events frame, or several when it would exceed ipc.MAX_FRAME (the daemon would
@@ -181,7 +128,7 @@ class ModelHost:
             return [(rid, "embedding_part", {"embeddings": vectors[:half]}),
                     (rid, kind, {**payload, "embeddings": vectors[half:]})]
         log.error("request %s: a %s event does not fit an IPC frame", rid, kind)
-        return self._abandon(rid, [event] if kind in FINAL else [], error_event(
+        return self.outputs.abandon(rid, [event] if kind in FINAL else [], error_event(
             "too_large", f"the reply is larger than the IPC frame limit ({ipc.MAX_FRAME} "
                          f"bytes)", limit=ipc.MAX_FRAME))
 
@@ -226,8 +173,7 @@ class ModelHost:
         try:
             self._generate(req_id, raw)
         except Exception as exc:  # templates, schemas, parsers: this request only
-            self._think_streams.pop(req_id, None)
-            self._tool_streams.pop(req_id, None)
+            self.outputs.forget(req_id)
             self.emit([(req_id, "error", request_error(exc))])
 
     def _generate(self, req_id: str, raw: dict[str, Any]) -> None:
@@ -241,8 +187,8 @@ class ModelHost:
             if req.think and req.think_required and pair is None and req.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
-            matcher = self._matcher(req, plan)
-            lazy = self._steering(req, plan, pair, text) if matcher is None else None
+            matcher = outputs.matcher(self.model, req, plan)
+            lazy = outputs.steering(self.model, req, plan, pair, text) if matcher is None else None
             truncated = (0, 0)
             if len(prompt) >= self.n_ctx_seq and req.options.truncate:
                 req, prompt, text, truncated = self.prompt.truncate(req, plan, prompt, text)
@@ -279,48 +225,10 @@ class ModelHost:
         if self.prompt_cache is not None and not media \
                 and len(prompt) >= self.prompt_cache.min_tokens:
             params.save_at = self.prompt.boundary(req, plan, prompt, self.prompt_cache.min_tokens)
-        if plan is not None:
-            self._tool_streams[req_id] = plan.stream()
-        if pair is not None:
-            self._think_streams[req_id] = thinking.ThinkStream(
-                pair, inside=thinking.opens(text, pair), keep=req.think is not False)
+        opened = pair is not None and thinking.opens(text, pair)
+        self.outputs.watch(req_id, plan, pair, opened=opened, keep=req.think is not False)
         self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
-
-    def _matcher(self, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
-        """The llguidance matcher `req` decodes under (None: unconstrained), built here on the
-        message thread, never the engine's: a forced tool call's grammar, else the request's
-        raw grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
-        forced_call = plan is not None and plan.choice != "auto"
-        if not forced_call and req.grammar is None and req.format is None:
-            return None
-        tok = constraint.tokenizer(self.model)  # built at start-up (serve); cached
-        # markers that are one special token are forced as that token, as the model was
-        # trained to write them, not spelled out character by character
-        forced = plan.grammar(tools.special_markers(tok)) if forced_call and plan else None
-        grammar = constraint.compile(req, tok, forced)
-        return None if grammar is None else constraint.matcher(tok, grammar)
-
-    def _steering(self, req: ChatRequest, plan: tools.ToolPlan | None,
-                  pair: tuple[str, str] | None, text: str) -> constraint.Lazy | None:
-        """For tool_choice "auto": the grammar that takes over once the model begins a call
-        (tools.steering), built here on the message thread. None when nothing is offered or
-        the request is constrained otherwise; a grammar llguidance refuses (a schema it
-        cannot read) leaves calls free, as they were before steering, with a log line."""
-        if plan is None or req.grammar is not None or req.format is not None:
-            return None
-        tok = constraint.tokenizer(self.model)
-        try:  # ~20 ms for Claude Code's tools; no separate check: the matcher's build is one
-            steer = plan.steering(tools.special_markers(tok))
-            if steer is None:
-                return None
-            grammar = constraint.from_grammar(steer.grammar)
-            think = (pair[0].encode(), pair[1].encode()) if pair is not None else None
-            inside = pair is not None and thinking.opens(text, pair)
-            return constraint.Lazy(tok, grammar, steer.triggers, think, inside)
-        except ValueError as exc:
-            log.warning("tool calls are not steered for this request: %s", exc)
-            return None
 
     def count(self, req_id: str, raw: dict[str, Any], detail: bool = False) -> None:
         """The prompt length a request renders to, exactly as `generate` would see it (with
