@@ -7,6 +7,11 @@ scheduler starts a fresh runner next time.
 A watchdog does the same to a runner that has requests in flight and sends nothing for
 LLMRUN_WATCHDOG (the engine sends a heartbeat at least once a second while it works).
 
+The conversation is llmrun.protocol's: the Load message first (the spec, the placement, the
+prompt-cache directory), then requests; every frame the runner sends is checked by
+protocol.parse_reply before anything reads it, and one that is no message of the protocol
+stops the runner (its requests fail, a fresh runner serves the next).
+
 Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
 the channel (and every request on it), so it fails only its own request, with 413. Large
 embedding batches go to the runner in pieces.
@@ -129,7 +134,7 @@ class RunnerSpec:
 
 
 class RunnerProcess:
-    """The daemon's handle on one runner process (whose side is engine/runner.py's ModelHost)."""
+    """The daemon's handle on one runner process (whose side is engine/host.py's ModelHost)."""
 
     def __init__(self, spec: RunnerSpec, log_path: Path) -> None:
         self.spec = spec
