@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from llmrun import ipc
+from llmrun import ipc, protocol
 from llmrun.request import ChatRequest, Chunk, Done, Message, Started, error_event
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from tests.conftest import Daemon, runner_pids
@@ -178,3 +181,43 @@ def test_a_stream_leaves_the_runners_reading_thread_asleep(daemon: Daemon,
     assert done["eval_count"] >= 60
     woken = sum(_switches(pid) - before[pid] for pid in runners)
     assert woken < 20, f"the reading thread woke {woken} times for {done['eval_count']} tokens"
+
+
+# -- the protocol on both ends ---------------------------------------------------------------
+
+
+def test_a_malformed_frame_from_the_runner_stops_it() -> None:
+    """What a runner sends is checked before it is read: a frame that is no message of the
+    protocol fails the requests in flight and stops the runner (raised, it also ends the
+    channel), rather than reaching a request's stream."""
+    async def run() -> None:
+        handle = RunnerProcess(RunnerSpec((Path("m.gguf"),), 512, 1, 1), Path("runner.log"))
+        handle._ready = asyncio.get_running_loop().create_future()
+        handle._ready.set_result(protocol.Fatal(error="(started)"))
+        q = handle._track("r1")
+        handle._on_message({"type": "events", "events": [["r1", "chunk", {"text": "a"}]]})
+        assert q.get_nowait() == ("chunk", {"text": "a"})
+        with pytest.raises(protocol.ProtocolError, match="unknown event kind 'boom'"):
+            handle._on_message({"type": "events", "events": [["r1", "boom", {}]]})
+        kind, payload = q.get_nowait()
+        assert kind == "error" and payload["code"] == "runner_failed"
+        assert "malformed" in payload["message"] and not handle.alive
+        assert handle._lost_task is not None
+        await handle._lost_task
+
+    asyncio.run(run())
+
+
+def test_a_runner_whose_first_message_is_not_load_refuses_it() -> None:
+    """Load is the first frame: a runner told anything else says why (Fatal) and exits."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with parent:
+        proc = subprocess.Popen([sys.executable, "-m", "llmrun.engine.runner",
+                                 "--fd", str(child.fileno())], pass_fds=(child.fileno(),),
+                                stderr=subprocess.PIPE)
+        child.close()
+        chan = ipc.SyncChannel(parent)
+        chan.send(protocol.Generate(id="r1", request={}))
+        reply = protocol.parse_reply(chan.recv())
+        assert proc.wait(60) == 1
+    assert isinstance(reply, protocol.Fatal) and "must load a model" in reply.error
