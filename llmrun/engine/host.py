@@ -16,12 +16,11 @@ from typing import Any, cast
 
 from llmrun import ipc, protocol
 from llmrun.chat import thinking, tools
-from llmrun.engine import outputs
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, ImageChunk, LlamaError, Model, Projector
-from llmrun.engine.outputs import OutputFilters
+from llmrun.engine.outputs import OutputFilters, grammar_matcher, tool_steering
 from llmrun.engine.prompt import Prompter
 from llmrun.engine.promptcache import PromptCache
 from llmrun.engine.threads import ThreadGovernor
@@ -187,8 +186,8 @@ class ModelHost:
             if req.think and req.think_required and pair is None and req.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
-            matcher = outputs.matcher(self.model, req, plan)
-            lazy = outputs.steering(self.model, req, plan, pair, text) if matcher is None else None
+            matcher = grammar_matcher(self.model, req, plan)
+            lazy = tool_steering(self.model, req, plan, pair, text) if matcher is None else None
             truncated = (0, 0)
             if len(prompt) >= self.n_ctx_seq and req.options.truncate:
                 req, prompt, text, truncated = self.prompt.truncate(req, plan, prompt, text)

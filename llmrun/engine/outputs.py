@@ -18,7 +18,7 @@ from llmrun.request import ChatRequest, error_event
 log = logging.getLogger("llmrun.runner")
 
 
-def matcher(model: Model, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
+def grammar_matcher(model: Model, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
     """The llguidance matcher `req` decodes under (None: unconstrained), built here on the
     message thread, never the engine's: a forced tool call's grammar, else the request's
     raw grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
@@ -32,8 +32,9 @@ def matcher(model: Model, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
     grammar = constraint.compile(req, tok, forced)
     return None if grammar is None else constraint.matcher(tok, grammar)
 
-def steering(model: Model, req: ChatRequest, plan: tools.ToolPlan | None,
-             pair: tuple[str, str] | None, text: str) -> constraint.Lazy | None:
+
+def tool_steering(model: Model, req: ChatRequest, plan: tools.ToolPlan | None,
+                  pair: tuple[str, str] | None, text: str) -> constraint.Lazy | None:
     """For tool_choice "auto": the grammar that takes over once the model begins a call
     (tools.steering), built here on the message thread. None when nothing is offered or
     the request is constrained otherwise; a grammar llguidance refuses (a schema it
