@@ -22,7 +22,7 @@ from typing import Any, cast
 from llmrun import jsonio
 
 HEADER = struct.Struct(">I")
-MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and --max-frame set it
+MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and Load.max_frame set it
 
 # Exit statuses of a runner that ends itself because it can no longer serve: the daemon sees
 # a dead runner (and starts a fresh one) instead of a live process whose requests hang.
