@@ -217,7 +217,8 @@ class RunnerProcess:
         elif self.placement is not None and self.placement.n_gpu_layers > 0:
             p = self.placement
             gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
-            tensor_split = list(p.tensor_split) or None
+            # to 6 significant digits, as the runner's flags carried them: the same split
+            tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
         cache_dir, cache_key = None, ""
         if s.prompt_cache_size > 0:
             cache_key = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
