@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llmrun import ipc, protocol
+from llmrun import ipc, jsonio, protocol
 from llmrun.request import ChatRequest, Chunk, Done, Message, Started, error_event
+from llmrun.server.fit import Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from tests.conftest import Daemon, runner_pids
 
@@ -221,3 +222,30 @@ def test_a_runner_whose_first_message_is_not_load_refuses_it() -> None:
         reply = protocol.parse_reply(chan.recv())
         assert proc.wait(60) == 1
     assert isinstance(reply, protocol.Fatal) and "must load a model" in reply.error
+
+
+def test_the_load_message_carries_the_spec_and_the_placement() -> None:
+    spec = RunnerSpec((Path("/m/a.gguf"), Path("/m/b.gguf")), 4096, 4, 2, n_batch=256,
+                      lora_paths=(Path("/l.gguf"),), projector_path=Path("/p.gguf"),
+                      draft_paths=(Path("/d.gguf"),), adaptive_threads=True, kv_type="q8_0",
+                      flash_attention="on", step_budget="64", debug=True)
+    handle = RunnerProcess(spec, Path("runner.log"))
+    handle.placement = Placement(n_gpu_layers=20, devices=("CUDA0", "CUDA1"),
+                                 tensor_split=(2 / 3, 1 / 3), main_gpu=-1)
+    load = handle._load()
+    assert protocol.parse_command(jsonio.loads(ipc.encode(load)[ipc.HEADER.size:])) == load
+    assert (load.model, load.ctx, load.slots, load.threads, load.batch) == (
+        ["/m/a.gguf", "/m/b.gguf"], 4096, 4, 2, 256)
+    assert load.lora == [protocol.Lora(path="/l.gguf", scale=1.0)]
+    assert (load.mmproj, load.draft_model) == ("/p.gguf", ["/d.gguf"])
+    assert (load.adaptive_threads, load.kv_type, load.flash_attn, load.step_budget,
+            load.debug) == (True, "q8_0", "on", "64", True)
+    assert (load.gpu_layers, load.device, load.main_gpu) == (20, ["CUDA0", "CUDA1"], -1)
+    assert load.tensor_split == [0.666667, 0.333333]
+    assert load.prompt_cache is None and load.max_frame == ipc.MAX_FRAME
+    workers = RunnerProcess(RunnerSpec((Path("/m.gguf"),), 512, 1, 1, rpc_workers=("h:1",),
+                                       rpc_split="3,1", gpu_layers=9), Path("runner.log"))
+    workers.placement = handle.placement  # (RPC workers take the layers: no devices here)
+    load = workers._load()
+    assert (load.rpc, load.rpc_split, load.gpu_layers, load.device) == (["h:1"], [3.0, 1.0],
+                                                                         9, [])
