@@ -96,7 +96,7 @@ class Load:
     gpu_layers: int = -1  # the last layers placed on `device` or the workers (-1: all)
     device: list[str] = field(default_factory=list)  # devices (as --list-devices names them)
     tensor_split: list[float] | None = None  # the share of the layers each device gets
-    main_gpu: int = 0  # the device holding every layer when there is no split
+    main_gpu: int = 0  # the device (index in `device`) holding every layer; -1: split
     debug: bool = False  # log every engine step (LLMRUN_DEBUG)
     max_frame: int  # the largest frame either side sends (ipc.MAX_FRAME: both must agree)
 
