@@ -439,7 +439,7 @@ def parse_step_budget(value: str) -> tuple[float, int]:
 
 
 def step_budget() -> str:
-    """LLMRUN_STEP_BUDGET as the runner's --step-budget (it parses it with
+    """LLMRUN_STEP_BUDGET as the runner's Load.step_budget (it parses it with
     parse_step_budget); one that does not parse is the default, with a warning."""
     value = raw("LLMRUN_STEP_BUDGET")
     try:

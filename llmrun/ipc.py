@@ -22,7 +22,7 @@ from typing import Any, cast
 from llmrun import jsonio
 
 HEADER = struct.Struct(">I")
-MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and --max-frame set it
+MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and Load.max_frame set it
 
 # Exit statuses of a runner that ends itself because it can no longer serve: the daemon sees
 # a dead runner (and starts a fresh one) instead of a live process whose requests hang.
@@ -51,7 +51,8 @@ class FrameTooLarge(ValueError):
         self.size = size
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: object) -> bytes:
+    """A message (llmrun.protocol's, or a dict) as a frame."""
     body = jsonio.dumps(msg)
     if len(body) > 0xFFFFFFFF:  # the header cannot even state its length
         raise FrameTooLarge(len(body))
@@ -90,7 +91,7 @@ class SyncChannel:
         self._readable = select.poll()
         self._readable.register(sock, select.POLLIN)
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: object) -> None:
         self.send_frame(encode(msg))
 
     def send_frame(self, frame: bytes) -> None:
@@ -110,7 +111,8 @@ class SyncChannel:
             buf += chunk
         return bytes(buf)
 
-    def recv(self) -> dict[str, Any]:
+    def recv(self) -> Any:
+        """The next frame, decoded (llmrun.protocol checks what it holds)."""
         n = decode_length(self._read_exact(HEADER.size))
         return jsonio.loads(self._read_exact(n))
 
@@ -125,7 +127,7 @@ class FrameProtocol(asyncio.Protocol):
     broke, or it sent a frame over MAX_FRAME (ChannelClosed), or `on_message` raised.
     """
 
-    def __init__(self, on_message: Callable[[dict[str, Any]], None],
+    def __init__(self, on_message: Callable[[Any], None],
                  on_lost: Callable[[BaseException | None], None]) -> None:
         self._on_message = on_message
         self._on_lost = on_lost

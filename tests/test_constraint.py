@@ -184,7 +184,7 @@ def test_a_dead_end_grammar_ends_its_sequence_alone(harness: Harness,
         assert harness.cond.wait_for(lambda: all(r in harness.final for r in (free, bad, ok)),
                                      timeout=120)
     kind, payload = harness.final[bad]
-    assert kind == "error" and payload["status"] == 400
+    assert kind == "error" and payload["code"] == "invalid_request"
     assert "structured output" in payload["message"]
     assert harness.final[free][0] == "done" and harness.final[ok][0] == "done"
     jsonschema.validate(json.loads(harness.text[ok]), AGE)

@@ -1,6 +1,6 @@
 """One request never takes the engine down, nor does an oversized IPC frame.
 
-In-process: a real runner (engine/runner.py's ModelHost on the real SmolLM2 model) whose channel
+In-process: a real runner (engine/host.py's ModelHost on the real SmolLM2 model) whose channel
 is a stand-in keeping every frame, so a test can break one sequence and watch the others.
 Through a real daemon or a real runner process: the watchdog, the IPC frame limit, large
 embedding batches.
@@ -25,8 +25,8 @@ import pytest
 from llmrun import ipc
 from llmrun.chat.toolcalls import ToolCheck, ToolStream, parse_calls
 from llmrun.engine import batcher
+from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
-from llmrun.engine.runner import ModelHost
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
@@ -181,7 +181,7 @@ def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, F
     push = ToolStream.push
 
     def fragile(self: ToolStream, text: str, logprobs: Any = None) -> Any:
-        if self is r._tool_streams.get("bad"):
+        if self is r.outputs.tool_streams.get("bad"):
             raise RuntimeError("parser bug")
         return push(self, text, logprobs)
 
@@ -190,13 +190,13 @@ def test_output_filter_failure_ends_that_request_only(runner: tuple[ModelHost, F
     r.generate("bad", job(num_predict=400, **offered))
     r.generate("good", job(num_predict=16, **offered))
     kind, err = frames.final("bad")
-    assert kind == "error" and err["status"] == 500 and "RuntimeError" in err["message"]
+    assert kind == "error" and err["code"] == "internal" and "RuntimeError" in err["message"]
     assert frames.final("good")[0] == "done"
     # the failed sequence was cancelled in the engine (its slot is free for the next
     # request), and nothing more of it was sent after its error
     assert_serving(r, frames)
     assert [k for k, _ in frames.events["bad"]][-1] == "error"
-    assert "bad" not in r._tool_streams
+    assert "bad" not in r.outputs.tool_streams
 
 
 # -- (b) a sampler or grammar failure in one sequence ----------------------------------------
@@ -217,7 +217,7 @@ def test_sampler_failure_ends_that_sequence_only(runner: tuple[ModelHost, Frames
     r.generate("good", job(num_predict=24))
     r.generate("bad", job("Tell me a story.", num_predict=24))
     kind, err = frames.final("bad")
-    assert kind == "error" and err["status"] == 500 and "sampler exploded" in err["message"]
+    assert kind == "error" and err["code"] == "internal" and "sampler exploded" in err["message"]
     kind, stats = frames.final("good")
     assert kind == "done" and stats["completion_tokens"] == 24
     assert_serving(r, frames)
@@ -227,7 +227,7 @@ def test_grammar_that_does_not_build_is_a_400(runner: tuple[ModelHost, Frames]) 
     r, frames = runner
     r.generate("bad", job(grammar="root ::= ( \"unclosed\"\n"))
     kind, err = frames.final("bad")
-    assert kind == "error" and err["status"] == 400 and err["code"] == "invalid_request"
+    assert kind == "error" and err["code"] == "invalid_request"
     assert_serving(r, frames)
 
 
@@ -236,7 +236,7 @@ def test_prompt_over_the_context_is_a_typed_error(runner: tuple[ModelHost, Frame
     r, frames = runner
     r.generate("long", job("blue sky " * 1500))
     kind, err = frames.final("long")
-    assert kind == "error" and err["code"] == "prompt_too_long" and err["status"] == 400
+    assert kind == "error" and err["code"] == "prompt_too_long"
     assert err["n_ctx"] == 2048 and err["prompt_tokens"] > 2048
     assert [k for k, _ in frames.events["long"]] == ["error"]
     assert_serving(r, frames)
@@ -254,7 +254,7 @@ def test_template_crash_is_an_error_for_that_request(runner: tuple[ModelHost, Fr
     r.count("count", job())
     for rid in ("gen", "count"):
         kind, err = frames.final(rid)
-        assert kind == "error" and err["status"] == 500 and "TypeError" in err["message"]
+        assert kind == "error" and err["code"] == "internal" and "TypeError" in err["message"]
     monkeypatch.undo()
     assert_serving(r, frames)
 
@@ -288,7 +288,7 @@ def test_engine_thread_death_exits_the_process(runner: tuple[ModelHost, Frames])
 def test_message_loop_failure_exits_the_process(model: Model) -> None:
     class Broken(Frames):
         def recv(self) -> dict[str, Any]:
-            return {"type": "generate"}  # no id: the loop raises KeyError
+            return {"type": "generate"}  # no id: not a message (ProtocolError)
 
     frames = Broken()
     ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=1)
@@ -429,4 +429,4 @@ def test_runner_splits_events_too_large_for_a_frame(runner: tuple[ModelHost, Fra
     # one event that cannot be split: an error for its request, the channel intact
     r.emit([("g2", "chunk", {"text": "y" * 10_000})])
     kind, err = frames.final("g2")
-    assert kind == "error" and err["status"] == 413 and err["code"] == "too_large"
+    assert kind == "error" and err["code"] == "too_large"

@@ -26,8 +26,8 @@ import pytest
 from llmrun.api.anthropic.wire import CountBody, to_request
 from llmrun.cli.launch import claude_args, claude_env
 from llmrun.engine.draft import common_prefix
+from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
-from llmrun.engine.runner import ModelHost
 from llmrun.request import ChatRequest
 
 CLAUDE_CODE = "2.1.332"
@@ -127,11 +127,11 @@ def test_two_turns_of_claude_code_share_all_but_the_last_message(
 
         def render(body: dict[str, Any]) -> tuple[ChatRequest, list[int]]:
             req = to_request(CountBody.model_validate(body))
-            return req, host.render(req)[0]
+            return req, host.prompt.render(req)[0]
 
         req1, tokens1 = render(first)
         _, tokens2 = render(second)
-        before_last = host._boundary(req1, None, tokens1)
+        before_last = host.prompt.boundary(req1, None, tokens1)
     finally:
         ctx.close()
         model.close()

@@ -269,9 +269,15 @@ def test_runner_bad_lora(files: Path, tmp_path: Path, lora: str, problem: str) -
         asyncio.run(go())
 
 
-def test_lora_argument() -> None:
-    from llmrun.engine.runner import lora_arg
+def test_lora_in_the_load_message() -> None:
+    """Adapters travel in the runner's Load message as a path and a scale each, so a colon
+    in a path is part of the path."""
+    from llmrun import jsonio, protocol
 
-    assert lora_arg("/x/a.gguf") == (Path("/x/a.gguf"), 1.0)
-    assert lora_arg("/x/a.gguf:0.5") == (Path("/x/a.gguf"), 0.5)
-    assert lora_arg("/x:y/a.gguf") == (Path("/x:y/a.gguf"), 1.0)
+    load = protocol.Load(model=["/m.gguf"], ctx=64, max_frame=1 << 20,
+                         lora=[protocol.Lora(path="/x:y/a.gguf"),
+                               protocol.Lora(path="/x/a.gguf", scale=0.5)])
+    back = protocol.parse_command(jsonio.loads(jsonio.dumps(load)))
+    assert back == load
+    assert isinstance(back, protocol.Load) and back.lora[0] == protocol.Lora(path="/x:y/a.gguf")
+    assert back.lora[1].scale == 0.5

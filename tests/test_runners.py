@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from llmrun import ipc
+from llmrun import ipc, jsonio, protocol
 from llmrun.request import ChatRequest, Chunk, Done, Message, Started, error_event
+from llmrun.server.fit import Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from tests.conftest import Daemon, runner_pids
 
@@ -178,3 +182,70 @@ def test_a_stream_leaves_the_runners_reading_thread_asleep(daemon: Daemon,
     assert done["eval_count"] >= 60
     woken = sum(_switches(pid) - before[pid] for pid in runners)
     assert woken < 20, f"the reading thread woke {woken} times for {done['eval_count']} tokens"
+
+
+# -- the protocol on both ends ---------------------------------------------------------------
+
+
+def test_a_malformed_frame_from_the_runner_stops_it() -> None:
+    """What a runner sends is checked before it is read: a frame that is no message of the
+    protocol fails the requests in flight and stops the runner (raised, it also ends the
+    channel), rather than reaching a request's stream."""
+    async def run() -> None:
+        handle = RunnerProcess(RunnerSpec((Path("m.gguf"),), 512, 1, 1), Path("runner.log"))
+        handle._ready = asyncio.get_running_loop().create_future()
+        handle._ready.set_result(protocol.Fatal(error="(started)"))
+        q = handle._track("r1")
+        handle._on_message({"type": "events", "events": [["r1", "chunk", {"text": "a"}]]})
+        assert q.get_nowait() == ("chunk", {"text": "a"})
+        with pytest.raises(protocol.ProtocolError, match="unknown event kind 'boom'"):
+            handle._on_message({"type": "events", "events": [["r1", "boom", {}]]})
+        kind, payload = q.get_nowait()
+        assert kind == "error" and payload["code"] == "runner_failed"
+        assert "malformed" in payload["message"] and not handle.alive
+        assert handle._lost_task is not None
+        await handle._lost_task
+
+    asyncio.run(run())
+
+
+def test_a_runner_whose_first_message_is_not_load_refuses_it() -> None:
+    """Load is the first frame: a runner told anything else says why (Fatal) and exits."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with parent:
+        proc = subprocess.Popen([sys.executable, "-m", "llmrun.engine.runner",
+                                 "--fd", str(child.fileno())], pass_fds=(child.fileno(),),
+                                stderr=subprocess.PIPE)
+        child.close()
+        chan = ipc.SyncChannel(parent)
+        chan.send(protocol.Generate(id="r1", request={}))
+        reply = protocol.parse_reply(chan.recv())
+        assert proc.wait(60) == 1
+    assert isinstance(reply, protocol.Fatal) and "must load a model" in reply.error
+
+
+def test_the_load_message_carries_the_spec_and_the_placement() -> None:
+    spec = RunnerSpec((Path("/m/a.gguf"), Path("/m/b.gguf")), 4096, 4, 2, n_batch=256,
+                      lora_paths=(Path("/l.gguf"),), projector_path=Path("/p.gguf"),
+                      draft_paths=(Path("/d.gguf"),), adaptive_threads=True, kv_type="q8_0",
+                      flash_attention="on", step_budget="64", debug=True)
+    handle = RunnerProcess(spec, Path("runner.log"))
+    handle.placement = Placement(n_gpu_layers=20, devices=("CUDA0", "CUDA1"),
+                                 tensor_split=(2 / 3, 1 / 3), main_gpu=-1)
+    load = handle._load()
+    assert protocol.parse_command(jsonio.loads(ipc.encode(load)[ipc.HEADER.size:])) == load
+    assert (load.model, load.ctx, load.slots, load.threads, load.batch) == (
+        ["/m/a.gguf", "/m/b.gguf"], 4096, 4, 2, 256)
+    assert load.lora == [protocol.Lora(path="/l.gguf", scale=1.0)]
+    assert (load.mmproj, load.draft_model) == ("/p.gguf", ["/d.gguf"])
+    assert (load.adaptive_threads, load.kv_type, load.flash_attn, load.step_budget,
+            load.debug) == (True, "q8_0", "on", "64", True)
+    assert (load.gpu_layers, load.device, load.main_gpu) == (20, ["CUDA0", "CUDA1"], -1)
+    assert load.tensor_split == [0.666667, 0.333333]
+    assert load.prompt_cache is None and load.max_frame == ipc.MAX_FRAME
+    workers = RunnerProcess(RunnerSpec((Path("/m.gguf"),), 512, 1, 1, rpc_workers=("h:1",),
+                                       rpc_split="3,1", gpu_layers=9), Path("runner.log"))
+    workers.placement = handle.placement  # (RPC workers take the layers: no devices here)
+    load = workers._load()
+    assert (load.rpc, load.rpc_split, load.gpu_layers, load.device) == (["h:1"], [3.0, 1.0],
+                                                                         9, [])

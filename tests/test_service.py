@@ -321,12 +321,19 @@ def test_other_load_options_wait_for_the_busy_runner(daemon: Daemon) -> None:
 # A test-only sitecustomize, on the daemon's PYTHONPATH (childenv passes PYTHON* variables to
 # runners): a runner started for the gated model file waits, before it loads anything, until
 # the test creates the gate file. Nothing in llmrun knows of it.
+# (the runner learns its model from its first message, Load: the gate wraps the parser of it)
 GATE = '''\
-import os, sys, time
-if any(arg.endswith({blob!r}) for arg in sys.argv):
-    open({entered!r}, "w").close()
-    while not os.path.exists({gate!r}):
-        time.sleep(0.01)
+import os, time
+from llmrun import protocol
+parse = protocol.parse_command
+def gated(msg):
+    command = parse(msg)
+    if isinstance(command, protocol.Load) and any(p.endswith({blob!r}) for p in command.model):
+        open({entered!r}, "w").close()
+        while not os.path.exists({gate!r}):
+            time.sleep(0.01)
+    return command
+protocol.parse_command = gated
 '''
 
 

@@ -1,6 +1,6 @@
 """Images through the runner on the real model and a tiny random projector.
 
-In-process: engine/runner.py's ModelHost on SmolLM2 with tests/vision.py's projector (random
+In-process: engine/host.py's ModelHost on SmolLM2 with tests/vision.py's projector (random
 weights: the answers mean nothing, but every line of the real path runs). Numerics first:
 an image read in pieces beside another sequence gives what it gives alone, and what plain
 llama-cpp-python (libmtmd's own helper) gives; then the cache, then hostile images.
@@ -21,8 +21,8 @@ from llama_cpp import mtmd_cpp as M
 
 from llmrun.chat import templates
 from llmrun.engine import batcher, images
+from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, LlamaError, Model, Projector
-from llmrun.engine.runner import ModelHost
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Options
 from tests.test_isolation import Frames, assert_serving
 from tests.vision import N_IMAGE_TOKENS, bomb_png, image, not_image, truncated_png, write_projector

@@ -7,6 +7,11 @@ scheduler starts a fresh runner next time.
 A watchdog does the same to a runner that has requests in flight and sends nothing for
 LLMRUN_WATCHDOG (the engine sends a heartbeat at least once a second while it works).
 
+The conversation is llmrun.protocol's: the Load message first (the spec, the placement, the
+prompt-cache directory), then requests; every frame the runner sends is checked by
+protocol.parse_reply before anything reads it, and one that is no message of the protocol
+stops the runner (its requests fail, a fresh runner serves the next).
+
 Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
 the channel (and every request on it), so it fails only its own request, with 413. Large
 embedding batches go to the runner in pieces.
@@ -26,9 +31,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from llmrun import childenv, config, ipc
+from llmrun import childenv, config, ipc, protocol
 from llmrun.request import (
     ChatRequest,
     Chunk,
@@ -129,7 +134,7 @@ class RunnerSpec:
 
 
 class RunnerProcess:
-    """The daemon's handle on one runner process (whose side is engine/runner.py's ModelHost)."""
+    """The daemon's handle on one runner process (whose side is engine/host.py's ModelHost)."""
 
     def __init__(self, spec: RunnerSpec, log_path: Path) -> None:
         self.spec = spec
@@ -138,7 +143,7 @@ class RunnerProcess:
         self.engine_stats: dict[str, Any] = {}  # the engine's step counters (batcher.EngineStats)
         self.proc: asyncio.subprocess.Process | None = None
         self._channel: ipc.FrameProtocol | None = None
-        self._ready: asyncio.Future[dict[str, Any]] | None = None  # its first message
+        self._ready: asyncio.Future[protocol.Reply] | None = None  # its first message
         self._queues: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
         self._lost_task: asyncio.Task[None] | None = None  # reporting the channel's end
         self.dead_reason: str | None = None
@@ -162,50 +167,8 @@ class RunnerProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logfile = open(self.log_path, "ab")  # noqa: SIM115 (the child inherits it; closed below)
-        s = self.spec
-        cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno()),
-               "--ctx", str(s.n_ctx), "--slots", str(s.n_slots),
-               "--threads", str(s.n_threads), "--batch", str(s.n_batch),
-               "--max-frame", str(ipc.MAX_FRAME)]  # both sides must agree on the limit
-        for path in s.model_paths:
-            cmd += ["--model", str(path)]
-        for path in s.lora_paths:
-            cmd += ["--lora", str(path)]
-        if s.projector_path is not None:
-            cmd += ["--mmproj", str(s.projector_path)]
-        for path in s.draft_paths:
-            cmd += ["--draft-model", str(path)]
-        if s.adaptive_threads:
-            cmd.append("--adaptive-threads")
-        cmd += ["--kv-type", s.kv_type, "--flash-attn", s.flash_attention,
-                "--step-budget", s.step_budget]
-        if s.debug:
-            cmd.append("--debug")
-        for worker in s.rpc_workers:
-            cmd += ["--rpc", worker]
-        if s.rpc_workers:
-            cmd += ["--gpu-layers", str(s.gpu_layers)]
-            if s.rpc_split:
-                cmd += ["--rpc-split", s.rpc_split]
-        elif self.placement is not None and self.placement.n_gpu_layers > 0:
-            p = self.placement
-            cmd += ["--gpu-layers", str(p.n_gpu_layers), "--main-gpu", str(p.main_gpu)]
-            for device in p.devices:
-                cmd += ["--device", device]
-            if p.tensor_split:
-                cmd += ["--tensor-split", ",".join(f"{x:g}" for x in p.tensor_split)]
-        if s.prompt_cache_size > 0:
-            name = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots, s.kv_type,
-                                   s.flash_attention)
-            try:
-                directory = promptcache.prepare(name, s.prompt_cache_size)
-                self._cache_key = name  # released when this runner is gone
-                cmd += ["--prompt-cache", str(directory)]
-            except OSError as exc:  # the runner keeps states in memory only
-                log.warning("prompt cache: cannot use %s on disk: %s", name, exc)
-            cmd += ["--prompt-cache-key", name, "--prompt-cache-size", str(s.prompt_cache_size),
-                    "--prompt-cache-ram", str(s.prompt_cache_ram),
-                    "--prompt-cache-min", str(s.prompt_cache_min)]
+        load = self._load()
+        cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno())]
         try:
             # A session of its own: the signal a terminal (Ctrl+C) or `kill -TERM -PGID` sends
             # the daemon's process group would kill the runner mid-write of a prompt state.
@@ -223,16 +186,63 @@ class RunnerProcess:
         _, self._channel = await loop.create_unix_connection(
             lambda: ipc.FrameProtocol(self._on_message, self._on_lost), sock=parent)
         try:
+            self._channel.write(ipc.encode(load))  # the first message: what to load, and how
+            await self._channel.drain()
             msg = await asyncio.wait_for(asyncio.shield(self._ready), LOAD_TIMEOUT)
         except (TimeoutError, ConnectionError) as exc:
             await self.kill()
             raise EngineError(f"the model runner failed to start: {self._why(exc)}") from None
-        if msg.get("type") != "ready":
-            await self.kill()
-            raise EngineError(f"the model runner failed to load the model: {msg.get('error')}")
-        self.info = msg["info"]
+        match msg:
+            case protocol.Ready(info=info):
+                self.info = dict(info)
+            case protocol.Fatal(error=error):
+                await self.kill()
+                raise EngineError(f"the model runner failed to load the model: {error}")
+            case _:
+                await self.kill()
+                raise EngineError("the model runner failed to load the model: it sent "
+                                  f"{msg.type!r} before saying it was ready")
         self.load_seconds = time.perf_counter() - t0
         self._watch_task = asyncio.create_task(self._watchdog(config.watchdog_seconds()))
+
+    def _load(self) -> protocol.Load:
+        """The Load message for this runner: its spec, the scheduler's placement, and the
+        prompt-cache directory (prepared here, released when the runner is gone)."""
+        s = self.spec
+        gpu_layers, main_gpu = -1, 0
+        devices: list[str] = []
+        tensor_split: list[float] | None = None
+        if s.rpc_workers:
+            gpu_layers = s.gpu_layers
+        elif self.placement is not None and self.placement.n_gpu_layers > 0:
+            p = self.placement
+            gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
+            # to 6 significant digits, as the runner's flags carried them: the same split
+            tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
+        cache_dir, cache_key = None, ""
+        if s.prompt_cache_size > 0:
+            cache_key = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
+                                        s.kv_type, s.flash_attention)
+            try:
+                cache_dir = str(promptcache.prepare(cache_key, s.prompt_cache_size))
+                self._cache_key = cache_key  # released when this runner is gone
+            except OSError as exc:  # the runner keeps states in memory only
+                log.warning("prompt cache: cannot use %s on disk: %s", cache_key, exc)
+        return protocol.Load(
+            model=[str(p) for p in s.model_paths], ctx=s.n_ctx, slots=s.n_slots,
+            threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
+            lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
+            mmproj=str(s.projector_path) if s.projector_path is not None else None,
+            draft_model=[str(p) for p in s.draft_paths],
+            kv_type=cast(protocol.KvType, s.kv_type),
+            flash_attn=cast(protocol.FlashAttn, s.flash_attention),
+            prompt_cache=cache_dir, prompt_cache_key=cache_key,
+            prompt_cache_size=s.prompt_cache_size, prompt_cache_ram=s.prompt_cache_ram,
+            prompt_cache_min=s.prompt_cache_min, step_budget=s.step_budget,
+            rpc=list(s.rpc_workers),
+            rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
+            gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
+            debug=s.debug, max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
 
     def _why(self, exc: BaseException) -> str:
         """Why the runner stopped, for the client: no server paths (the daemon's log names the
@@ -275,7 +285,7 @@ class RunnerProcess:
         self._queues[req_id] = q
         return q
 
-    async def _send(self, msg: dict[str, Any]) -> None:
+    async def _send(self, msg: protocol.Command) -> None:
         if self._channel is None or not self.alive:
             raise EngineError(f"the model runner is not running ({self.dead_reason})")
         try:
@@ -295,16 +305,26 @@ class RunnerProcess:
         except ConnectionError:
             raise EngineError(f"the model runner is not running ({self.dead_reason})") from None
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
+    def _on_message(self, frame: Any) -> None:
         """A message from the runner (called by the channel as each frame arrives): its
-        steps' events go to their requests' queues."""
+        steps' events go to their requests' queues. One that is no message of the protocol
+        stops the runner (raised, it also ends the channel)."""
         self._last_frame = time.monotonic()
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_result(msg)  # the first: ready, or why the model did not load
-            return
-        if msg.get("type") != "events":
-            return
-        for req_id, kind, payload in msg["events"]:
+        try:
+            msg = protocol.parse_reply(frame)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(msg)  # the first: ready, or why the model did not load
+                return
+            if not isinstance(msg, protocol.Events):
+                raise protocol.ProtocolError(f"a {msg.type!r} message after the start")
+        except protocol.ProtocolError as exc:
+            pid = self.proc.pid if self.proc else None
+            log.error("runner pid %s sent a malformed message: %s", pid, exc)
+            if self._ready is not None and self._ready.done():
+                self._died("the model runner sent a malformed message and was stopped")
+                self._lost_task = asyncio.create_task(self.kill())
+            raise
+        for req_id, kind, payload in msg.events:
             q = self._queues.get(req_id)
             if q is not None:
                 q.put_nowait((kind, payload))
@@ -337,7 +357,7 @@ class RunnerProcess:
         finished = False
         held: tuple[str, Any] | None = None  # taken from the queue while merging, not sent
         try:
-            await self._send({"type": "generate", "id": req_id, "request": req.model_dump()})
+            await self._send(protocol.Generate(id=req_id, request=req.model_dump()))
             while True:
                 if held is None:
                     kind, payload = await q.get()
@@ -369,7 +389,7 @@ class RunnerProcess:
             self._queues.pop(req_id, None)
             if not finished and self.alive:
                 with contextlib.suppress(Exception):
-                    await self._send({"type": "cancel", "id": req_id})
+                    await self._send(protocol.Cancel(id=req_id))
 
     async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
         """L2-normalised embeddings of `inputs` and the number of tokens they took. A large
@@ -388,8 +408,8 @@ class RunnerProcess:
         q = self._track(req_id)
         vectors: list[list[float]] = []
         try:
-            await self._send({"type": "embed", "id": req_id, "inputs": inputs,
-                              "truncate": truncate, "offset": offset})
+            await self._send(protocol.Embed(id=req_id, inputs=inputs, truncate=truncate,
+                                            offset=offset))
             while True:
                 kind, payload = await q.get()
                 if kind == "embedding_part":  # a reply too large for one frame
@@ -412,7 +432,7 @@ class RunnerProcess:
         req_id = f"c{next(_ids)}"
         q = self._track(req_id)
         try:
-            await self._send({**msg, "id": req_id})
+            await self._send(protocol.parse_command({**msg, "id": req_id}))
             kind, payload = await q.get()
         finally:
             self._queues.pop(req_id, None)
@@ -424,7 +444,7 @@ class RunnerProcess:
         self._stopping = True
         if self.alive:
             with contextlib.suppress(Exception):
-                await self._send({"type": "shutdown"})
+                await self._send(protocol.Shutdown())
             try:
                 assert self.proc is not None
                 # the runner finishes its prompt-state writes within STOP_SECONDS

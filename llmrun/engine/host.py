@@ -1,0 +1,315 @@
+"""The runner's side of the channel: ModelHost reads the daemon's messages (llmrun.protocol),
+hands each request to the engine or the embedder, and sends their events back, through the
+thinking and tool-call filters, in frames that fit ipc.MAX_FRAME.
+
+Whatever one request brings ends only that request with an error event; if the engine thread
+or the message loop fails anyway, the process exits (ipc.EXIT_*), so the daemon starts a
+fresh runner rather than sending requests to a process that can no longer answer them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, cast
+
+from llmrun import ipc, protocol
+from llmrun.chat import thinking, tools
+from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
+from llmrun.engine.embed import Embedder
+from llmrun.engine.llama import Context, ImageChunk, LlamaError, Model, Projector
+from llmrun.engine.outputs import OutputFilters, grammar_matcher, tool_steering
+from llmrun.engine.prompt import Prompter
+from llmrun.engine.promptcache import PromptCache
+from llmrun.engine.threads import ThreadGovernor
+from llmrun.ipc import ChannelClosed, SyncChannel
+from llmrun.protocol import (
+    FINAL,
+    Cancel,
+    Count,
+    Detokenize,
+    Embed,
+    Generate,
+    Load,
+    ProtocolError,
+    Shutdown,
+    Tokenize,
+)
+from llmrun.request import ChatRequest, error_event
+
+log = logging.getLogger("llmrun.runner")
+
+
+def request_error(exc: BaseException) -> dict[str, Any]:
+    """The error event payload for a request that could not be prepared: 400 when the
+    request itself is at fault (a template, schema, option or nesting it brought), 500 for
+    anything else, which is logged."""
+    if isinstance(exc, RecursionError):
+        return error_event("invalid_request", "the request is nested too deeply to process")
+    if isinstance(exc, ValueError | LlamaError):
+        return error_event("invalid_request", str(exc) or type(exc).__name__)
+    log.error("request failed", exc_info=exc)
+    if isinstance(exc, MemoryError):
+        return error_event("internal", "the model runner ran out of memory preparing this "
+                                       "request")
+    return error_event("internal", f"the model runner could not prepare this request: "
+                                   f"{type(exc).__name__}: {exc}")
+
+
+class ModelHost:
+    """The runner process's side: hosts the model and its engine, answers the daemon's IPC
+    messages (server/runners.py's RunnerProcess is the daemon's handle on this process)."""
+
+    def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
+                 n_slots: int, n_threads: int = 1,
+                 governor: ThreadGovernor | None = None,
+                 prompt_cache: PromptCache | None = None,
+                 step_budget: tuple[float, int] = (0.0, 0),
+                 projector: Projector | None = None,
+                 drafter: DraftModel | None = None) -> None:
+        self.chan = chan
+        self.n_threads = n_threads
+        self._embedder: Embedder | None = None
+        self.model = model
+        self.n_ctx_seq = n_ctx_seq
+        self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
+                             on_fatal=self._engine_failed, governor=governor,
+                             prompt_cache=prompt_cache, step_budget=step_budget,
+                             projector=projector, drafter=drafter)
+        self.drafter = drafter
+        self.prompt_cache = prompt_cache
+        self.projector = projector
+        # most rows of one image: a decode of its own reads it whole
+        self.prompt = Prompter(model, n_ctx_seq, min(ctx.n_batch, ctx.n_ubatch), projector)
+        self.outputs = OutputFilters(self.engine.cancel)  # thinking and tool-call filters
+        # Requests sent to the engine or embedder and not finished: failed if the process
+        # has to exit. Sets of ids touched from several threads: add/discard are atomic.
+        self._inflight: set[str] = set()
+        self._exit = os._exit  # replaceable in tests
+        self.sandbox_info: dict[str, Any] = {}  # confinement layers, for info()
+
+    # -- events out -----------------------------------------------------------------------
+
+    def emit(self, events: list[Event]) -> None:
+        """Send engine (or embedder) events to the daemon; an empty list is a heartbeat."""
+        events = self.outputs.apply(events)
+        for rid, kind, _ in events:
+            if kind in FINAL:
+                self._inflight.discard(rid)
+        self._send_events(events)
+
+    def _send_events(self, events: list[Event]) -> None:
+        """One events frame, or several when it would exceed ipc.MAX_FRAME (the daemon would
+        take a larger one for a broken channel and drop every request on this runner)."""
+        try:
+            frame: bytes | None = ipc.encode(protocol.Events(events=events))
+        except (ValueError, RecursionError):  # a payload JSON cannot carry
+            frame = None
+        if frame is not None and ipc.body_size(frame) <= ipc.MAX_FRAME:
+            # OSError: the daemon is gone; the main loop notices and exits
+            with contextlib.suppress(OSError):
+                self.chan.send_frame(frame)
+        elif len(events) > 1:
+            half = len(events) // 2
+            self._send_events(events[:half])
+            self._send_events(events[half:])
+        elif events:
+            self._send_events(self._split(events[0]))
+
+    def _split(self, event: Event) -> list[Event]:
+        """One event too large for a frame: an embedding reply in two parts, else an error."""
+        rid, kind, payload = event
+        if kind in ("embedding", "embedding_part") and len(payload["embeddings"]) > 1:
+            vectors = payload["embeddings"]
+            half = len(vectors) // 2
+            return [(rid, "embedding_part", {"embeddings": vectors[:half]}),
+                    (rid, kind, {**payload, "embeddings": vectors[half:]})]
+        log.error("request %s: a %s event does not fit an IPC frame", rid, kind)
+        return self.outputs.abandon(rid, [event] if kind in FINAL else [], error_event(
+            "too_large", f"the reply is larger than the IPC frame limit ({ipc.MAX_FRAME} "
+                         f"bytes)", limit=ipc.MAX_FRAME))
+
+    # -- when this process can no longer serve --------------------------------------------
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        self._die(ipc.EXIT_ENGINE_FAILED, f"the engine thread failed ({type(exc).__name__})")
+
+    def _die(self, status: int, why: str) -> None:
+        """Fail every request in flight, then exit: the daemon sees the runner gone and starts
+        a fresh one for the next request (a live process whose engine is gone would leave
+        every later request waiting forever)."""
+        log.critical("%s; exiting with status %d", why, status)
+        error = error_event("runner_failed", f"the model runner failed ({why}) and will be "
+                                             f"restarted")
+        with contextlib.suppress(Exception):
+            self._send_events([(rid, "error", error) for rid in list(self._inflight)])
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        self._exit(status)
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, self.n_ctx_seq, self.n_threads,
+                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
+                                      heartbeat=lambda: self.emit([]))
+        return self._embedder
+
+    def info(self) -> protocol.Info:
+        return cast(protocol.Info, {
+            "n_ctx_seq": self.n_ctx_seq,
+            "n_slots": len(self.engine.slots),
+            "n_ctx_train": self.model.n_ctx_train,
+            "has_template": self.prompt.template is not None,
+            "vision": self.projector is not None,
+            "size": self.model.size,
+            **self.sandbox_info,  # which confinement layers hold (engine/boot.py sets it)
+        })
+
+    def generate(self, req_id: str, raw: dict[str, Any]) -> None:
+        try:
+            self._generate(req_id, raw)
+        except Exception as exc:  # templates, schemas, parsers: this request only
+            self.outputs.forget(req_id)
+            self.emit([(req_id, "error", request_error(exc))])
+
+    def _generate(self, req_id: str, raw: dict[str, Any]) -> None:
+        try:
+            req = ChatRequest.model_validate(raw)
+            source = self.prompt.source(req)
+            plan = tools.plan(req, source) if req.suffix is None else None
+            media: list[tuple[int, ImageChunk]] = []
+            prompt, text = self.prompt.render(req, plan, media)
+            pair = thinking.markers(source) if req.prompt is None else None
+            if req.think and req.think_required and pair is None and req.prompt is None:
+                raise ValueError("this model does not support thinking (its chat template "
+                                 "has no way to switch it)")
+            matcher = grammar_matcher(self.model, req, plan)
+            lazy = tool_steering(self.model, req, plan, pair, text) if matcher is None else None
+            truncated = (0, 0)
+            if len(prompt) >= self.n_ctx_seq and req.options.truncate:
+                req, prompt, text, truncated = self.prompt.truncate(req, plan, prompt, text)
+                if media and truncated[0]:  # the images left, where they are now
+                    media = []
+                    prompt, text = self.prompt.render(req, plan, media)
+            if media and req.prompt_logprobs is not None:
+                raise ValueError("prompt logprobs (echo) cannot score a prompt with images")
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
+            return
+        if len(prompt) >= self.n_ctx_seq:
+            self.emit([(req_id, "error", error_event(
+                "prompt_too_long", f"the prompt is {len(prompt)} tokens but the model's "
+                                   f"context is {self.n_ctx_seq} tokens (num_ctx); shorten it "
+                                   f"or raise num_ctx",
+                prompt_tokens=len(prompt), n_ctx=self.n_ctx_seq))])
+            return
+        if self.drafter is not None and req.options.num_draft is None:
+            req.options.num_draft = DRAFT_MODEL_DEFAULT
+        params = SeqParams.of(
+            req, matcher=matcher, lazy=lazy, truncated=truncated, images=media,
+            pieces=self.prompt.control_pieces() if plan is not None or pair is not None else {})
+        if matcher is not None and pair is not None:
+            # The thought stays free; the constraint starts with the answer: after the end
+            # marker when the prompt opened a thought, else from the first token unless that
+            # token opens one (thinking not switched off).
+            inside = thinking.opens(text, pair)
+            if inside or req.think is not False:
+                params.constrain_after = pair[1].encode()
+                params.think_open = None if inside else pair[0].encode()
+        # (not with images: a state holding one is never kept, and the boundary comes after
+        # them, so rendering the request again, images decoded again, would buy nothing)
+        if self.prompt_cache is not None and not media \
+                and len(prompt) >= self.prompt_cache.min_tokens:
+            params.save_at = self.prompt.boundary(req, plan, prompt, self.prompt_cache.min_tokens)
+        opened = pair is not None and thinking.opens(text, pair)
+        self.outputs.watch(req_id, plan, pair, opened=opened, keep=req.think is not False)
+        self._inflight.add(req_id)
+        self.engine.submit(req_id, prompt, params)
+
+    def count(self, req_id: str, raw: dict[str, Any], detail: bool = False) -> None:
+        """The prompt length a request renders to, exactly as `generate` would see it (with
+        `detail`, the rendered prompt and its tokens as well)."""
+        try:
+            tokens, text = self.prompt.render(ChatRequest.model_validate(raw))
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
+            return
+        extra = {"prompt": text, "tokens": tokens} if detail else {}
+        self.emit([(req_id, "count", {"prompt_tokens": len(tokens), "n_ctx": self.n_ctx_seq,
+                                      **extra})])
+
+    def tokenize(self, req_id: str, text: str, add_special: bool) -> None:
+        """`text`'s tokens (special tokens written in it are parsed as such, as the chat
+        template's are) and each one's text."""
+        try:
+            tokens = self.model.tokenize(str(text), add_special=bool(add_special))
+            pieces = [_piece(self.model.piece(t)) for t in tokens]
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
+            return
+        self.emit([(req_id, "tokens", {"tokens": tokens, "pieces": pieces})])
+
+    def detokenize(self, req_id: str, tokens: object) -> None:
+        """The text of `tokens` (special tokens add nothing, as in generated text)."""
+        n_vocab = self.model.n_vocab
+        bad = next((t for t in tokens if not isinstance(t, int) or isinstance(t, bool)
+                    or not 0 <= t < n_vocab), None) if isinstance(tokens, list) else tokens
+        if bad is not None or not isinstance(tokens, list):
+            self.emit([(req_id, "error", error_event(
+                "invalid_request", f"not a token of this model (0 to {n_vocab - 1}): {bad!r}"))])
+            return
+        text = b"".join(self.model.piece(t) for t in tokens).decode("utf-8", "replace")
+        self.emit([(req_id, "text", {"content": text})])
+
+    def serve(self) -> None:
+        self.engine.start()
+        self.chan.send(protocol.Ready(info=self.info()))
+        try:
+            self._serve()
+        except Exception as exc:
+            log.exception("the message loop failed")
+            self._die(ipc.EXIT_SERVE_FAILED, f"its message loop failed ({type(exc).__name__})")
+        self.engine.stop()
+        if self.prompt_cache is not None:
+            self.prompt_cache.close(ipc.STOP_SECONDS)  # the states still being written
+
+    def _serve(self) -> None:
+        """Read the daemon's messages until it closes the channel or says shutdown. A frame
+        that is no message of the protocol raises ProtocolError: the daemon is broken, and
+        the process exits (see serve)."""
+        while True:
+            try:
+                frame = self.chan.recv()
+            except (ChannelClosed, OSError):
+                return
+            match protocol.parse_command(frame):
+                case Generate(id=rid, request=request):
+                    self.generate(rid, request)
+                case Count(id=rid, request=request, detail=detail):
+                    self.count(rid, request, detail)
+                case Tokenize(id=rid, text=text, add_special=add_special):
+                    self.tokenize(rid, text, add_special)
+                case Detokenize(id=rid, tokens=tokens):
+                    self.detokenize(rid, tokens)
+                case Cancel(id=rid):
+                    self.engine.cancel(rid)
+                case Embed(id=rid, inputs=inputs, truncate=truncate, offset=offset):
+                    self._inflight.add(rid)
+                    self.embedder().submit(rid, inputs, truncate, offset)
+                case Shutdown():
+                    return
+                case Load():
+                    raise ProtocolError("a second load message: a runner loads one model")
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not whole UTF-8 (part of a character),
+    as llama-server's /tokenize gives them."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
