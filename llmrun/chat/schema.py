@@ -75,8 +75,8 @@ def prepare_schema(schema: dict[str, Any]) -> dict[str, Any]:
 # closed the object; tests/integration/test_structured.py). It has no option to bound digits
 # (1.9.1; its JSON compiler's number regexes are fixed), and JSON Schema has no keyword for
 # digits, except that llguidance reads `multipleOf: 1e-k` as "at most k decimal places" (a
-# trailing zero included: "0.30" is refused under 0.1). So before compiling, every place a number may appear
-# is rewritten:
+# trailing zero included: "0.30" is refused under 0.1). So before compiling, every place a
+# number may appear is rewritten:
 #
 # - at most PLACES decimal places (`multipleOf`), where the schema has no `multipleOf` of its
 #   own (which then bounds them itself); integers stay integers;
