@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmrun.daemon.limits import BodyLimit, RateLimit, TokenBuckets
+from llmrun.daemon.intake import BodyLimit, RateLimit, TokenBuckets
 from tests.conftest import Daemon
 from tests.integration.test_service import gen, tiny_home
 

@@ -188,7 +188,7 @@ def test_a_stop_past_its_time_drops_the_write_whole(tmp_path: Path,
 
 def test_the_daemon_removes_a_killed_writers_file_before_a_runner_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmrun.server import promptcache as daemon_side
+    from llmrun.server import promptdirs as daemon_side
 
     monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
     directory = daemon_side.prepare("mine", budget=1 << 30)
@@ -446,7 +446,7 @@ def test_a_state_read_from_disk_stalls_no_other_sequence(model: Model, tmp_path:
 
 
 def test_each_load_setting_names_its_own_directory() -> None:
-    from llmrun.server import promptcache as daemon_side
+    from llmrun.server import promptdirs as daemon_side
 
     base = dict(model_paths=(Path("blobs/sha256-a"),), lora_paths=(), n_ctx=4096, n_slots=4,
                 kv_type="f16", flash_attention="auto")
@@ -461,7 +461,7 @@ def test_each_load_setting_names_its_own_directory() -> None:
 
 def test_the_daemon_keeps_all_directories_within_the_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmrun.server import promptcache as daemon_side
+    from llmrun.server import promptdirs as daemon_side
 
     monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
     root = tmp_path / "prompt-cache"

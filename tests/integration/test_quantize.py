@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from llmrun.engine import llama
-from llmrun.engine.quantize import main
+from llmrun.engine.quantizer import main
 from llmrun.store import CreateError, gguf
 from llmrun.store.quantize import QUANT_TYPES, QuantizeError, quantize, source_quantization
 from tests.fakes.tinymodel import N_EMBD, N_FF, write_tiny_llama

@@ -167,7 +167,7 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
 QUANTIZER_PROBE = TRIED + """
 import errno, json, os, socket, sys
 from pathlib import Path
-from llmrun.engine.quantize import _confine
+from llmrun.engine.quantizer import _confine
 
 src, dst, sibling = sys.argv[1:4]
 refusal = _confine(Path(src), Path(dst))

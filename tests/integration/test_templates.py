@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llmrun.chat import limits
-from llmrun.chat.limits import MAX_TEMPLATE_SIZE
+from llmrun.chat import templatelimits
+from llmrun.chat.templatelimits import MAX_TEMPLATE_SIZE
 from llmrun.chat.templates import (
     FALLBACK_TEMPLATE,
     TemplateError,
@@ -197,8 +197,9 @@ LIMIT_CASES = {
 @pytest.mark.parametrize(("source", "message"), LIMIT_CASES.values(), ids=LIMIT_CASES.keys())
 def test_runaway_templates_stop_at_their_limit(source: str, message: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_STEPS", 20_000)  # the real limit takes a second
-    monkeypatch.setattr(limits, "MAX_SECONDS", 3600.0)  # the step limit decides, not the clock
+    monkeypatch.setattr(templatelimits, "MAX_STEPS", 20_000)  # the real limit takes a second
+    # the step limit decides, not the clock
+    monkeypatch.setattr(templatelimits, "MAX_SECONDS", 3600.0)
     conversation = [{"role": "user", "content": str(i)} for i in range(100)]
     with pytest.raises(TemplateError) as exc:
         render(source, conversation)
@@ -206,7 +207,7 @@ def test_runaway_templates_stop_at_their_limit(source: str, message: str,
 
 
 def test_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_SECONDS", -1.0)  # already past: the first clock check
+    monkeypatch.setattr(templatelimits, "MAX_SECONDS", -1.0)  # already past: the first clock check
     with pytest.raises(TemplateError, match="exceeds its time limit"):
         render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
                "{% endfor %}", MESSAGES)

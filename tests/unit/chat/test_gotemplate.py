@@ -12,7 +12,7 @@ from datetime import date
 
 import pytest
 
-from llmrun.chat import gotemplate, limits, templates
+from llmrun.chat import gotemplate, templatelimits, templates
 from llmrun.chat.gotemplate import execute, looks_like_go, render
 from llmrun.chat.templates import TemplateError
 
@@ -668,7 +668,7 @@ def test_no_python_attributes() -> None:
 
 def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(limits, "MAX_STEPS", 10_000)
+        patch.setattr(templatelimits, "MAX_STEPS", 10_000)
         with pytest.raises(TemplateError, match="exceeds its limit of 10000 steps"):
             execute("{{ range 100000000 }}{{ end }}", {})
     with pytest.raises(TemplateError, match="output exceeds its limit of 10485760 characters"):
@@ -690,8 +690,8 @@ def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_nested_ranges_over_large_inputs_stop_at_the_step_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_STEPS", 50_000)  # the real one takes a second to reach
-    monkeypatch.setattr(limits, "MAX_SECONDS", 3600.0)
+    monkeypatch.setattr(templatelimits, "MAX_STEPS", 50_000)  # the real one takes a second to reach
+    monkeypatch.setattr(templatelimits, "MAX_SECONDS", 3600.0)
     conversation = [{"role": ("user", "assistant")[i % 2], "content": str(i)}
                     for i in range(2000)]  # alternating: collate merges a role's runs
     with pytest.raises(TemplateError, match="exceeds its limit of 50000 steps"):
@@ -700,7 +700,7 @@ def test_nested_ranges_over_large_inputs_stop_at_the_step_limit(
 
 
 def test_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_SECONDS", -1.0)  # already past: the first clock check
+    monkeypatch.setattr(templatelimits, "MAX_SECONDS", -1.0)  # already past: the first clock check
     with pytest.raises(TemplateError, match="exceeds its time limit"):
         execute("{{ range 100000000 }}{{ end }}", {})
 
@@ -714,7 +714,7 @@ def test_many_wide_printf_verbs_stop_before_they_are_joined() -> None:
 
 
 def test_source_size_limit() -> None:
-    source = "{{ .Prompt }}" + " " * limits.MAX_TEMPLATE_SIZE
+    source = "{{ .Prompt }}" + " " * templatelimits.MAX_TEMPLATE_SIZE
     for run in (gotemplate.check, templates.check,
                 lambda s: render(s, CONVERSATION), lambda s: templates.render(s, CONVERSATION)):
         with pytest.raises(TemplateError, match="over the limit of 131072"):

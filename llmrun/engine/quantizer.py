@@ -1,4 +1,4 @@
-"""The quantizer child: `python -m llmrun.engine.quantize SRC DST TYPE [THREADS]`.
+"""The quantizer child: `python -m llmrun.engine.quantizer SRC DST TYPE [THREADS]`.
 
 Started by llmrun/store/quantize.py, which explains why quantizing runs in its own process;
 this is the only part that loads llama.cpp, so the store never imports the engine. Progress
@@ -48,7 +48,7 @@ def _confine(src: Path, dst: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (3, 4):
-        print("usage: python -m llmrun.engine.quantize SRC DST TYPE [THREADS]", file=sys.stderr)
+        print("usage: python -m llmrun.engine.quantizer SRC DST TYPE [THREADS]", file=sys.stderr)
         return 2
     # The parent kills us to cancel; a terminal's Ctrl-C should not wait for the C call either.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
