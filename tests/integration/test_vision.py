@@ -20,7 +20,7 @@ import pytest
 from llama_cpp import mtmd_cpp as M
 
 from llmrun.chat import templates
-from llmrun.engine import batcher, images
+from llmrun.engine import batcher, pixels
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, LlamaError, Model, Projector
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Options
@@ -225,7 +225,7 @@ def reference_first_logits(model: Model, mmproj: Path, prompt: str, png: bytes) 
     mp.use_gpu, mp.n_threads, mp.warmup = False, 1, False
     mctx = M.mtmd_init_from_file(str(mmproj).encode(), model.ptr, mp)
     try:
-        w, h, rgb, _ = images.decode(b64(png))
+        w, h, rgb, _ = pixels.decode(b64(png))
         bitmap = M.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb))
         chunks = M.mtmd_input_chunks_init()
         raw = prompt.encode()
