@@ -6,10 +6,13 @@ is encoded twice (runner -> daemon, daemon -> client) and decoded once. Where it
 value the standard library accepts (an integer beyond 64 bits, nesting deeper than 255, a
 non-string key) the standard library answers, so behaviour matches `json` except that a
 non-finite float is written as null (valid JSON) rather than NaN/Infinity (which is not).
+The daemon-runner messages are dataclasses (protocol.py), which orjson writes as objects: the
+fallback writes them the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -21,7 +24,15 @@ def dumps(obj: Any) -> bytes:
     try:
         return orjson.dumps(obj)
     except TypeError:  # orjson.JSONEncodeError: a value only the standard library writes
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                          default=_fields).encode()
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """A dataclass's fields, for the standard library (orjson writes dataclasses itself)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:

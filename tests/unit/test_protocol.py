@@ -154,3 +154,19 @@ def test_an_oversized_field_is_named_without_being_repeated() -> None:
     with pytest.raises(ProtocolError) as err:
         parse_command({"type": "tokenize", "id": "r", "text": ["x" * (1 << 20)]})
     assert len(str(err.value)) < 200
+
+
+def test_a_message_orjson_refuses_is_written_alike() -> None:
+    """A schema with an integer beyond 64 bits (found by the fuzzer: `maximum:
+    -9223372036854775809`) makes orjson refuse the Generate frame; the standard library then
+    writes the dataclass the same way, and the runner reads the message back (orjson reads
+    an integer beyond 64 bits as the nearest float)."""
+    huge = -9223372036854775809
+    req = ChatRequest(model="m", messages=[Message(role="user", content="hi")],
+                      format={"type": "integer", "maximum": huge})
+    msg = protocol.Generate(id="r1", request=req.model_dump())
+    frame = jsonio.dumps(msg)
+    back = parse_command(jsonio.loads(frame))
+    assert isinstance(back, protocol.Generate) and back.id == "r1"
+    assert back.request["format"]["maximum"] == float(huge)
+    assert back.request["messages"] == msg.request["messages"]
