@@ -61,7 +61,7 @@ MAX_PATTERN_NESTING = 32  # groups in groups
 MAX_GRAMMAR_BYTES = 1 << 20
 MAX_GRAMMAR_NESTING = 1000  # the GBNF-to-Lark converter recurses into each group
 
-# Schema keywords llguidance enforces (tests/test_bounds.py checks each against it).
+# Schema keywords llguidance enforces (tests/integration/test_bounds.py checks each against it).
 SUPPORTED = frozenset({
     "type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "multipleOf", "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",

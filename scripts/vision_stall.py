@@ -3,7 +3,7 @@ encoder runs and the image's positions are read? The claim measured: image chunk
 evaluated within continuous batching without stalling other sequences.
 
 Makes a vision model of SmolLM2 and a random projector the size of CLIP ViT-B/14 at 224 px
-(12 layers, 768 wide, 256 image positions: tests/vision.py's generator, bigger), serves it
+(12 layers, 768 wide, 256 image positions: tests/fakes/vision.py's generator, bigger), serves it
 from a scratch LLMRUN_HOME, then:
 1. an image request alone (a fresh image each turn): its time to the first token;
 2. a client streams a story (ignore_eos) and, once it flows, an image request is sent: the

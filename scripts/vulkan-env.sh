@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # An environment whose llama.cpp has the Vulkan backend, for the Vulkan tests
-# (tests/test_vulkan.py), which run it on Mesa's CPU Vulkan driver (lavapipe): the real
+# (tests/integration/test_vulkan.py), which run it on Mesa's CPU Vulkan driver (lavapipe): the real
 # offload path, on a machine without a GPU. The main environment keeps its own build.
 #
 # Needs Debian's libvulkan-dev, glslc and spirv-headers to build, and mesa-vulkan-drivers to

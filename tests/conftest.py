@@ -1,24 +1,22 @@
 """Shared fixtures. Every test gets a throwaway LLMRUN_HOME; integration tests share one real
 daemon (a subprocess on a free port) serving the real SmolLM2 model.
 
-Tests that need a test model file, a daemon or llama.cpp carry the `model` marker, so that
-`pytest -m "not model"` runs the unit tests alone, quickly and without the models. It is given
-here (`pytest_collection_modifyitems`) to a test that uses a fixture of MODEL_FIXTURES, or
-whose code or fixtures' code names a `Daemon`, a `RunnerProcess` or anything of llama.cpp,
-llguidance or the runner side (`llmrun.engine`); `@pytest.mark.model` covers what that misses.
-A daemon started by a test without the marker fails that test (`Daemon.start`), so a helper
-that hides one cannot slip a slow test into the quick run.
+The folders are the tiers. tests/unit/<package>/ holds what runs in milliseconds without a
+model, a daemon or llama.cpp (fakes from tests/fakes/ stand in: a fake engine backend, fake
+runners): `pytest tests/unit` is the quick run. tests/integration/ holds what uses the real
+models, daemons and runner processes, tests/e2e/ what drives an agent's own CLI (Claude Code,
+Codex). Tests outside tests/unit carry the `model` marker (`-m "not model"` is the same quick
+run). A unit test that asks for a model fixture stops the collection, and a daemon started
+by one fails it (`Daemon.start`), so nothing slow slips into the quick run.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from fetch_test_models import models, test_models_dir  # noqa: E402
@@ -44,64 +42,22 @@ os.environ.setdefault("LLMRUN_NUM_THREADS", "1")
 # every memory estimate).
 os.environ.setdefault("LLMRUN_PROMPT_CACHE_SIZE", "0")
 
-# Fixtures that give a test a model file or the shared daemon: a test using one, directly or
-# through another fixture, is a `model` test.
+# Fixtures that give a test a model file or the shared daemon: no unit test may use one.
 MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon"})
-# What loads llama.cpp (or its grammar engine) when used
-MODEL_MODULES = ("llama_cpp", "llguidance", "llmrun.engine")
+UNIT = Path(__file__).resolve().parent / "unit"
 
 _running: pytest.Item | None = None  # the test being set up or run (for Daemon.start)
-_needs_model: dict[object, bool] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or any(
-                _uses_model(f) for f in _functions(item)):
+        if not item.path.is_relative_to(UNIT):
             item.add_marker(pytest.mark.model)
-
-
-def _functions(item: pytest.Item) -> Iterator[object]:
-    """The test function and the functions of the fixtures it uses (their whole closure)."""
-    yield getattr(item, "function", None)
-    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the closure
-    for defs in getattr(info, "name2fixturedefs", {}).values():
-        for fixturedef in defs:
-            yield fixturedef.func
-
-
-def _uses_model(func: object) -> bool:
-    """Whether `func`'s code (its nested functions too) names a Daemon, a RunnerProcess or
-    anything of MODEL_MODULES: a global bound to one, or a module it imports itself."""
-    func = inspect.unwrap(func) if callable(func) else func
-    if func not in _needs_model:
-        code = getattr(func, "__code__", None)
-        scope = getattr(func, "__globals__", {})
-        _needs_model[func] = code is not None and any(
-            name.startswith(MODEL_MODULES) or _is_model_thing(scope.get(name))
-            for name in _names(code))
-    return _needs_model[func]
-
-
-def _names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _names(const)
-
-
-def _is_model_thing(obj: object) -> bool:
-    if obj is None:
-        return False
-    if isinstance(obj, type) and issubclass(obj, Daemon):
-        return True
-    if isinstance(obj, types.ModuleType):
-        return obj.__name__.startswith(MODEL_MODULES)
-    module = getattr(obj, "__module__", None)
-    if not isinstance(module, str):
-        return False
-    return module.startswith(MODEL_MODULES) or (
-        module == "llmrun.server.runners" and getattr(obj, "__name__", "") == "RunnerProcess")
+            continue
+        used = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if used:
+            raise pytest.UsageError(f"{item.nodeid} uses {', '.join(sorted(used))}: a test "
+                                    "with a model belongs in tests/integration")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -268,8 +224,8 @@ def an(daemon: Daemon) -> Iterator[Any]:
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A local Hugging Face Hub (tests/hubserver.py), empty, that huggingface_hub talks to."""
-    from tests.hubserver import HubServer, use_hub
+    """A local Hugging Face Hub (tests/fakes/hubserver.py), empty, that huggingface_hub talks to."""
+    from tests.fakes.hubserver import HubServer, use_hub
 
     server = HubServer(chunk_size=64 * 1024)
     with server:

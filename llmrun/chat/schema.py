@@ -72,11 +72,11 @@ def prepare_schema(schema: dict[str, Any]) -> dict[str, Any]:
 # as the double 1.0 (outside the bound), and "0." followed by 400 zeros and a 1 under
 # `exclusiveMinimum: 0`, which parses as 0.0; with no bound it accepts "1e400" (inf) and lets a
 # number run to the token limit (SmolLM2 at temperature 1, `num_predict` 40: 4 of 8 seeds never
-# closed the object; tests/test_structured.py). It has no option to bound digits (1.9.1; its
-# JSON compiler's number regexes are fixed), and JSON Schema has no keyword for digits, except
-# that llguidance reads `multipleOf: 1e-k` as "at most k decimal places" (a trailing zero
-# included: "0.30" is refused under 0.1). So before compiling, every place a number may appear
-# is rewritten:
+# closed the object; tests/integration/test_structured.py). It has no option to bound digits
+# (1.9.1; its JSON compiler's number regexes are fixed), and JSON Schema has no keyword for
+# digits, except that llguidance reads `multipleOf: 1e-k` as "at most k decimal places" (a
+# trailing zero included: "0.30" is refused under 0.1). So before compiling, every place a
+# number may appear is rewritten:
 #
 # - at most PLACES decimal places (`multipleOf`), where the schema has no `multipleOf` of its
 #   own (which then bounds them itself); integers stay integers;

@@ -6,7 +6,8 @@ Jinja's immutable sandbox (no attribute access to Python internals, no mutation 
 passed in), with only the helpers Hugging Face's renderer provides (`raise_exception`,
 `strftime_now`, a `tojson` that keeps non-ASCII). They run in the runner's engine thread, which
 every request on the model shares, so a render is also bounded: steps, output, time, the size of
-every value it builds and the depth of its macro calls (limits.py: one place for both languages).
+every value it builds and the depth of its macro calls (templatelimits.py: one place for both
+languages).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.runtime import LoopContext, Macro, Namespace
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from llmrun.chat import gotemplate, limits
-from llmrun.chat.limits import TemplateError, check_size  # re-exported
+from llmrun.chat import gotemplate, templatelimits
+from llmrun.chat.templatelimits import TemplateError, check_size  # re-exported
 
 # For models that carry no template of their own: a plain transcript that any base model
 # continues sensibly.
@@ -52,7 +53,7 @@ class _Budget:
     def __init__(self) -> None:
         self.steps = self.depth = 0
         self.next_check = 0
-        self.deadline = time.monotonic() + limits.MAX_SECONDS
+        self.deadline = time.monotonic() + templatelimits.MAX_SECONDS
         self.failure: str | None = None
 
     def tick(self, n: int = 1) -> None:
@@ -62,11 +63,12 @@ class _Budget:
 
     def check(self) -> None:
         if self.failure is None:
-            if self.steps > limits.MAX_STEPS:
-                self.failure = f"chat template exceeds its limit of {limits.MAX_STEPS} steps"
+            if self.steps > templatelimits.MAX_STEPS:
+                self.failure = (f"chat template exceeds its limit of "
+                                f"{templatelimits.MAX_STEPS} steps")
             elif time.monotonic() > self.deadline:
                 self.failure = ("chat template exceeds its time limit of "
-                                f"{limits.MAX_SECONDS:g} seconds")
+                                f"{templatelimits.MAX_SECONDS:g} seconds")
         if self.failure is not None:
             self.next_check = 0
             raise TemplateError(self.failure)
@@ -83,21 +85,21 @@ def _tick(n: int = 1) -> None:
 
 
 def _limit_text(size: int) -> None:
-    if size > limits.MAX_OUTPUT:
+    if size > templatelimits.MAX_OUTPUT:
         raise TemplateError("chat template builds a string over its limit of "
-                            f"{limits.MAX_OUTPUT} characters")
+                            f"{templatelimits.MAX_OUTPUT} characters")
 
 
 def _limit_items(count: int) -> None:
-    if count > limits.MAX_ITEMS:
+    if count > templatelimits.MAX_ITEMS:
         raise TemplateError("chat template builds a list over its limit of "
-                            f"{limits.MAX_ITEMS} items")
+                            f"{templatelimits.MAX_ITEMS} items")
 
 
 def _limit_int(bits: int) -> None:
-    if bits > limits.MAX_INT_BITS:
+    if bits > templatelimits.MAX_INT_BITS:
         raise TemplateError(f"chat template computes an integer over its limit of "
-                            f"{limits.MAX_INT_BITS} bits")
+                            f"{templatelimits.MAX_INT_BITS} bits")
 
 
 def _checked(value: Any) -> Any:
@@ -111,7 +113,7 @@ def _checked(value: Any) -> Any:
     return value
 
 
-def _weight(value: Any, limit: int = limits.MAX_OUTPUT) -> int:
+def _weight(value: Any, limit: int = templatelimits.MAX_OUTPUT) -> int:
     """About how many characters str(value) prints, counted no further than just past `limit`.
     Lengths alone do not bound it: a list holding one long string n times prints it n times."""
     if isinstance(value, str | bytes):
@@ -413,7 +415,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _tick()
         size = 0
         for item in items:
-            size += _weight(item, limits.MAX_OUTPUT - size)
+            size += _weight(item, templatelimits.MAX_OUTPUT - size)
             _limit_text(size)
         return "".join(map(str, items))
 
@@ -427,7 +429,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             if budget.steps >= budget.next_check:
                 budget.check()
         if operator == "+" and type(left) is str and type(right) is str:  # '<|im_start|>' + x
-            if len(left) + len(right) > limits.MAX_OUTPUT:
+            if len(left) + len(right) > templatelimits.MAX_OUTPUT:
                 _limit_text(len(left) + len(right))
             return left + right
         _check_binop(operator, left, right)
@@ -467,9 +469,9 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             args = (_Counted(args[0], budget), *args[1:])
         budget.depth += 1
         try:
-            if budget.depth > limits.MAX_DEPTH:
+            if budget.depth > templatelimits.MAX_DEPTH:
                 raise TemplateError(f"chat template nests macro calls deeper than its limit "
-                                    f"of {limits.MAX_DEPTH}")
+                                    f"of {templatelimits.MAX_DEPTH}")
             return _checked(super().call(__context, __obj, *args, **kwargs))
         finally:
             budget.depth -= 1
@@ -504,9 +506,9 @@ def _generate(template: jinja2.Template, variables: dict[str, Any]) -> str:
         size = 0
         for piece in pieces:
             size += len(piece)
-            if size > limits.MAX_OUTPUT:
+            if size > templatelimits.MAX_OUTPUT:
                 raise TemplateError("chat template output exceeds its limit of "
-                                    f"{limits.MAX_OUTPUT} characters")
+                                    f"{templatelimits.MAX_OUTPUT} characters")
             out.append(piece)
             budget.tick()
         return "".join(out)

@@ -2,7 +2,8 @@
 
 Nothing heavy is imported at module level, here or in the command modules: `llmrun --help`,
 `list` and `ps` should start in under 0.25 s (design.md, "Start-up time"), so rich's console,
-httpx and the store's modules load inside the commands that use them (tests/test_startup.py)."""
+httpx and the store's modules load inside the commands that use them
+(tests/unit/cli/test_startup.py)."""
 
 from __future__ import annotations
 

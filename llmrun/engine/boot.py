@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrun import config
-from llmrun.engine import images, sandbox
+from llmrun.engine import pixels, sandbox
 from llmrun.engine.draft import DraftModel
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import (
@@ -170,7 +170,7 @@ def boot(chan: SyncChannel, load: Load) -> ModelHost | None:
     on_gpu = bool(load.device) and workers is None
     gpu_nodes = sandbox.gpu_nodes() if on_gpu else []
     if mmproj is not None:
-        images.preload()  # the decoders' modules, while files can still be opened
+        pixels.preload()  # the decoders' modules, while files can still be opened
     confinement, refusal = _confine([*model_paths, *(Path(lora.path) for lora in load.lora),
                                      *([mmproj] if mmproj else []),
                                      *(Path(p) for p in load.draft_model)], cache_dir, gpu_nodes)

@@ -38,8 +38,8 @@ DRAFT_MAX = 16
 # Options.num_draft when unset: off. Drafting is opt-in because its output is the plain
 # output only as far as llama.cpp computes a row of a batch exactly as that row alone, and
 # probe_exact_rows checks that at one place, not everywhere: with flash attention off, rows
-# it passed still came out a few last bits apart (tests/test_draft.py has the cases where
-# the text and every log-probability are the same). And on a small CPU it rarely pays
+# it passed still came out a few last bits apart (tests/integration/test_draft.py has the
+# cases where the text and every log-probability are the same). And on a small CPU it rarely pays
 # (docs/benchmarks.md): each row of a decode costs most of a token there.
 DRAFT_DEFAULT = 0
 # ... and with a draft model, which a Modelfile names on purpose: on, as llama-server's `-md`

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from llmrun.chat import templates, thinking, tools
-from llmrun.engine import images
+from llmrun.engine import pixels
 from llmrun.engine.batcher import image_ids
 from llmrun.engine.draft import common_prefix
 from llmrun.engine.llama import ImageChunk, Model, Projector
@@ -87,11 +87,11 @@ class Prompter:
     def _tokenize_images(self, text: str, pictures: list[str], add_bos: bool,
                          media: list[tuple[int, ImageChunk]] | None) -> list[int]:
         """`text` (with a marker per image) as tokens and image positions. The images are
-        decoded here, in the sandbox, each bounded before a pixel is read (engine/images.py)."""
+        decoded here, in the sandbox, each bounded before a pixel is read (engine/pixels.py)."""
         assert self.projector is not None
         if text.count(self.projector.marker) != len(pictures):
             raise ValueError("the chat template dropped or repeated an image's place")
-        decoded = [images.decode(b64) for b64 in pictures]
+        decoded = [pixels.decode(b64) for b64 in pictures]
         tokens: list[int] = []
         for part in self.projector.tokenize(text, decoded, add_bos):
             if isinstance(part, ImageChunk):

@@ -1,6 +1,6 @@
 """Where a model's layers go: a pure function of the model's shape, its load options and the
 devices' free memory, decided by the daemon before a runner starts (the runner only applies
-it). Tested with fake device lists in milliseconds (tests/test_fit.py).
+it). Tested with fake device lists in milliseconds (tests/unit/server/test_fit.py).
 
 The order of preference is Ollama's: every layer on one GPU when the whole model fits there
 within a margin; else every layer spread over the GPUs by their free memory; else as many of

@@ -44,7 +44,7 @@ from llmrun.request import (
     Stats,
     error_event,
 )
-from llmrun.server import promptcache
+from llmrun.server import promptdirs
 from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
@@ -221,10 +221,10 @@ class RunnerProcess:
             tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
         cache_dir, cache_key = None, ""
         if s.prompt_cache_size > 0:
-            cache_key = promptcache.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
+            cache_key = promptdirs.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
                                         s.kv_type, s.flash_attention)
             try:
-                cache_dir = str(promptcache.prepare(cache_key, s.prompt_cache_size))
+                cache_dir = str(promptdirs.prepare(cache_key, s.prompt_cache_size))
                 self._cache_key = cache_key  # released when this runner is gone
             except OSError as exc:  # the runner keeps states in memory only
                 log.warning("prompt cache: cannot use %s on disk: %s", cache_key, exc)
@@ -460,7 +460,7 @@ class RunnerProcess:
                 self.proc.kill()
             await self.proc.wait()
         if self._cache_key is not None:
-            promptcache.release(self._cache_key)
+            promptdirs.release(self._cache_key)
             self._cache_key = None
         if self._channel is not None:
             self._channel.close()

@@ -1,6 +1,6 @@
 """Quantize an F32/F16/BF16 GGUF model (to Q4_K_M, Q8_0, ...) with llama.cpp.
 
-The work happens in a child process (`python -m llmrun.engine.quantize SRC DST TYPE`), not in
+The work happens in a child process (`python -m llmrun.engine.quantizer SRC DST TYPE`), not in
 the caller, because llama.cpp's llama_model_quantize is one long blocking C call:
 
 * it cannot be interrupted: Python delivers Ctrl-C or a cancelled request only after it
@@ -126,7 +126,7 @@ def quantize(src: Path, qtype: str, out_dir: Path, *, n_threads: int = 0,
 
 def _run_child(src: Path, dst: Path, name: str, n_threads: int, progress: Progress | None,
                cancel: threading.Event | None) -> None:
-    cmd = [sys.executable, "-m", "llmrun.engine.quantize", str(src), str(dst), name,
+    cmd = [sys.executable, "-m", "llmrun.engine.quantizer", str(src), str(dst), name,
            str(n_threads)]
     # GGML_NO_BACKTRACE: on abort ggml would otherwise attach gdb to print a backtrace.
     # The child parses an uploaded file: it gets no credential from our environment, and

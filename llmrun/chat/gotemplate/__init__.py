@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from llmrun.chat import limits
+from llmrun.chat import templatelimits
 from llmrun.chat.gotemplate.execute import _State
 from llmrun.chat.gotemplate.parse import _Action, _Branch, _Field, _Parser, _Pipe, _Var
 from llmrun.chat.gotemplate.values import (
@@ -30,7 +30,7 @@ from llmrun.chat.gotemplate.values import (
     _PropertyType,
     _Struct,
 )
-from llmrun.chat.limits import TemplateError
+from llmrun.chat.templatelimits import TemplateError
 
 # -- Ollama's template data: what templates see -----------------------------------------------
 
@@ -281,7 +281,7 @@ def render(source: str, messages: list[dict[str, Any]], *,
     Ollama's template.Execute does. `add_generation_prompt=False` only matters to templates
     without .Messages: the last exchange is then rendered whole instead of cut after
     .Response (with .Messages the template alone decides, as in Ollama)."""
-    limits.check_size(source)
+    templatelimits.check_size(source)
     template = _compile(source)
     levels = ("high", "medium", "low", "max")
     extra = {"Think": think is True or think in levels,
@@ -305,14 +305,14 @@ def render(source: str, messages: list[dict[str, Any]], *,
 
 def check(source: str) -> None:
     """Raise TemplateError if `source` is too big or does not parse."""
-    limits.check_size(source)
+    templatelimits.check_size(source)
     _compile(source)
 
 
 def execute(source: str, data: dict[str, Any]) -> str:
     """Run a Go template over plain data (dict keys are its fields), with none of Ollama's
     conventions: for tests, and for text other than chat prompts."""
-    limits.check_size(source)
+    templatelimits.check_size(source)
     state = _State()
     try:
         state.run(_parse(source), data)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from llmrun.chat import limits
+from llmrun.chat import templatelimits
 from llmrun.chat.gotemplate.funcs import _FUNCS, _PRINTERS, _Fail, _truth
 from llmrun.chat.gotemplate.parse import (
     _Action,
@@ -23,7 +23,7 @@ from llmrun.chat.gotemplate.parse import (
     _Var,
 )
 from llmrun.chat.gotemplate.values import _fmt, _Struct, _type_name
-from llmrun.chat.limits import TemplateError
+from llmrun.chat.templatelimits import TemplateError
 
 
 class _Break(Exception):
@@ -71,7 +71,7 @@ class _State:
         self.out: list[str] = []
         self.size = self.steps = 0
         self.line = 1
-        self.deadline = time.monotonic() + limits.MAX_SECONDS
+        self.deadline = time.monotonic() + templatelimits.MAX_SECONDS
 
     def run(self, nodes: tuple[Any, ...], data: dict[str, Any]) -> None:
         self.vars = [["$", data]]
@@ -82,16 +82,16 @@ class _State:
 
     def write(self, text: str) -> None:
         self.size += len(text)
-        if self.size > limits.MAX_OUTPUT:
-            raise _Fail(f"output exceeds its limit of {limits.MAX_OUTPUT} characters")
+        if self.size > templatelimits.MAX_OUTPUT:
+            raise _Fail(f"output exceeds its limit of {templatelimits.MAX_OUTPUT} characters")
         self.out.append(text)
 
     def tick(self) -> None:
         self.steps += 1
-        if self.steps > limits.MAX_STEPS:
-            raise _Fail(f"exceeds its limit of {limits.MAX_STEPS} steps")
+        if self.steps > templatelimits.MAX_STEPS:
+            raise _Fail(f"exceeds its limit of {templatelimits.MAX_STEPS} steps")
         if not self.steps & 63 and time.monotonic() > self.deadline:  # the clock costs more
-            raise _Fail(f"exceeds its time limit of {limits.MAX_SECONDS:g} seconds")
+            raise _Fail(f"exceeds its time limit of {templatelimits.MAX_SECONDS:g} seconds")
 
     def walk(self, dot: Any, nodes: tuple[Any, ...]) -> None:
         for node in nodes:
@@ -213,14 +213,16 @@ class _State:
             return value if final is _MISSING else final
         values = [self.eval(dot, arg) for arg in args]
         if name in _PRINTERS and sum(len(v) for v in values if isinstance(v, str)) \
-                > limits.MAX_OUTPUT:  # `print $s $s $s ...`: refused before it is built
-            raise _Fail(f"{name} makes a string over its limit of {limits.MAX_OUTPUT} characters")
+                > templatelimits.MAX_OUTPUT:  # `print $s $s $s ...`: refused before it is built
+            raise _Fail(f"{name} makes a string over its limit of "
+                        f"{templatelimits.MAX_OUTPUT} characters")
         try:
             result = fn(*values, *(() if final is _MISSING else (final,)))
         except (ValueError, TypeError, OverflowError) as exc:
             raise _Fail(f"error calling {name}: {exc}") from None
-        if isinstance(result, str) and len(result) > limits.MAX_OUTPUT:
-            raise _Fail(f"{name} makes a string over its limit of {limits.MAX_OUTPUT} characters")
+        if isinstance(result, str) and len(result) > templatelimits.MAX_OUTPUT:
+            raise _Fail(f"{name} makes a string over its limit of "
+                        f"{templatelimits.MAX_OUTPUT} characters")
         return result
 
 

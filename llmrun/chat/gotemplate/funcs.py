@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import date, timedelta
 from typing import Any
 
-from llmrun.chat import limits
+from llmrun.chat import templatelimits
 from llmrun.chat.gotemplate.values import (
     _float,
     _fmt,
@@ -87,8 +87,9 @@ def _sprintf(fmt: str, args: list[Any]) -> str:
         else:
             text = text.rjust(w)
         size += len(text)  # many wide verbs: stop before joining them all
-        if size > limits.MAX_OUTPUT:
-            raise _Fail(f"printf makes a string over its limit of {limits.MAX_OUTPUT} characters")
+        if size > templatelimits.MAX_OUTPUT:
+            raise _Fail(f"printf makes a string over its limit of "
+                        f"{templatelimits.MAX_OUTPUT} characters")
         out.append(text)
     out.append(fmt[pos:])
     if n < len(args):

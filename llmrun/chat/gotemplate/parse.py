@@ -10,9 +10,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat import limits
+from llmrun.chat import templatelimits
 from llmrun.chat.gotemplate.funcs import _FUNCS
-from llmrun.chat.limits import TemplateError
+from llmrun.chat.templatelimits import TemplateError
 
 # -- lexing -----------------------------------------------------------------------------------
 
@@ -290,9 +290,9 @@ class _Parser:
 
     def control(self, kind: str, toks: tuple[_Tok, ...], act: _Act) -> _Branch:
         self.depth += 1
-        if self.depth > limits.MAX_NESTING:
+        if self.depth > templatelimits.MAX_NESTING:
             raise self.error(act.pos, "control structures nest deeper than the limit of "
-                                      f"{limits.MAX_NESTING}")
+                                      f"{templatelimits.MAX_NESTING}")
         mark = len(self.vars)
         pipe = self.pipeline(toks, act.pos, kind)
         self.loops += kind == "range"
@@ -384,9 +384,9 @@ class _Parser:
             node = _Func(tok.value)
         elif _is_op(tok, "("):
             self.depth += 1
-            if self.depth > limits.MAX_NESTING:
+            if self.depth > templatelimits.MAX_NESTING:
                 raise self.error(tok.pos, "parentheses nest deeper than the limit of "
-                                          f"{limits.MAX_NESTING}")
+                                          f"{templatelimits.MAX_NESTING}")
             cmds, i = self.commands(toks, i, tok.pos, "parenthesized pipeline")
             if i >= len(toks) or not _is_op(toks[i], ")"):
                 raise self.error(tok.pos, "unclosed left paren")

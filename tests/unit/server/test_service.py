@@ -21,7 +21,7 @@ from llmrun.server.service import Service, merged
 from llmrun.server.upstream import Upstream
 from llmrun.store import Store
 from tests.fakes.scheduler import Farm
-from tests.tinymodel import write_tiny_llama
+from tests.fakes.tinymodel import write_tiny_llama
 
 T = TypeVar("T")
 SSE = ('data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
