@@ -8,9 +8,9 @@ Its modules, each over the ones after it:
   context   a llama context: KV cache, decode, logits, embeddings, sequence states
   lora      LoRA adapters for a model
   vision    the vision projector (libmtmd): image chunks and their embedding rows
-  quantize  quantizing a GGUF file
+  quantization  quantizing a GGUF file
   model     the weights and vocabulary, token batches, sampler chains
-  devices   ggml's devices and the RPC backend (other hosts' devices)
+  backends  ggml's backends and devices, and the RPC backend (other hosts' devices)
   lib       the library itself: its log, the backend's start, LlamaError, the small-tile hook
 
 Callers import from here (`from llmrun.engine.llama import Model`), not from the modules.
@@ -18,14 +18,14 @@ Callers import from here (`from llmrun.engine.llama import Model`), not from the
 
 import llama_cpp.llama_cpp as C
 
-from llmrun.engine.llama.context import KV_TYPES, Context
-from llmrun.engine.llama.devices import (
+from llmrun.engine.llama.backends import (
     DEVICE_TYPES,
     RpcWorkers,
     list_backends,
     list_devices,
     rpc_serve,
 )
+from llmrun.engine.llama.context import KV_TYPES, Context
 from llmrun.engine.llama.lib import (
     DEFAULT_SEED,
     SMALL_TILE_ROWS,
@@ -36,11 +36,11 @@ from llmrun.engine.llama.lib import (
 )
 from llmrun.engine.llama.lora import LoraAdapter
 from llmrun.engine.llama.model import Batch, Model, Sampler
-from llmrun.engine.llama.quantize import QUANT_FTYPES, quantize_file
+from llmrun.engine.llama.quantization import QUANT_FTYPES, quantize_file
 from llmrun.engine.llama.vision import EmbdBatch, ImageChunk, Projector
 
 # The patched CPU backend's setter (None without the patch), by the name the build check
-# (tests/test_llama_build.py) calls it with to compare the two attention paths directly.
+# (tests/integration/test_llama_build.py) calls it with to compare the two attention paths directly.
 _set_tiled_rows = set_tiled_rows
 
 __all__ = [

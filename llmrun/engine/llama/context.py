@@ -30,8 +30,8 @@ class Context:
         # others left room, which changes the summation order inside attention, and on a
         # quantized model that shifts logits by up to ~0.8 (measured on SmolLM2 Q4_1), so
         # greedy output would depend on who else is being served. Separate streams make a
-        # sequence's logits bit-identical alone or batched (tests/test_engine.py) with one
-        # thread or under 257 cells of context; past that, with several threads, llama.cpp
+        # sequence's logits bit-identical alone or batched (tests/integration/test_engine.py)
+        # with one thread or under 257 cells of context; past that, with several threads, llama.cpp
         # splits a lone query's attention over the threads (one stream in the batch) and not
         # a batch's, so the last bits differ (docs/benchmarks.md, speculative decoding).
         params.n_ctx = n_ctx_seq * n_seq

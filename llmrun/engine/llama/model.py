@@ -11,7 +11,7 @@ from typing import Any
 import llama_cpp.llama_cpp as C
 import numpy as np
 
-from llmrun.engine.llama.devices import devices_array
+from llmrun.engine.llama.backends import devices_array
 from llmrun.engine.llama.lib import DEFAULT_SEED, LlamaError, init_backend, meta_str
 
 

@@ -1,4 +1,4 @@
-"""Quantizing a GGUF file with llama.cpp (llmrun/engine/quantize.py runs it in a child
+"""Quantizing a GGUF file with llama.cpp (llmrun/engine/quantizer.py runs it in a child
 process, since llama.cpp may abort on a malformed model).
 """
 
