@@ -53,7 +53,7 @@ from llmrun import config
 
 # -- daemon -> runner --------------------------------------------------------------------------
 
-KvType = Literal["f16", "q8_0", "q4_0"]  # the KV cache's element type (engine/llama.py)
+KvType = Literal["f16", "q8_0", "q4_0"]  # the KV cache's element type (engine/llama/)
 FlashAttn = Literal["auto", "on", "off"]
 
 

@@ -7,7 +7,7 @@ neighbour's row. The time of that decode, median of --repeat, is printed per (de
 with the step's time per prompt token (a column of docs/benchmarks-log.md's tables) and the
 marginal cost of one, once the neighbour's row alone (N = 0 in --chunks) is taken off.
 
-It drives `engine/llama.py`'s Context, as the batcher does (separate KV streams, the same
+It drives `engine/llama/`'s Context, as the batcher does (separate KV streams, the same
 batch and ubatch sizes), with no daemon or runner around it.
 
     python scripts/step_cost.py MODEL.gguf [--threads 2] [--flash-attn on|off|auto]

@@ -2,7 +2,7 @@
 llama-cpp-python's high-level `Llama` streaming one completion (raw-1), and a plain low-level
 loop decoding N sequences in one llama_decode per step (raw-N with its prefill, raw decode
 without: the reference of the ratios). raw-1 calls llama-cpp-python directly: it is the thing
-being compared against, not a use of llama.cpp by llmrun (that goes through engine/llama.py)."""
+being compared against, not a use of llama.cpp by llmrun (that goes through engine/llama/)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What the engine needs of the model and of its llama context, as protocols: engine/llama.py's
+"""What the engine needs of the model and of its llama context, as protocols: engine/llama/'s
 `Model` and `Context` satisfy them (mypy checks it where the runner hands them to `Engine`),
 and tests/fakes/engine.py's fakes do too, so the engine's bookkeeping (slots, the step
 budget, cancels, prefix reuse, saved prompt states) is tested without loading a model.
 
-Batches stay llama.cpp's own buffers (engine/llama.py `Batch`, `EmbdBatch`): the engine fills
+Batches stay llama.cpp's own buffers (engine/llama/ `Batch`, `EmbdBatch`): the engine fills
 them and the context reads them, so a fake reads the same arrays a real decode does.
 """
 

@@ -30,7 +30,7 @@ from llmrun.request import ChatRequest
 
 Event = tuple[str, str, Any]  # (request id, "started" | "chunk" | "done" | "error", payload)
 
-# The options that make a sequence's sampler chain (Options' names, engine/llama.py Sampler's).
+# The options that make a sequence's sampler chain (Options' names, engine/llama/ Sampler's).
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
                  "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
 

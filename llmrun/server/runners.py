@@ -119,7 +119,7 @@ class RunnerSpec:
     draft_paths: tuple[Path, ...] = ()  # its file (or split parts)
     # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
     adaptive_threads: bool = False
-    kv_type: str = "f16"  # engine/llama.py KV_TYPES
+    kv_type: str = "f16"  # engine/llama/ KV_TYPES
     flash_attention: str = "auto"  # auto, on, off
     prompt_cache_size: int = 0  # bytes on disk for prompt states, all models; 0: none
     prompt_cache_ram: int = 0  # bytes of them this runner keeps in memory

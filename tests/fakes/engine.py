@@ -7,7 +7,7 @@ cell is `FakeModel.follow(last)` (by default the next id, and the end-of-generat
 after the last id). The context keeps each KV sequence's cells as a list of token ids and
 checks that every decoded row lands at the position right after its sequence's last cell,
 so an engine that lost track of what a slot holds fails loudly here. Batches are
-llama.cpp's own buffers (engine/llama.py `Batch`): the fake reads the arrays a decode reads.
+llama.cpp's own buffers (engine/llama/ `Batch`): the fake reads the arrays a decode reads.
 """
 
 from __future__ import annotations
