@@ -44,7 +44,7 @@ second chat turn after a ~2,000-token first turn, while the other slots are busy
 noisy on small machines: compare ratios, not absolute values. Paste the printed table into
 docs/benchmarks.md.
 
-The modules: client.py (the HTTP client and the servers), load.py (one level's load and its
+The modules: servers.py (the HTTP client and the servers), load.py (one level's load and its
 rates), scenarios.py (prefix reuse, prompt cache, stalls, drafting), baselines.py (the raw
 loops), report.py (the result and its table), measure.py (a run, and the script's command
 line). Callers import from here.
@@ -53,10 +53,10 @@ line). Callers import from here.
 from __future__ import annotations
 
 from llmrun.bench.baselines import raw_batched, raw_high_level
-from llmrun.bench.client import Api, Server, against_servers, one_request, post_lines
 from llmrun.bench.load import PROMPTS, SCHEMA, decode_rate, level, union_length
 from llmrun.bench.measure import main, run, store_path
 from llmrun.bench.report import BenchResult, summary
+from llmrun.bench.servers import Api, Server, against_servers, one_request, post_lines
 
 __all__ = ["PROMPTS", "SCHEMA", "Api", "BenchResult", "Server", "against_servers",
            "decode_rate", "level", "main", "one_request", "post_lines", "raw_batched",

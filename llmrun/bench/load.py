@@ -9,7 +9,7 @@ import statistics
 import time
 from typing import Any
 
-from llmrun.bench.client import Api, one_request
+from llmrun.bench.servers import Api, one_request
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper who finds a message in a bottle.",

@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 from llmrun import config
 from llmrun.bench.baselines import raw_batched, raw_high_level
-from llmrun.bench.client import Api, Server, against_servers
 from llmrun.bench.load import SCHEMA, level
 from llmrun.bench.report import BenchResult, summary
 from llmrun.bench.scenarios import drafting, prefix_reuse, prompt_cache, stall
+from llmrun.bench.servers import Api, Server, against_servers
 
 T = TypeVar("T")
 # the command line's description (the package's docstring's first line)

@@ -12,8 +12,8 @@ import statistics
 import time
 from typing import Any
 
-from llmrun.bench.client import one_request, post_lines
 from llmrun.bench.load import PROMPTS
+from llmrun.bench.servers import one_request, post_lines
 
 
 async def prefix_reuse(url: str, model: str, busy: int) -> tuple[float, float]:
