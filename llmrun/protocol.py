@@ -43,6 +43,7 @@ here for their outer shape only.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -313,12 +314,28 @@ def _expected(what: str, value: Any) -> _Bad:
     return _Bad(f"expected {what}, got {shown}")
 
 
+# The largest integer a float holds exactly (and JavaScript clients read exactly): counts,
+# ids and sizes are far below it, so a number past it is a runner that lies.
+MAX_INT = 1 << 53
+
+
 def _scalar(kind: type, what: str) -> Check:
     def check(value: Any) -> None:
         # exact types: a JSON true is no integer here, an integer is a float's value
         if type(value) is not kind and not (kind is float and type(value) is int):
             raise _expected(what, value)
+        if kind is int or kind is float:
+            _in_range(value)
     return check
+
+
+def _in_range(value: Any) -> None:
+    """A number a dialect's JSON and /metrics can carry: finite, and an integer within
+    MAX_INT (the standard library's fallback reads NaN, Infinity and any integer)."""
+    if type(value) is float and not math.isfinite(value):
+        raise _expected("a finite number", value)
+    if type(value) is int and not -MAX_INT <= value <= MAX_INT:
+        raise _expected(f"a number within {MAX_INT}", value)
 
 
 _CHECKS: dict[Any, Check] = {
@@ -472,11 +489,40 @@ _REPLIES = _by_type(Ready, Fatal)
 def _number(value: Any) -> None:
     if type(value) not in (int, float):
         raise _expected("a number", value)
+    _in_range(value)
 
 
 def _word(value: Any) -> None:
     if value is not None and type(value) not in (str, int, float, bool):
         raise _expected("a number, a string, a boolean or null", value)
+    if type(value) in (int, float):
+        _in_range(value)
+
+
+# What the model computed or wrote, carried as data: a tool call's arguments may hold any
+# number (-5, 1e300), and an embedding of a model that overflows in half precision a NaN
+# (written as null, as before). The dialects write them as they are: no counts to check.
+MODEL_DATA = frozenset({"tool_calls", "partial_call", "embeddings"})
+
+
+def _sane(value: Any) -> None:
+    """What a runner reports, whatever its declared shape (logprobs and tool calls are read
+    later by pydantic): every float finite, every integer (token counts, ids, sizes,
+    nanoseconds, counters) from zero to MAX_INT. A negative count would run a /metrics
+    counter backwards (prometheus raises) and NaN is no JSON a client can read."""
+    if type(value) is int:
+        if not 0 <= value <= MAX_INT:
+            raise _expected(f"a count from 0 to {MAX_INT}", value)
+    elif type(value) is float:
+        if not math.isfinite(value):
+            raise _expected("a finite number", value)
+    elif type(value) is dict:
+        for k, v in value.items():
+            if k not in MODEL_DATA:
+                _sane(v)
+    elif type(value) is list:
+        for v in value:
+            _sane(v)
 
 
 PAYLOADS: dict[str, Check] = {
@@ -525,6 +571,7 @@ def _event(event: Any) -> None:
         return  # plain text: nearly every event, checked without a call
     try:
         check(payload)
+        _sane(payload)
     except _Bad as bad:
         bad.path.append(f" ({kind})")
         raise

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT = 300.0
 EMBED_PIECE = 256  # inputs per embed message: replies stay small, other requests interleave
 _ids = itertools.count(1)
+# Seconds a finished or cancelled request's late events are still expected from its runner
+# (it reads the cancel between two steps: a step is milliseconds, a long prompt's a few s)
+ENDED_GRACE = 60.0
 
 
 def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]]]:
@@ -145,6 +148,9 @@ class RunnerProcess:
         self._channel: ipc.FrameProtocol | None = None
         self._ready: asyncio.Future[protocol.Reply] | None = None  # its first message
         self._queues: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
+        # requests that ended here lately (id -> when): the runner may still send their last
+        # events before it reads their cancel; an id neither in flight nor here is a lie
+        self._ended: dict[str, float] = {}
         self._lost_task: asyncio.Task[None] | None = None  # reporting the channel's end
         self.dead_reason: str | None = None
         self.load_seconds = 0.0
@@ -328,8 +334,29 @@ class RunnerProcess:
             q = self._queues.get(req_id)
             if q is not None:
                 q.put_nowait((kind, payload))
-            elif kind == "engine":  # step counters, for /metrics
+            elif kind == "engine" and req_id == "":  # step counters, for /metrics
                 self.engine_stats = payload
+            elif req_id not in self._ended:
+                pid = self.proc.pid if self.proc else None
+                log.error("runner pid %s sent a %r event for request %r, which it was never "
+                          "given", pid, kind, req_id[:40])
+                self._died("the model runner named a request it was never given and was "
+                           "stopped")
+                self._lost_task = asyncio.create_task(self.kill())
+                raise protocol.ProtocolError(f"an event for request {req_id[:40]!r}, which "
+                                             "this runner was never given")
+
+    def _end(self, req_id: str) -> None:
+        """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
+        if self._queues.pop(req_id, None) is None:
+            return
+        now = time.monotonic()
+        self._ended[req_id] = now
+        while self._ended:  # oldest first (insertion order): drop those past the grace
+            first = next(iter(self._ended))
+            if now - self._ended[first] <= ENDED_GRACE:
+                break
+            del self._ended[first]
 
     def _on_lost(self, exc: BaseException | None) -> None:
         """The channel ended: the runner exited or broke it (a frame over the limit)."""
@@ -386,7 +413,7 @@ class RunnerProcess:
                 if finished:
                     return
         finally:
-            self._queues.pop(req_id, None)
+            self._end(req_id)
             if not finished and self.alive:
                 with contextlib.suppress(Exception):
                     await self._send(protocol.Cancel(id=req_id))
@@ -419,7 +446,7 @@ class RunnerProcess:
                 else:
                     raise EngineError.from_event(payload)
         finally:
-            self._queues.pop(req_id, None)
+            self._end(req_id)
 
     async def count(self, req: ChatRequest) -> int:
         """How many tokens `req`'s prompt renders to (nothing is generated)."""
@@ -435,7 +462,7 @@ class RunnerProcess:
             await self._send(protocol.parse_command({**msg, "id": req_id}))
             kind, payload = await q.get()
         finally:
-            self._queues.pop(req_id, None)
+            self._end(req_id)
         if kind != answer:
             raise EngineError.from_event(payload)
         return dict(payload)

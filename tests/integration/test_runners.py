@@ -209,6 +209,31 @@ def test_a_malformed_frame_from_the_runner_stops_it() -> None:
     asyncio.run(run())
 
 
+def test_an_event_for_a_request_the_runner_was_never_given_stops_it() -> None:
+    """A runner may only name the requests it was given. Late events of one that ended here
+    (it reads a cancel between steps) are dropped; an id it never had, or one another
+    runner was given, means the runner lies: the requests in flight fail and it is stopped."""
+    async def run() -> None:
+        handle = RunnerProcess(RunnerSpec((Path("m.gguf"),), 512, 1, 1), Path("runner.log"))
+        handle._ready = asyncio.get_running_loop().create_future()
+        handle._ready.set_result(protocol.Fatal(error="(started)"))
+        handle._track("r1")
+        handle._end("r1")  # cancelled: its last events may still come
+        handle._on_message({"type": "events", "events": [["r1", "chunk", {"text": "late"}],
+                                                         ["", "engine", {"steps": 3}]]})
+        assert handle.engine_stats == {"steps": 3}
+        q = handle._track("r2")
+        with pytest.raises(protocol.ProtocolError, match="never given"):
+            handle._on_message({"type": "events", "events": [["r999", "chunk", {"text": "x"}]]})
+        kind, payload = q.get_nowait()
+        assert kind == "error" and payload["code"] == "runner_failed"
+        assert "never given" in payload["message"]
+        assert handle._lost_task is not None
+        await handle._lost_task
+
+    asyncio.run(run())
+
+
 def test_a_runner_whose_first_message_is_not_load_refuses_it() -> None:
     """Load is the first frame: a runner told anything else says why (Fatal) and exits."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -170,3 +170,39 @@ def test_a_message_orjson_refuses_is_written_alike() -> None:
     assert isinstance(back, protocol.Generate) and back.id == "r1"
     assert back.request["format"]["maximum"] == float(huge)
     assert back.request["messages"] == msg.request["messages"]
+
+
+@pytest.mark.parametrize(("payload", "says"), [
+    ({"text": "x", "logprobs": [{"token": "x", "logprob": float("nan")}]}, "finite"),
+    ({"text": "x", "logprobs": [{"token": "x", "logprob": float("-inf")}]}, "finite"),
+    ({"text": "x", "logprobs": [{"token": "x", "id": -1, "logprob": -0.5}]}, "a count"),
+])
+def test_numbers_no_client_can_read_are_refused(payload: dict[str, Any], says: str) -> None:
+    """A runner taken over could send NaN or Infinity (the standard library's fallback reads
+    those literals), a negative count or an integer past 2**53: none reaches a dialect's JSON
+    or /metrics."""
+    with pytest.raises(ProtocolError, match=says):
+        parse_reply({"type": "events", "events": [["r1", "chunk", payload]]})
+
+
+@pytest.mark.parametrize(("kind", "payload", "says"), [
+    ("done", {"prompt_tokens": -5, "completion_tokens": 1}, "a count"),
+    ("done", {"prompt_tokens": 1 << 60, "completion_tokens": 1}, "within"),
+    ("started", {"prompt_tokens": 3, "cached_tokens": 0, "n_ctx": -1}, "a count"),
+    ("engine", {"steps": float("inf")}, "finite"),
+    ("embedding", {"embeddings": [[0.5]], "prompt_tokens": -2}, "a count"),
+])
+def test_counts_are_checked_in_every_event(kind: str, payload: dict[str, Any],
+                                           says: str) -> None:
+    with pytest.raises(ProtocolError, match=says):
+        parse_reply({"type": "events", "events": [["r1", kind, payload]]})
+    sane = {k: 1 if isinstance(v, int) else 0.5 if isinstance(v, float) else [[0.5]]
+            for k, v in payload.items()}
+    parse_reply({"type": "events", "events": [["r1", kind, sane]]})  # the same, sane: passes
+
+
+def test_what_the_model_wrote_is_data_not_counts() -> None:
+    """A tool call's arguments are the model's: a negative or huge number there is no lie."""
+    call = {"id": "c1", "name": "move", "arguments": {"dx": -5, "big": 1e300, "n": -(1 << 60)}}
+    parse_reply({"type": "events", "events": [["r1", "chunk", {"text": "", "tool_calls": [call],
+                                                               "partial_call": {"dx": -1}}]]})
