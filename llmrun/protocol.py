@@ -507,12 +507,11 @@ MODEL_DATA = frozenset({"tool_calls", "partial_call", "embeddings"})
 
 def _sane(value: Any) -> None:
     """What a runner reports, whatever its declared shape (logprobs and tool calls are read
-    later by pydantic): every float finite, every integer (token counts, ids, sizes,
-    nanoseconds, counters) from zero to MAX_INT. A negative count would run a /metrics
-    counter backwards (prometheus raises) and NaN is no JSON a client can read."""
+    later by pydantic): every float finite (NaN is no JSON a client can read), every integer
+    within MAX_INT. (Token ids may be negative: an image's positions are stand-in ids.)"""
     if type(value) is int:
-        if not 0 <= value <= MAX_INT:
-            raise _expected(f"a count from 0 to {MAX_INT}", value)
+        if not -MAX_INT <= value <= MAX_INT:
+            raise _expected(f"a number within {MAX_INT}", value)
     elif type(value) is float:
         if not math.isfinite(value):
             raise _expected("a finite number", value)
@@ -523,6 +522,17 @@ def _sane(value: Any) -> None:
     elif type(value) is list:
         for v in value:
             _sane(v)
+
+
+def _counts(payload: Any) -> None:
+    """The counts of a statistics event (tokens, nanoseconds, steps) are zero or more: a
+    negative one would run a /metrics counter backwards (prometheus raises)."""
+    for v in payload.values():
+        if type(v) in (int, float) and v < 0:
+            raise _expected("a count of zero or more", v)
+
+
+COUNTED = frozenset({"started", "progress", "done", "engine"})
 
 
 PAYLOADS: dict[str, Check] = {
@@ -572,6 +582,8 @@ def _event(event: Any) -> None:
     try:
         check(payload)
         _sane(payload)
+        if kind in COUNTED:
+            _counts(payload)
     except _Bad as bad:
         bad.path.append(f" ({kind})")
         raise

@@ -175,7 +175,7 @@ def test_a_message_orjson_refuses_is_written_alike() -> None:
 @pytest.mark.parametrize(("payload", "says"), [
     ({"text": "x", "logprobs": [{"token": "x", "logprob": float("nan")}]}, "finite"),
     ({"text": "x", "logprobs": [{"token": "x", "logprob": float("-inf")}]}, "finite"),
-    ({"text": "x", "logprobs": [{"token": "x", "id": -1, "logprob": -0.5}]}, "a count"),
+    ({"text": "x", "logprobs": [{"token": "x", "id": 1 << 60, "logprob": -0.5}]}, "within"),
 ])
 def test_numbers_no_client_can_read_are_refused(payload: dict[str, Any], says: str) -> None:
     """A runner taken over could send NaN or Infinity (the standard library's fallback reads
@@ -189,8 +189,9 @@ def test_numbers_no_client_can_read_are_refused(payload: dict[str, Any], says: s
     ("done", {"prompt_tokens": -5, "completion_tokens": 1}, "a count"),
     ("done", {"prompt_tokens": 1 << 60, "completion_tokens": 1}, "within"),
     ("started", {"prompt_tokens": 3, "cached_tokens": 0, "n_ctx": -1}, "a count"),
+    ("done", {"completion_tokens": 1, "prompt_ns": -15}, "a count"),
     ("engine", {"steps": float("inf")}, "finite"),
-    ("embedding", {"embeddings": [[0.5]], "prompt_tokens": -2}, "a count"),
+    ("embedding", {"embeddings": [[0.5]], "prompt_tokens": 1 << 54}, "within"),
 ])
 def test_counts_are_checked_in_every_event(kind: str, payload: dict[str, Any],
                                            says: str) -> None:
@@ -206,3 +207,10 @@ def test_what_the_model_wrote_is_data_not_counts() -> None:
     call = {"id": "c1", "name": "move", "arguments": {"dx": -5, "big": 1e300, "n": -(1 << 60)}}
     parse_reply({"type": "events", "events": [["r1", "chunk", {"text": "", "tool_calls": [call],
                                                                "partial_call": {"dx": -1}}]]})
+
+
+def test_an_image_s_stand_in_ids_are_token_ids() -> None:
+    """Images sit in token lists as negative stand-in ids (Ollama's `context` after an
+    image): not a negative count."""
+    parse_reply({"type": "events", "events": [["r1", "done", {
+        "prompt_tokens": 9, "completion_tokens": 1, "context": [1, -734, -734, 2]}]]})
