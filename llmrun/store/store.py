@@ -106,13 +106,8 @@ class Store:
                base_dir: Path | None = None, progress: Progress | None = None,
                quantize: str | None = None, allow_paths: bool = True,
                allow_remote: bool = True) -> Manifest:
-        """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
-        `sha256:<hex>` of a blob already in the store, a model name (pulled if needed), or the
-        `http(s)://` base URL of an OpenAI-compatible API that serves the model (remote).
-
-        `allow_paths=False` is for remote callers (the HTTP API): FROM and ADAPTER may then
-        only name blobs or models, and the file system is never looked at for them; a remote
-        FROM also needs `allow_remote` (the daemon's loopback or key-holding callers)."""
+        """Create `name` from a Modelfile: store/create.py's `create` says what FROM may
+        name and what `allow_paths` and `allow_remote` refuse."""
         return creating.create(self, name, source, base_dir, progress, quantize,
                                allow_paths, allow_remote)
 
