@@ -3,7 +3,7 @@
 The order matters. What the sandbox would forbid happens first: the thread governor reads
 /proc/stat, the RPC workers are connected, a GPU backend opens its device nodes (listing the
 devices with their free memory creates CUDA's context), the image decoders' modules are
-imported. Then the process confines itself (engine/sandbox.py) to the files Load names, and
+imported. Then the process confines itself (engine/sandbox/) to the files Load names, and
 only then does llama.cpp read a byte of them.
 """
 

@@ -297,14 +297,15 @@ def test_ps_shows_that_the_runner_is_confined(secret_daemon: Daemon) -> None:
 # a container that withholds them. Runners inherit this (a filter survives fork and exec).
 NO_SECCOMP = """
 import errno, os, sys
-from llmrun.engine import sandbox as s
+from llmrun.engine import sandbox
+from llmrun.engine.sandbox import seccomp as s
 
-lib = s._libseccomp()
+lib = s.libseccomp()
 ctx = lib.seccomp_init(s.SCMP_ACT_ALLOW)
 f = s._Filter(lib, ctx)
 f.rule(s._errno_action(errno.ENOSYS), "seccomp")
 f.rule(s._errno_action(errno.EINVAL), "prctl", s._ArgCmp(0, s.SCMP_CMP_EQ, 22, 0))
-s._no_new_privs()
+sandbox._no_new_privs()
 assert lib.seccomp_load(ctx) == 0
 os.execv(sys.executable, [sys.executable, "-m", "llmrun", "serve"])
 """

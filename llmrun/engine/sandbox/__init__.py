@@ -1,0 +1,139 @@
+"""Confine a process that parses untrusted model files: the runner and the quantizer child.
+
+They run a large C++ library on files that came from anywhere. If a crafted file ever turned
+a parser bug into code execution, the process should be a poor place to have it: it needs no
+new programs, no network, no other processes and (a runner) no writable file, so it gives
+them up for good *before* llama.cpp reads the first byte of the model:
+
+- no core dumps (they would hold the model and the prompts);
+- no new privileges (`PR_SET_NO_NEW_PRIVS`): setuid binaries and file capabilities stop
+  working, which also lets an unprivileged process take on the two layers below;
+- Landlock (Linux 5.13+): the file system becomes read-only and shrinks to the model files,
+  the Python installation and the system libraries; nothing is writable except the paths a
+  caller names (the quantizer's output file, a runner's prompt-cache directory), and the
+  device nodes of the GPU a runner uses are its only other read-write files. Where the
+  kernel knows them, TCP bind/connect, abstract unix sockets and signals to processes outside
+  the sandbox are cut too (a future RPC client would need a NET_PORT rule for its workers);
+- a seccomp filter (through libseccomp, the library Docker and systemd use) that answers
+  EPERM to running programs, creating sockets, forking, tracing or reading other processes,
+  signalling other processes, io_uring (which can open sockets and files behind the filter's
+  back), opening files for writing, renaming, deleting, linking, chmod/chown, truncation,
+  mounting, namespaces, kernel modules, BPF and key rings. Threads, mmap and madvise stay
+  allowed: llama.cpp's thread pool and memory-mapped weights need them.
+
+`confine()` applies what the system allows and says what it applied and what is missing; the
+caller decides whether a missing layer is fatal (LLMRUN_SANDBOX=strict). Already open file
+descriptors (the daemon's socket pair, the log file on stdout/stderr) keep working: both
+Landlock and the write-open rule act when a file is opened, not on descriptors held.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import resource
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmrun.engine.sandbox.landlock import c_library, gpu_nodes, landlock_abi, restrict_files
+from llmrun.engine.sandbox.seccomp import libseccomp, restrict_syscalls
+
+__all__ = ["LANDLOCK", "NO_CORE_DUMPS", "NO_NEW_PRIVS", "SECCOMP", "Confinement", "confine",
+           "gpu_nodes", "landlock_abi", "restrict_files", "restrict_syscalls"]
+
+log = logging.getLogger("llmrun.runner")
+
+# Layer names, as runners report them (/api/ps "sandbox").
+NO_CORE_DUMPS = "no-core-dumps"
+NO_NEW_PRIVS = "no-new-privs"
+LANDLOCK = "landlock"
+SECCOMP = "seccomp"
+PR_SET_NO_NEW_PRIVS = 38
+
+
+@dataclass
+class Confinement:
+    """What `confine()` achieved: layers applied, layers that failed (`missing`: strict mode
+    refuses to go on), layers this kernel does not offer at all (`unavailable`: not a failure,
+    but worth a warning)."""
+
+    applied: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # "layer: why"
+    unavailable: list[str] = field(default_factory=list)  # "layer: why"
+
+    @property
+    def confined(self) -> bool:
+        return not self.missing and SECCOMP in self.applied
+
+    def info(self) -> dict[str, Any]:
+        """For the runner's ready message (the daemon shows it in /api/ps and `llmrun ps`)."""
+        return {"sandbox": list(self.applied), "confined": self.confined,
+                "sandbox_missing": [*self.missing, *self.unavailable]}
+
+    def refusal(self) -> str:
+        """Why strict mode refuses to run (empty when nothing is missing)."""
+        if not self.missing:
+            return ""
+        return ("LLMRUN_SANDBOX=strict refuses to run a model unconfined, and this system "
+                f"cannot apply: {'; '.join(self.missing)} (LLMRUN_SANDBOX=1 runs with the "
+                "layers that are available)")
+
+
+
+def _why(exc: BaseException) -> str:
+    """An error as one readable phrase (no "[Errno N]")."""
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
+def _no_new_privs() -> None:
+    lib = c_library()
+    one, zero = ctypes.c_ulong(1), ctypes.c_ulong(0)
+    if lib.prctl(PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
+
+
+def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
+            devices: Iterable[Path] = ()) -> Confinement:
+    """Apply every layer this system allows, in the order they depend on each other.
+
+    `read`: files and directories the process must still read (the model, its adapters);
+    `read_write`: the only paths it may write (then opening for writing stays allowed in the
+    seccomp filter and Landlock alone decides where; without Landlock such a process can
+    write wherever its user can, and `missing` says so); `devices`: the GPU device nodes it
+    uses (gpu_nodes()), which it may open read-write (then only opening for writing stays
+    allowed in the filter: renaming, deleting and the rest do not)."""
+    read_write, devices = list(read_write), list(devices)
+    result = Confinement()
+    seccomp_lib = libseccomp()  # before Landlock: find_library runs ldconfig
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    result.applied.append(NO_CORE_DUMPS)
+    try:
+        _no_new_privs()
+        result.applied.append(NO_NEW_PRIVS)
+    except (OSError, AttributeError) as exc:
+        # Landlock and seccomp both need it (or CAP_SYS_ADMIN): do not go further
+        result.missing += [f"{NO_NEW_PRIVS}: {_why(exc)}", f"{LANDLOCK}: needs {NO_NEW_PRIVS}",
+                           f"{SECCOMP}: needs {NO_NEW_PRIVS}"]
+        return result
+    try:
+        abi = restrict_files(read, read_write, devices)
+        result.applied.append(LANDLOCK)
+        log.debug("sandbox: Landlock ABI %d", abi)
+    except OSError as exc:
+        absent = exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP)
+        why = f"{LANDLOCK}: {'not available in this kernel' if absent else _why(exc)}"
+        if absent and not read_write and not devices:
+            result.unavailable.append(why)
+        else:  # a kernel that has it refused, or this process's writes would go unconfined
+            result.missing.append(why + (" (its writes would go unconfined)" if absent else ""))
+    try:
+        restrict_syscalls(seccomp_lib, fs_changes=bool(read_write), write_opens=bool(devices))
+        result.applied.append(SECCOMP)
+    except OSError as exc:
+        result.missing.append(f"{SECCOMP}: {_why(exc)}")
+    return result
