@@ -28,6 +28,7 @@ from llmrun.engine.llama import (
     list_devices,
 )
 from llmrun.engine.promptcache import PromptCache
+from llmrun.engine.sandbox import namespaces
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import SyncChannel
 from llmrun.protocol import Fatal, Load
@@ -37,12 +38,13 @@ log = logging.getLogger("llmrun.runner")
 FLASH_ATTN: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 
 
-def _confine(files: list[Path], writable: Path | None = None,
-             devices: list[Path] | None = None) -> tuple[dict[str, Any], str]:
+def _confine(load: Load, files: list[Path], writable: Path | None, devices: list[Path],
+             isolated: tuple[list[str], list[str]]) -> tuple[dict[str, Any], str]:
     """Confine this process before llama.cpp reads a byte of the model files (`files`, the
     only ones it may still open besides the Python installation and system libraries), the
     prompt-cache directory `writable`, the only place it may write, and the GPU device
-    nodes `devices` it uses.
+    nodes `devices` it uses, with the resource limits `load` calls for; `isolated`: the
+    namespaces the runner entered as it started (sandbox.isolate).
 
     Returns the sandbox fields of the ready info and, in LLMRUN_SANDBOX=strict mode when a
     layer could not be applied, why the runner must not go on (else "")."""
@@ -50,8 +52,10 @@ def _confine(files: list[Path], writable: Path | None = None,
     if mode == "off":
         log.warning("sandbox: off (LLMRUN_SANDBOX=0): this runner is not confined")
         return {"sandbox": [], "confined": False, "sandbox_missing": ["off (LLMRUN_SANDBOX=0)"]}, ""
+    limits = sandbox.Limits.for_runner(load.memory, load.threads, on_gpu=bool(load.device),
+                                       own_user_namespace=namespaces.USER in isolated[0])
     result = sandbox.confine(read=files, read_write=[writable] if writable else [],
-                             devices=devices or [])
+                             devices=devices, limits=limits, isolated=isolated)
     if devices:
         log.info("sandbox: GPU device nodes kept: %s", ", ".join(map(str, devices)))
     log.info("sandbox: %s", ", ".join(result.applied))
@@ -145,9 +149,11 @@ def _drafter(load: Load, model: Model, n_ctx_seq: int) -> DraftModel:
     return drafter
 
 
-def boot(chan: SyncChannel, load: Load) -> ModelHost | None:
+def boot(chan: SyncChannel, load: Load,
+         isolated: tuple[list[str], list[str]] = ([], [])) -> ModelHost | None:
     """Confine this process and load the model as `load` says; None, after telling the
-    daemon why (a Fatal message), when it cannot."""
+    daemon why (a Fatal message), when it cannot. `isolated`: the namespaces the runner
+    entered as it started (sandbox.isolate), for the confinement's report."""
     try:
         step_budget = config.parse_step_budget(load.step_budget)
     except ValueError as exc:
@@ -171,9 +177,9 @@ def boot(chan: SyncChannel, load: Load) -> ModelHost | None:
     gpu_nodes = sandbox.gpu_nodes() if on_gpu else []
     if mmproj is not None:
         pixels.preload()  # the decoders' modules, while files can still be opened
-    confinement, refusal = _confine([*model_paths, *(Path(lora.path) for lora in load.lora),
-                                     *([mmproj] if mmproj else []),
-                                     *(Path(p) for p in load.draft_model)], cache_dir, gpu_nodes)
+    files = [*model_paths, *(Path(lora.path) for lora in load.lora),
+             *([mmproj] if mmproj else []), *(Path(p) for p in load.draft_model)]
+    confinement, refusal = _confine(load, files, cache_dir, gpu_nodes, isolated)
     if refusal:
         chan.send(Fatal(error=refusal))
         return None

@@ -24,11 +24,18 @@ import logging
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from llmrun import ipc, protocol
-from llmrun.engine.boot import boot
-from llmrun.engine.llama import list_backends, list_devices
+from llmrun import config, ipc, protocol
+from llmrun.engine import sandbox
 from llmrun.ipc import ChannelClosed, SyncChannel
+
+if TYPE_CHECKING:
+    from llmrun.engine.host import ModelHost
+
+# Nothing here imports llama.cpp or numpy at the top: they start threads as they load
+# (OpenBLAS's pool), and the runner's first step, entering its namespaces, needs a process
+# with one thread. main() imports them after that step.
 
 log = logging.getLogger("llmrun.runner")
 
@@ -78,6 +85,20 @@ def _read_load(chan: SyncChannel) -> protocol.Load | None:
     return None
 
 
+def start(chan: SyncChannel, load: protocol.Load) -> ModelHost | None:
+    """Confine this process as `load` calls for and load the model inside the confinement
+    (None, after telling the daemon why, when it cannot). The one place a runner's
+    confinement is decided: the red-team tests run their payloads after exactly this."""
+    isolated: tuple[list[str], list[str]] = ([], [])
+    if config.sandbox_mode() != "off":
+        # first, while this process has one thread (unshare refuses more); a runner that
+        # talks to RPC workers keeps the network it reaches them by
+        isolated = sandbox.isolate(keep_network=bool(load.rpc))
+    from llmrun.engine.boot import boot
+
+    return boot(chan, load, isolated)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llmrun.engine.runner")
     ap.add_argument("--list-devices", action="store_true",
@@ -86,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the socket to the daemon, whose first message says what to load")
     args = ap.parse_args(argv)
     if args.list_devices:
+        from llmrun.engine.llama import list_backends, list_devices
+
         print(json.dumps({"devices": list_devices(), "backends": list_backends()}))
         return 0
     if args.fd is None:
@@ -103,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ipc.MAX_FRAME = load.max_frame  # both sides must agree on the limit
     if load.debug:
         logging.getLogger().setLevel(logging.DEBUG)
-    host = boot(chan, load)
+    host = start(chan, load)
     if host is None:
         return 1
     _stop_on_sigterm(chan)  # (until here a SIGTERM ends it at once: nothing to keep yet)

@@ -159,6 +159,7 @@ class RunnerProcess:
         self._stopping = False  # stop() was asked: the process ending is no news
         self._cache_key: str | None = None  # its prompt-cache directory, while it runs
         self.placement: Placement | None = None  # the scheduler's fit: where layers go
+        self.memory = 0  # the scheduler's estimate of what the load needs, in bytes
 
     @property
     def alive(self) -> bool:
@@ -248,7 +249,8 @@ class RunnerProcess:
             rpc=list(s.rpc_workers),
             rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
             gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
-            debug=s.debug, max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
+            debug=s.debug, memory=self.memory,
+            max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
 
     def _why(self, exc: BaseException) -> str:
         """Why the runner stopped, for the client: no server paths (the daemon's log names the

@@ -83,6 +83,7 @@ class Runner(Protocol):
 
     info: dict[str, Any]  # the runner's "ready" message: n_ctx_seq, sandbox, confined
     placement: Placement | None  # where its layers go, set by the scheduler before start()
+    memory: int  # the estimate of what it needs (bytes), set with `placement`
     load_seconds: float  # how long start() took
     engine_stats: dict[str, Any]  # its engine's step counters, as last reported
 
@@ -442,6 +443,7 @@ class Scheduler:
         while True:
             placement = loaded.placement
             loaded.runner.placement = placement
+            loaded.runner.memory = loaded.memory
             try:
                 await loaded.runner.start()
                 return

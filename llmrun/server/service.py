@@ -83,6 +83,7 @@ class RemoteRunner:
         self.model = model
         self.info: dict[str, Any] = {}
         self.placement: Placement | None = None
+        self.memory = 0  # (nothing of it is on this machine)
         self.engine_stats: dict[str, Any] = {}
 
     @property

@@ -31,6 +31,7 @@ class FakeRunner:
                                      "confined": True}
         self.engine_stats: dict[str, Any] = {}
         self.placement: Placement | None = None
+        self.memory = 0
         self.load_seconds = 0.0
         self.started = self.stopped = self.dead = False
         self.in_flight = 0

@@ -31,6 +31,14 @@ def landlock_available() -> bool:
         return False
 
 
+def namespaces_available() -> list[str]:
+    """The namespaces a fresh process may enter here (a runner enters them as it starts)."""
+    out = subprocess.run([sys.executable, "-c", "from llmrun.engine import sandbox; "
+                          "print(' '.join(sandbox.isolate()[0]))"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return out.stdout.split()
+
+
 # The probes' common part: each attempt's outcome, "ok" or the name of the errno it failed with.
 TRIED = """
 import errno
@@ -145,9 +153,9 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
     finally:
         bystander.kill()
         bystander.wait()
-    expected_layers = ["no-core-dumps", "no-new-privs", "seccomp"]
+    expected_layers = ["no-core-dumps", "open-files-limit", "no-new-privs", "seccomp"]
     if landlock_available():
-        expected_layers.insert(2, "landlock")
+        expected_layers.insert(3, "landlock")
     assert report["applied"] == expected_layers and report["missing"] == []
     assert len(report["generated"]) == 4 and "".join(report["generated"]).strip()
     results = report["results"]
@@ -280,9 +288,10 @@ def test_the_runner_environment_holds_no_credentials(secret_daemon: Daemon) -> N
 def test_ps_shows_that_the_runner_is_confined(secret_daemon: Daemon) -> None:
     (model,) = httpx.get(f"{secret_daemon.url}/api/ps", headers=KEY).json()["models"]
     assert model["confined"] is True
-    layers = ["no-core-dumps", "no-new-privs", "landlock", "seccomp"]
-    assert model["sandbox"] == (layers if landlock_available() else
-                                [x for x in layers if x != "landlock"])
+    layers = {"no-core-dumps", "memory-limit", "open-files-limit", "no-new-privs", "seccomp"}
+    layers |= {"landlock"} if landlock_available() else set()
+    layers |= set(namespaces_available())
+    assert layers <= set(model["sandbox"]), model["sandbox"]
     out = subprocess.run([sys.executable, "-m", "llmrun", "ps"], env=secret_daemon.env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

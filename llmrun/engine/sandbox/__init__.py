@@ -33,22 +33,25 @@ import ctypes
 import errno
 import logging
 import os
-import resource
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmrun.engine.sandbox.landlock import c_library, gpu_nodes, landlock_abi, restrict_files
+from llmrun.engine.sandbox.limits import CORE, OPEN_FILES_MAX, Limits
+from llmrun.engine.sandbox.limits import apply as apply_limits
+from llmrun.engine.sandbox.namespaces import enter as isolate
 from llmrun.engine.sandbox.seccomp import libseccomp, restrict_syscalls
 
-__all__ = ["LANDLOCK", "NO_CORE_DUMPS", "NO_NEW_PRIVS", "SECCOMP", "Confinement", "confine",
-           "gpu_nodes", "landlock_abi", "restrict_files", "restrict_syscalls"]
+__all__ = ["LANDLOCK", "NO_CORE_DUMPS", "NO_NEW_PRIVS", "SECCOMP", "Confinement", "Limits",
+           "confine", "gpu_nodes", "isolate", "landlock_abi", "restrict_files",
+           "restrict_syscalls"]
 
 log = logging.getLogger("llmrun.runner")
 
 # Layer names, as runners report them (/api/ps "sandbox").
-NO_CORE_DUMPS = "no-core-dumps"
+NO_CORE_DUMPS = CORE
 NO_NEW_PRIVS = "no-new-privs"
 LANDLOCK = "landlock"
 SECCOMP = "seccomp"
@@ -98,7 +101,8 @@ def _no_new_privs() -> None:
 
 
 def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
-            devices: Iterable[Path] = ()) -> Confinement:
+            devices: Iterable[Path] = (), limits: Limits | None = None,
+            isolated: tuple[list[str], list[str]] = ([], [])) -> Confinement:
     """Apply every layer this system allows, in the order they depend on each other.
 
     `read`: files and directories the process must still read (the model, its adapters);
@@ -106,12 +110,15 @@ def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
     seccomp filter and Landlock alone decides where; without Landlock such a process can
     write wherever its user can, and `missing` says so); `devices`: the GPU device nodes it
     uses (gpu_nodes()), which it may open read-write (then only opening for writing stays
-    allowed in the filter: renaming, deleting and the rest do not)."""
+    allowed in the filter: renaming, deleting and the rest do not); `limits`: its resource
+    limits (none but core dumps when None); `isolated`: what namespaces.enter() applied and
+    could not apply, earlier, while the process had a single thread."""
     read_write, devices = list(read_write), list(devices)
-    result = Confinement()
+    result = Confinement(applied=list(isolated[0]), unavailable=list(isolated[1]))
     seccomp_lib = libseccomp()  # before Landlock: find_library runs ldconfig
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    result.applied.append(NO_CORE_DUMPS)
+    applied, unavailable = apply_limits(limits or Limits(None, OPEN_FILES_MAX, None))
+    result.applied += applied
+    result.unavailable += unavailable
     try:
         _no_new_privs()
         result.applied.append(NO_NEW_PRIVS)
