@@ -8,10 +8,15 @@ namespace is what lets an unprivileged process make one, and it gives RLIMIT_NPR
 the runner's own threads (sandbox/limits.py). The process keeps its user and group IDs (each
 mapped to itself), so the files it may read are those it could read before.
 
-Not made: a PID namespace, which needs the runner to fork once more and stay a pair of
-processes; what it would hide (other processes' /proc entries, signals to them) Landlock
-and the seccomp filter already refuse. Nor a mount namespace: Landlock already shrinks the
-file system to what the runner may read.
+Not made: a PID namespace. A process enters one only by forking, and the first process in
+it is the namespace's init, which the kernel shields from every signal it has no handler
+for, its own included: llama.cpp's abort() would no longer end it with SIGABRT (glibc falls
+back to an illegal instruction), and a test's or a user's `kill -ABRT` would do nothing. A
+third process as init would avoid that, at the price of two more processes per model. What
+the namespace would hide, Landlock and the seccomp filter already refuse: other processes'
+/proc entries (EACCES), signals and ptrace to them (EPERM); tests/integration/test_redteam.py
+tries each. Nor a mount namespace: Landlock already shrinks the file system to what the
+runner may read.
 
 `unshare` works only while the process has a single thread, so this is the runner's first
 step after reading its Load message, before llama.cpp or any library starts a thread.
