@@ -12,12 +12,15 @@ frame, an embedding reply) and fails the rest.
 from __future__ import annotations
 
 import asyncio
+import json
 import select
 import socket
 import struct
 import threading
 from collections.abc import Callable
 from typing import Any, cast
+
+import orjson
 
 from llmrun import jsonio
 
@@ -40,6 +43,11 @@ STOP_SECONDS = 10.0
 
 class ChannelClosed(ConnectionError):
     pass
+
+
+class BadFrame(ChannelClosed):
+    """What no peer of the protocol sends: a frame over MAX_FRAME, one that is not UTF-8
+    JSON, or file descriptors. The channel is broken, and the daemon stops the runner."""
 
 
 class FrameTooLarge(ValueError):
@@ -73,8 +81,28 @@ def checked(frame: bytes) -> bytes:
 def decode_length(header: bytes | bytearray) -> int:
     (n,) = HEADER.unpack(header)
     if n > MAX_FRAME:
-        raise ChannelClosed(f"frame of {n} bytes exceeds the limit")
+        raise BadFrame(f"a frame of {n} bytes, over the limit of {MAX_FRAME}")
     return n
+
+
+def loads_untrusted(body: bytes | bytearray | memoryview) -> Any:
+    """A runner's frame body, decoded so that every string in it can be sent on to a client:
+    BadFrame if it is not UTF-8 JSON. orjson refuses bytes that are not UTF-8 and lone
+    surrogates (a \\ud800 escape); the standard library, which reads what orjson refuses
+    for other reasons (nesting over 255, NaN), would turn such an escape into a string that
+    fails to encode when a response is written, far from here: that is refused here."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        value = json.loads(bytes(body).decode("utf-8"))
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate raises
+    except UnicodeError:
+        raise BadFrame("a frame whose text is not UTF-8 (or holds a lone surrogate)") from None
+    except (ValueError, RecursionError) as exc:
+        raise BadFrame(f"a frame that is not JSON ({type(exc).__name__})") from None
+    return value
 
 
 class SyncChannel:
@@ -124,7 +152,8 @@ class FrameProtocol(asyncio.Protocol):
     frame, and its wakeup, is what a stream reader would cost on every token).
 
     `on_lost(exc)` is called once when the channel ends: the runner closed it (None), or it
-    broke, or it sent a frame over MAX_FRAME (ChannelClosed), or `on_message` raised.
+    broke, or it sent what no runner sends (BadFrame: a frame over MAX_FRAME, not UTF-8
+    JSON, file descriptors), or `on_message` raised.
     """
 
     def __init__(self, on_message: Callable[[Any], None],
@@ -147,7 +176,7 @@ class FrameProtocol(asyncio.Protocol):
             if not self._buf and len(data) >= HEADER.size \
                     and decode_length(data[:HEADER.size]) == len(data) - HEADER.size:
                 # one whole frame (nearly every read): parsed in place, no copy
-                self._on_message(jsonio.loads(memoryview(data)[HEADER.size:]))
+                self._on_message(loads_untrusted(memoryview(data)[HEADER.size:]))
                 return
             buf = self._buf
             buf += data
@@ -157,7 +186,7 @@ class FrameProtocol(asyncio.Protocol):
                     break
                 body = buf[HEADER.size:end]  # (a copy: orjson reads a bytearray as it is)
                 del buf[:end]
-                self._on_message(jsonio.loads(body))
+                self._on_message(loads_untrusted(body))
         except Exception as exc:  # a frame over the limit, or a bug: the channel is broken
             self._lose(exc)
             if self.transport is not None:
@@ -201,3 +230,98 @@ class FrameProtocol(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+# Bytes read per wakeup (asyncio's stream transports read 256 KiB too).
+READ_SIZE = 256 << 10
+# Bytes waiting to be sent past which writers wait in drain(), and below which they go on.
+WRITE_HIGH = 64 << 10
+WRITE_LOW = 16 << 10
+
+
+class SocketTransport:
+    """The daemon's side of a runner's socket on the event loop, in place of asyncio's
+    transport: the same reads (one per wakeup) but with recvmsg, so that file descriptors a
+    runner passes (SCM_RIGHTS) are seen. With no room for ancillary data the kernel installs
+    none of them here, closes them and says so (MSG_CTRUNC): the channel is broken
+    (BadFrame) and the runner stopped. Writes are buffered; `protocol` is told to pause
+    past WRITE_HIGH bytes waiting, as asyncio's transports do. add_reader and add_writer
+    work the same on asyncio's loop and uvloop."""
+
+    def __init__(self, sock: socket.socket, protocol: FrameProtocol) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._out = bytearray()
+        self._paused = False
+        self._closed = False
+        sock.setblocking(False)
+        protocol.connection_made(cast(asyncio.BaseTransport, self))
+        self._loop.add_reader(self._fd, self._read_ready)
+
+    def _read_ready(self) -> None:
+        try:
+            data, _, flags, _ = self._sock.recvmsg(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        if flags & socket.MSG_CTRUNC:  # ancillary data (descriptors), dropped by the kernel
+            self._lose(BadFrame("file descriptors on its channel"))
+        elif not data:
+            self._lose(None)
+        else:
+            self._protocol.data_received(data)
+
+    def write(self, data: bytes) -> None:
+        if self._closed:
+            raise ChannelClosed("the channel closed")
+        if not self._out:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._lose(exc)
+                raise ChannelClosed("the channel closed") from exc
+            if sent == len(data):
+                return
+            self._loop.add_writer(self._fd, self._write_ready)
+            data = data[sent:]
+        self._out += data
+        if not self._paused and len(self._out) > WRITE_HIGH:
+            self._paused = True
+            self._protocol.pause_writing()
+
+    def _write_ready(self) -> None:
+        try:
+            sent = self._sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        del self._out[:sent]
+        if not self._out:
+            self._loop.remove_writer(self._fd)
+        if self._paused and len(self._out) <= WRITE_LOW:
+            self._paused = False
+            self._protocol.resume_writing()
+
+    def abort(self) -> None:
+        self._lose(None)
+
+    def close(self) -> None:
+        self._lose(None)
+
+    def _lose(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        self._loop.remove_writer(self._fd)
+        self._sock.close()
+        self._out.clear()
+        self._loop.call_soon(self._protocol.connection_lost, exc)
