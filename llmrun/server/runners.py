@@ -12,6 +12,12 @@ prompt-cache directory), then requests; every frame the runner sends is checked 
 protocol.parse_reply before anything reads it, and one that is no message of the protocol
 stops the runner (its requests fail, a fresh runner serves the next).
 
+A runner parses untrusted model files, so what it sends is hostile input (server/runnerguard):
+each frame's volume is bounded (text per event, events per frame, frames per second), its
+bytes must be UTF-8 JSON, it may pass no file descriptors (ipc.SocketTransport), and its
+Ready must agree with the Load. A runner past any of these is stopped like one that sends
+a malformed message.
+
 Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
 the channel (and every request on it), so it fails only its own request, with 413. Large
 embedding batches go to the runner in pieces.
@@ -44,7 +50,7 @@ from llmrun.request import (
     Stats,
     error_event,
 )
-from llmrun.server import promptdirs
+from llmrun.server import promptdirs, runnerguard
 from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
@@ -160,6 +166,7 @@ class RunnerProcess:
         self._cache_key: str | None = None  # its prompt-cache directory, while it runs
         self.placement: Placement | None = None  # the scheduler's fit: where layers go
         self.memory = 0  # the scheduler's estimate of what the load needs, in bytes
+        self._guard = runnerguard.Guard(spec.n_slots)  # bounds on what the runner sends
 
     @property
     def alive(self) -> bool:
@@ -188,19 +195,30 @@ class RunnerProcess:
         finally:
             child.close()
             logfile.close()
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
-        _, self._channel = await loop.create_unix_connection(
-            lambda: ipc.FrameProtocol(self._on_message, self._on_lost), sock=parent)
+        self._ready = asyncio.get_running_loop().create_future()
+        self._channel = ipc.FrameProtocol(self._on_message, self._on_lost)
+        ipc.SocketTransport(parent, self._channel)
         try:
             self._channel.write(ipc.encode(load))  # the first message: what to load, and how
             await self._channel.drain()
             msg = await asyncio.wait_for(asyncio.shield(self._ready), LOAD_TIMEOUT)
+        except protocol.ProtocolError as exc:
+            await self.kill()
+            raise EngineError("the model runner failed to load the model: it sent a "
+                              f"malformed message ({exc})") from None
         except (TimeoutError, ConnectionError) as exc:
             await self.kill()
-            raise EngineError(f"the model runner failed to start: {self._why(exc)}") from None
+            why = f"it sent {exc}" if isinstance(exc, ipc.BadFrame) else self._why(exc)
+            raise EngineError(f"the model runner failed to start: {why}") from None
         match msg:
             case protocol.Ready(info=info):
+                pid = self.proc.pid
+                lie = runnerguard.check_ready(info, load, pid)
+                if lie:
+                    log.error("runner pid %s: its ready message %s", pid, lie)
+                    await self.kill()
+                    raise EngineError("the model runner failed to load the model: its ready "
+                                      f"message {lie}")
                 self.info = dict(info)
             case protocol.Fatal(error=error):
                 await self.kill()
@@ -319,18 +337,21 @@ class RunnerProcess:
         stops the runner (raised, it also ends the channel)."""
         self._last_frame = time.monotonic()
         try:
+            self._guard.frame()
             msg = protocol.parse_reply(frame)
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg)  # the first: ready, or why the model did not load
                 return
             if not isinstance(msg, protocol.Events):
                 raise protocol.ProtocolError(f"a {msg.type!r} message after the start")
+            self._guard.events(msg.events)  # before any of them is queued
+        except runnerguard.RunnerAbuse as exc:
+            self._stop_runner(f"sent {exc}", "sent more than a model runner ever sends "
+                                             f"({exc}) and was stopped")
+            raise
         except protocol.ProtocolError as exc:
-            pid = self.proc.pid if self.proc else None
-            log.error("runner pid %s sent a malformed message: %s", pid, exc)
-            if self._ready is not None and self._ready.done():
-                self._died("the model runner sent a malformed message and was stopped")
-                self._lost_task = asyncio.create_task(self.kill())
+            self._stop_runner(f"sent a malformed message: {exc}",
+                              "sent a malformed message and was stopped")
             raise
         for req_id, kind, payload in msg.events:
             q = self._queues.get(req_id)
@@ -339,14 +360,20 @@ class RunnerProcess:
             elif kind == "engine" and req_id == "":  # step counters, for /metrics
                 self.engine_stats = payload
             elif req_id not in self._ended:
-                pid = self.proc.pid if self.proc else None
-                log.error("runner pid %s sent a %r event for request %r, which it was never "
-                          "given", pid, kind, req_id[:40])
-                self._died("the model runner named a request it was never given and was "
-                           "stopped")
-                self._lost_task = asyncio.create_task(self.kill())
+                self._stop_runner(f"sent a {kind!r} event for request {req_id[:40]!r}, which "
+                                  "it was never given",
+                                  "named a request it was never given and was stopped")
                 raise protocol.ProtocolError(f"an event for request {req_id[:40]!r}, which "
                                              "this runner was never given")
+
+    def _stop_runner(self, what: str, why: str) -> None:
+        """The runner sent what no runner of the protocol sends (`what`, for the log): its
+        requests fail with `why` and it is killed. Before its Ready, start() reports it."""
+        pid = self.proc.pid if self.proc else None
+        log.error("runner pid %s %s", pid, what)
+        if self._ready is not None and self._ready.done() and self.dead_reason is None:
+            self._died(f"the model runner {why}")
+            self._lost_task = asyncio.create_task(self.kill())
 
     def _end(self, req_id: str) -> None:
         """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
@@ -369,6 +396,9 @@ class RunnerProcess:
             return
         if self.dead_reason is not None:
             return  # killed on purpose (a failed load, the watchdog): nothing to report
+        if isinstance(err, ipc.BadFrame):  # the runner broke it: no waiting for it to exit
+            self._stop_runner(f"broke the channel: {err}", f"sent {err} and was stopped")
+            return
         self._lost_task = asyncio.create_task(self._report_lost(err))
 
     async def _report_lost(self, exc: BaseException) -> None:
@@ -443,6 +473,12 @@ class RunnerProcess:
                 kind, payload = await q.get()
                 if kind == "embedding_part":  # a reply too large for one frame
                     vectors += payload["embeddings"]
+                    if len(vectors) > len(inputs):  # parts without end would fill memory
+                        self._stop_runner("sent more embeddings than inputs",
+                                          "sent more embeddings than it was given inputs "
+                                          "and was stopped")
+                        raise EngineError(f"the model runner failed ({self.dead_reason})",
+                                          code="runner_failed")
                 elif kind == "embedding":
                     return vectors + payload["embeddings"], payload["prompt_tokens"]
                 else:
