@@ -33,14 +33,14 @@ UNBOUNDED_TEXT = frozenset({"count", "tokens", "text", "embedding", "embedding_p
 # needs; a runner with more slots gets 8 events for each.
 MAX_EVENTS_PER_FRAME = 4096
 EVENTS_PER_SLOT = 8
-# Frames per second, as a token bucket. A runner sends a frame per engine step (a decode
-# takes at least ~1 ms on a real model, ~0.1 ms on the tests' 1.5 MB one), a heartbeat a
-# second while busy, and an oversized events frame in a few pieces. 10,000 a second,
-# sustained, is above what the smallest model reaches and costs the daemon a few percent of
-# a core to parse; a runner flooding it with tiny frames is stopped within a second
-# instead of taking the event loop from every other stream.
-FRAME_RATE = 10_000.0
-FRAME_BURST = 10_000.0
+# Frames per second, as a token bucket. A runner sends a frame per engine step, a heartbeat
+# a second while busy, and an oversized events frame in a few pieces. A step of a real model
+# takes a millisecond or more (<= 1,000 frames a second); the tests' 1.5 MB model sent one
+# every 0.24 ms (median) on one core. 20,000 a second, sustained, is 5x that and costs the
+# daemon about a tenth of a core to read; a runner flooding it with millions of tiny frames
+# is stopped within a second instead of taking the event loop from every other stream.
+FRAME_RATE = 20_000.0
+FRAME_BURST = 20_000.0
 
 
 class RunnerAbuse(protocol.ProtocolError):
@@ -72,20 +72,24 @@ class Guard:
         self._tokens = burst
         self._at = clock()
 
-    def frame(self) -> None:
-        """One more frame: within the rate, or RunnerAbuse."""
+    def frame(self, frame: Any) -> None:
+        """One more frame, decoded but not yet checked by protocol.parse_reply: within the
+        rate, and not more events than a frame may carry (counted before each is checked,
+        which for a 64 MiB frame of tiny events would hold the event loop a second), or
+        RunnerAbuse."""
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         if self._tokens < 1.0:
             raise RunnerAbuse(f"more than {self.rate:g} frames a second")
         self._tokens -= 1.0
+        events = frame.get("events") if type(frame) is dict else None
+        if type(events) is list and len(events) > self.max_events:
+            raise RunnerAbuse(f"{len(events)} events in one frame (at most {self.max_events})")
 
     def events(self, events: list[tuple[str, str, Any]]) -> None:
-        """A frame's events (already checked by protocol.parse_reply): within the bounds,
-        or RunnerAbuse. Plain text, nearly every event, costs a len()."""
-        if len(events) > self.max_events:
-            raise RunnerAbuse(f"{len(events)} events in one frame (at most {self.max_events})")
+        """A frame's events (checked by protocol.parse_reply): none with more text than
+        MAX_EVENT_TEXT, or RunnerAbuse. Plain text, nearly every event, costs a len()."""
         for _, kind, payload in events:
             if kind == "chunk" and len(payload) == 1:
                 size = len(payload["text"])
