@@ -234,6 +234,15 @@ class FrameProtocol(asyncio.Protocol):
 
 # Bytes read per wakeup (asyncio's stream transports read 256 KiB too).
 READ_SIZE = 256 << 10
+# Bytes a second read from one runner, as a token bucket; past it the daemon stops reading
+# that runner for the moment (its sends wait; the event loop and the other runners go on).
+# The bounds on events cap what one frame may hold, not how many large frames come: frames
+# of late events for cancelled requests, each within every bound, could otherwise keep the
+# event loop parsing. Generated text is kilobytes a second; an embedding batch on a fast GPU
+# is the largest legit flow, ~100-200 MiB/s of JSON, slowed at worst, never stopped. Parsing
+# 256 MiB/s costs about a quarter of a core at orjson's speed.
+READ_RATE = 256 << 20
+READ_BURST = 256 << 20
 # Bytes waiting to be sent past which writers wait in drain(), and below which they go on.
 WRITE_HIGH = 64 << 10
 WRITE_LOW = 16 << 10
@@ -241,15 +250,20 @@ WRITE_LOW = 16 << 10
 
 class SocketTransport:
     """The daemon's side of a runner's socket on the event loop, in place of asyncio's
-    transport: the same reads (one per wakeup) but with recvmsg, so that file descriptors a
-    runner passes (SCM_RIGHTS) are seen. With no room for ancillary data the kernel installs
-    none of them here, closes them and says so (MSG_CTRUNC): the channel is broken
-    (BadFrame) and the runner stopped. Writes are buffered; `protocol` is told to pause
-    past WRITE_HIGH bytes waiting, as asyncio's transports do. add_reader and add_writer
-    work the same on asyncio's loop and uvloop."""
+    transport: the same reads (one per wakeup, at most READ_RATE bytes a second) but with
+    recvmsg, so that file descriptors a runner passes (SCM_RIGHTS) are seen. With no room
+    for ancillary data the kernel installs none of them here, closes them and says so
+    (MSG_CTRUNC): the channel is broken (BadFrame) and the runner stopped. Writes are
+    buffered; `protocol` is told to pause past WRITE_HIGH bytes waiting, as asyncio's
+    transports do. add_reader and add_writer work the same on asyncio's loop and uvloop."""
 
-    def __init__(self, sock: socket.socket, protocol: FrameProtocol) -> None:
+    def __init__(self, sock: socket.socket, protocol: FrameProtocol,
+                 rate: float = READ_RATE, burst: float = READ_BURST) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._budget = burst  # bytes that may be read now
         self._loop = asyncio.get_running_loop()
+        self._at = self._loop.time()
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
@@ -273,7 +287,21 @@ class SocketTransport:
         elif not data:
             self._lose(None)
         else:
+            self._spend(len(data))
             self._protocol.data_received(data)
+
+    def _spend(self, n: int) -> None:
+        """`n` bytes read: past the rate, reading waits until the bucket has refilled."""
+        now = self._loop.time()
+        self._budget = min(self._burst, self._budget + (now - self._at) * self._rate) - n
+        self._at = now
+        if self._budget < 0:
+            self._loop.remove_reader(self._fd)
+            self._loop.call_later(-self._budget / self._rate, self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._fd, self._read_ready)
 
     def write(self, data: bytes) -> None:
         if self._closed:

@@ -44,7 +44,8 @@ FRAME_BURST = 20_000.0
 
 
 class RunnerAbuse(protocol.ProtocolError):
-    """A runner sent more than a runner ever needs to: it is stopped."""
+    """A runner sent more than a runner ever needs to (what, as a noun phrase): it is
+    stopped."""
 
 
 def text_size(value: Any) -> int:
@@ -81,7 +82,7 @@ class Guard:
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         if self._tokens < 1.0:
-            raise RunnerAbuse(f"more than {self.rate:g} frames a second")
+            raise RunnerAbuse(f"over {self.rate:g} frames a second")
         self._tokens -= 1.0
         events = frame.get("events") if type(frame) is dict else None
         if type(events) is list and len(events) > self.max_events:

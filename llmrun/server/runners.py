@@ -337,7 +337,7 @@ class RunnerProcess:
         stops the runner (raised, it also ends the channel)."""
         self._last_frame = time.monotonic()
         try:
-            self._guard.frame()
+            self._guard.frame(frame)  # its rate and size, before its events are read
             msg = protocol.parse_reply(frame)
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg)  # the first: ready, or why the model did not load
@@ -346,8 +346,7 @@ class RunnerProcess:
                 raise protocol.ProtocolError(f"a {msg.type!r} message after the start")
             self._guard.events(msg.events)  # before any of them is queued
         except runnerguard.RunnerAbuse as exc:
-            self._stop_runner(f"sent {exc}", "sent more than a model runner ever sends "
-                                             f"({exc}) and was stopped")
+            self._stop_runner(f"sent {exc}", f"sent {exc} and was stopped")
             raise
         except protocol.ProtocolError as exc:
             self._stop_runner(f"sent a malformed message: {exc}",

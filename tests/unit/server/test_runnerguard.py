@@ -44,7 +44,7 @@ def test_frames_past_the_rate_stop_the_runner_and_a_legit_pace_never_does() -> N
     clock.now += 1.0  # idle a second: the bucket full again
     for _ in range(1000):  # a burst
         guard.frame(heartbeat())
-    with pytest.raises(RunnerAbuse, match="more than 1000 frames a second"):
+    with pytest.raises(RunnerAbuse, match="over 1000 frames a second"):
         guard.frame(heartbeat())
     clock.now += 0.5  # refilled at the rate, no more than the burst
     for _ in range(500):
@@ -297,5 +297,26 @@ def test_the_transport_writes_everything_in_order_and_writers_wait_for_room() ->
         assert bytes(received) == b"".join(frames)
         theirs.close()  # the runner gone: the channel ends, without an error
         assert await asyncio.wait_for(lost, 5) is None
+
+    asyncio.run(run())
+
+
+def test_a_runner_sending_faster_than_the_read_rate_waits_and_loses_nothing() -> None:
+    async def run() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[Any] = []
+        proto = ipc.FrameProtocol(got.append, lambda exc: None)
+        ipc.SocketTransport(ours, proto, rate=4 << 20, burst=256 << 10)
+        frames = [ipc.encode({"type": "events", "events": [["r", "chunk", {"text": "x" * 4000}]]})
+                  for _ in range(500)]  # 2 MB: half a second at 4 MiB/s, past the burst
+        loop = asyncio.get_running_loop()
+        theirs.setblocking(False)
+        t0 = loop.time()
+        await loop.sock_sendall(theirs, b"".join(frames))
+        while len(got) < len(frames):
+            await asyncio.sleep(0.01)
+        assert loop.time() - t0 > 0.3
+        assert len(got) == 500
+        theirs.close()
 
     asyncio.run(run())
