@@ -81,7 +81,7 @@ def checked(frame: bytes) -> bytes:
 def decode_length(header: bytes | bytearray) -> int:
     (n,) = HEADER.unpack(header)
     if n > MAX_FRAME:
-        raise BadFrame(f"a frame of {n} bytes, over the limit of {MAX_FRAME}")
+        raise BadFrame(f"a frame of {n} bytes (over the limit of {MAX_FRAME})")
     return n
 
 
