@@ -34,10 +34,12 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
+
+from pydantic import ValidationError
 
 from llmrun import childenv, config, ipc, protocol
 from llmrun.request import (
@@ -54,6 +56,7 @@ from llmrun.server import promptdirs, runnerguard
 from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 LOAD_TIMEOUT = 300.0
 EMBED_PIECE = 256  # inputs per embed message: replies stay small, other requests interleave
 _ids = itertools.count(1)
@@ -348,7 +351,7 @@ class RunnerProcess:
         except runnerguard.RunnerAbuse as exc:
             self._stop_runner(f"sent {exc}", f"sent {exc} and was stopped")
             raise
-        except protocol.ProtocolError as exc:
+        except (protocol.ProtocolError, RecursionError) as exc:  # (nesting past the stack)
             self._stop_runner(f"sent a malformed message: {exc}",
                               "sent a malformed message and was stopped")
             raise
@@ -373,6 +376,18 @@ class RunnerProcess:
         if self._ready is not None and self._ready.done() and self.dead_reason is None:
             self._died(f"the model runner {why}")
             self._lost_task = asyncio.create_task(self.kill())
+
+    def _read(self, decode: Callable[..., T], *payload: Any) -> T:
+        """An event as its request reads it. parse_reply checks the outer shape of what
+        pydantic reads later (logprobs, tool calls): a payload that passed it but that the
+        model cannot read is the runner's lie, and stops it."""
+        try:
+            return decode(*payload)
+        except ValidationError as exc:
+            self._stop_runner(f"sent an event its request cannot read: {exc}",
+                              "sent an event its request cannot read and was stopped")
+            raise EngineError(self.dead_reason or "the model runner failed",
+                              code="runner_failed") from None
 
     def _end(self, req_id: str) -> None:
         """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
@@ -433,14 +448,14 @@ class RunnerProcess:
                         parts.append(item[1]["text"])
                     payload = {"text": "".join(parts)}
                 if kind == "chunk":
-                    yield decode_chunk(payload)
+                    yield self._read(decode_chunk, payload)
                     continue
                 if kind == "progress":
                     if req.progress:
-                        yield Progress.model_validate(payload)
+                        yield self._read(Progress.model_validate, payload)
                     continue
                 finished = kind in ("done", "error")  # (no cancel for a request that ended)
-                yield decode_event(kind, payload)
+                yield self._read(decode_event, kind, payload)
                 if finished:
                     return
         finally:
