@@ -14,17 +14,24 @@ them up for good *before* llama.cpp reads the first byte of the model:
   device nodes of the GPU a runner uses are its only other read-write files. Where the
   kernel knows them, TCP bind/connect, abstract unix sockets and signals to processes outside
   the sandbox are cut too (a future RPC client would need a NET_PORT rule for its workers);
-- a seccomp filter (through libseccomp, the library Docker and systemd use) that answers
-  EPERM to running programs, creating sockets, forking, tracing or reading other processes,
-  signalling other processes, io_uring (which can open sockets and files behind the filter's
-  back), opening files for writing, renaming, deleting, linking, chmod/chown, truncation,
-  mounting, namespaces, kernel modules, BPF and key rings. Threads, mmap and madvise stay
-  allowed: llama.cpp's thread pool and memory-mapped weights need them.
+- a seccomp filter (through libseccomp, the library Docker and systemd use) that is an
+  allowlist: syscalls.py names, in groups with their reasons, the calls a confined process
+  was traced making (scripts/trace_syscalls.py regenerates and checks it), and everything
+  else is answered EPERM: running programs, creating sockets or connecting, forking,
+  tracing or reading other processes, io_uring (which can open sockets and files behind the
+  filter's back), namespaces, mounting, kernel modules, BPF, key rings, and any call nobody
+  listed. Some allowed calls keep a condition on their arguments: clone only for threads,
+  signals and prlimit64 only to itself, open/openat only for reading unless the process has
+  a writable path or GPU nodes (then Landlock decides where); renaming, deleting and the
+  like only with a writable path; what GPU drivers call beyond the CPU's needs only with GPU
+  nodes. clone3 and openat2 answer ENOSYS, so that the C library falls back to the calls
+  the filter can check.
 
 `confine()` applies what the system allows and says what it applied and what is missing; the
 caller decides whether a missing layer is fatal (LLMRUN_SANDBOX=strict). Already open file
-descriptors (the daemon's socket pair, the log file on stdout/stderr) keep working: both
-Landlock and the write-open rule act when a file is opened, not on descriptors held.
+descriptors (the daemon's socket pair, an RPC runner's connections to its workers, the log
+file on stdout/stderr) keep working: both Landlock and the write-open rule act when a file is
+opened, not on descriptors held.
 """
 
 from __future__ import annotations
