@@ -396,3 +396,85 @@ def test_a_gpu_runner_keeps_its_device_nodes_and_nothing_else_writable(tmp_path:
     assert results["open_other_node_rw"] == "EACCES"  # Landlock: not this runner's device
     assert results["write_file"] == "EACCES" and results["unlink"] == "EPERM"
     assert victim.read_text() == "keep me\n"
+
+
+# -- the allowlist ------------------------------------------------------------------------
+
+# Confines itself as a runner does, decodes, then makes calls the allowlist does not name
+# (each with harmless arguments: what they answer unconfined is taken first), then decodes
+# again: a refused call is an error for the caller, not the end of the process.
+OUTSIDE_PROBE = TRIED + """
+import ctypes, json, os, sys
+from pathlib import Path
+from llmrun.engine import sandbox
+from llmrun.engine.llama import Batch, Context, Model, Sampler
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def call(nr, *args):
+    def attempt():
+        if libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args]) < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+    return attempt
+
+attempts = {
+    "personality": call(135, 0xFFFFFFFF),  # only asks for the current persona
+    "uselib": call(134, 0),
+    "syslog": call(103, 10, 0, 0),  # SYSLOG_ACTION_SIZE_BUFFER
+    "acct": call(163, 0),
+    "raw_1000": call(1000),
+    "memfd_create": call(319, ctypes.addressof(ctypes.create_string_buffer(b"x")), 0),
+    "clone3": call(435, 0, 0),
+    "openat2": call(437, -100, 0, 0, 0),
+}
+before = tried(attempts)
+model_path = sys.argv[1]
+confinement = sandbox.confine(read=[Path(model_path)])
+model = Model(Path(model_path))
+ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=2)
+sampler = Sampler(model, temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, typical_p=1.0,
+                  repeat_last_n=64, repeat_penalty=1.0, presence_penalty=0.0,
+                  frequency_penalty=0.0, seed=1)
+batch = Batch(64)
+
+prompt = model.tokenize("The capital of France is", add_special=True)
+for i, tok in enumerate(prompt):
+    batch.add(tok, i, 0, i == len(prompt) - 1)
+pos = len(prompt)
+
+def decode(n):
+    global pos
+    out = []
+    for _ in range(n):
+        assert ctx.decode(batch) == 0
+        tok = ctx.sample(sampler, batch.n - 1)
+        out.append(tok)
+        batch.clear()
+        batch.add(tok, pos, 0, True)
+        pos += 1
+    return out
+
+first = decode(4)
+after = tried(attempts)
+second = decode(4)  # still decodes after the refusals
+print(json.dumps({"applied": confinement.applied, "before": before, "after": after,
+                  "decoded": len(first) + len(second)}))
+"""
+
+
+def test_calls_outside_the_allowlist_answer_eperm_and_the_model_still_decodes(
+        smollm2_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", OUTSIDE_PROBE, str(smollm2_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert "seccomp" in report["applied"] and report["decoded"] == 8
+    before, after = report["before"], report["after"]
+    # unconfined they did something else: the EPERM below is the filter's
+    assert before["personality"] == "ok" and before["raw_1000"] == "ENOSYS"
+    for name in ("personality", "uselib", "syslog", "acct", "raw_1000", "memfd_create"):
+        assert after[name] == "EPERM", (name, after[name])
+    # the two whose arguments a filter cannot read: ENOSYS, so the C library falls back
+    assert after["clone3"] == after["openat2"] == "ENOSYS"
