@@ -13,8 +13,9 @@ often and how it returned, and compares the union with the table:
   filter would now refuse it;
 - refused: only ever answered EPERM/ENOSYS after confinement (the filter, or a probe trying
   what it must not): listed so that a reviewer sees them, not added;
-- unused: in the table but never made here (expected for the GPU group, which no CPU-only
-  machine can trace).
+- unused: in the table but never made here and not named in syscalls.UNTRACED (which says
+  why each of its names is kept without a trace); kept_untraced: those named there;
+- gpu_group_traced: calls of the GPU group (allowed only with GPU nodes) made here.
 
 It is how the table is regenerated and reviewed, not a CI test (it takes minutes, and the
 traces are large):
@@ -173,7 +174,7 @@ def collect(threads: dict[int, Thread]) -> tuple[Calls, list[dict[str, object]]]
 def compare(calls: Calls) -> dict[str, list[str]]:
     from llmrun.engine.sandbox import syscalls as table
 
-    allowed = set(table.allowed_names(fs_changes=True, gpu=False))
+    allowed = set(table.allowed_names(fs_changes=True, gpu=False))  # what a CPU runner gets
     conditional = set(table.CONDITIONAL) | set(table.ENOSYS)
     made = {n for n in calls.count if calls.ok[n] or set(calls.errors[n]) - REFUSED}
     refused = {n for n in calls.count if n not in made}
@@ -181,7 +182,8 @@ def compare(calls: Calls) -> dict[str, list[str]]:
     return {
         "missing": sorted(made - allowed - conditional),
         "refused": sorted(refused),
-        "unused": sorted((allowed | conditional) - set(calls.count)),
+        "unused": sorted((allowed | conditional) - set(calls.count) - set(table.UNTRACED)),
+        "kept_untraced": sorted(set(table.UNTRACED) - set(calls.count)),
         "gpu_group_traced": sorted(gpu & set(calls.count)),
     }
 

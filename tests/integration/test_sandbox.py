@@ -428,6 +428,9 @@ attempts = {
     "memfd_create": call(319, ctypes.addressof(ctypes.create_string_buffer(b"x")), 0),
     "clone3": call(435, 0, 0),
     "openat2": call(437, -100, 0, 0, 0),
+    "ioctl_tiocsti": call(16, 1, 0x5412, ctypes.addressof(ctypes.create_string_buffer(b"x"))),
+    "ioctl_tiocsti_high_bits": call(16, 1, 0x100005412, 0),
+    "ioctl_tcgets": call(16, 1, 0x5401, ctypes.addressof(ctypes.create_string_buffer(64))),
 }
 before = tried(attempts)
 model_path = sys.argv[1]
@@ -474,7 +477,10 @@ def test_calls_outside_the_allowlist_answer_eperm_and_the_model_still_decodes(
     before, after = report["before"], report["after"]
     # unconfined they did something else: the EPERM below is the filter's
     assert before["personality"] == "ok" and before["raw_1000"] == "ENOSYS"
-    for name in ("personality", "uselib", "syslog", "acct", "raw_1000", "memfd_create"):
+    for name in ("personality", "uselib", "syslog", "acct", "raw_1000", "memfd_create",
+                 "ioctl_tiocsti", "ioctl_tiocsti_high_bits"):
         assert after[name] == "EPERM", (name, after[name])
     # the two whose arguments a filter cannot read: ENOSYS, so the C library falls back
     assert after["clone3"] == after["openat2"] == "ENOSYS"
+    # Python's own terminal query still reaches the kernel (stdout is a pipe here)
+    assert after["ioctl_tcgets"] == "ENOTTY"

@@ -97,6 +97,13 @@ def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
         f.rule(SCMP_ACT_ALLOW, name, _ArgCmp(0, SCMP_CMP_EQ, pid, 0))
     for target in (0, pid):
         f.rule(SCMP_ACT_ALLOW, "prlimit64", _ArgCmp(0, SCMP_CMP_EQ, target, 0))
+    # ioctl: a GPU driver's requests are its own; anyone else's only Python's few (not
+    # TIOCSTI, which types into a terminal)
+    if write_opens:
+        f.rule(SCMP_ACT_ALLOW, "ioctl")
+    else:
+        for request in syscalls.IOCTLS.values():
+            f.rule(SCMP_ACT_ALLOW, "ioctl", _ArgCmp(1, SCMP_CMP_EQ, request, 0))
     if fs_changes or write_opens:  # Landlock decides which files it may open for writing
         f.rule(SCMP_ACT_ALLOW, "open")
         f.rule(SCMP_ACT_ALLOW, "openat")

@@ -31,91 +31,113 @@ class Group:
 # Allowed whatever their arguments.
 GROUPS: dict[str, Group] = {
     "memory": Group(
-        "the weights are memory-mapped, llama.cpp and Python allocate (brk/mmap), free and "
-        "advise the kernel about their buffers; mremap: glibc's realloc of large blocks",
-        ("brk", "mmap", "munmap", "mprotect", "mremap", "madvise")),
+        "the weights are memory-mapped; llama.cpp and Python allocate (brk, mmap), free, "
+        "protect and advise on their buffers; mremap: glibc's realloc of large blocks",
+        ("brk", "mmap", "munmap", "mprotect", "madvise", "mremap")),
     "threads": Group(
-        "llama.cpp's thread pool, OpenMP and Python threads: starting (clone: see "
-        "CONDITIONAL), waiting and waking (futex), glibc's per-thread registrations "
-        "(robust futex list, restartable sequences), yielding, and the priority the prompt "
-        "cache's writer and GGML_SCHED_PRIO give their own threads (an unprivileged process "
-        "can only lower its user's priorities)",
-        ("futex", "set_robust_list", "rseq", "set_tid_address", "sched_yield",
-         "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_getscheduler",
-         "sched_setscheduler", "sched_get_priority_max", "sched_get_priority_min",
-         "getpriority", "setpriority", "exit", "exit_group")),
+        "llama.cpp's thread pool, OpenMP and Python threads (started by clone: see "
+        "CONDITIONAL): waiting and waking (futex), glibc's per-thread registrations "
+        "(robust futex list, restartable sequences), yielding while spinning, the CPUs "
+        "they may use, and the lowest priority the prompt cache's writer gives its own "
+        "thread (setpriority: an unprivileged process can only lower its user's)",
+        ("futex", "set_robust_list", "rseq", "sched_yield", "sched_getaffinity",
+         "setpriority", "exit", "exit_group")),
     "time": Group(
-        "clocks and sleeps (most clock reads go through the vDSO without a system call; "
-        "these are its fallbacks), the thread governor's and watchdog's timing",
-        ("clock_gettime", "clock_getres", "clock_nanosleep", "gettimeofday", "nanosleep",
-         "time", "times")),
+        "clock reads (the vDSO answers them without a system call where the clock source "
+        "allows; these are its fallbacks, on some virtual machines every read) and sleeps",
+        ("clock_gettime", "gettimeofday", "time", "clock_nanosleep", "nanosleep")),
     "files": Group(
-        "reading the model files and Python's modules, through descriptors already open or "
-        "opened read-only (open/openat: see CONDITIONAL; Landlock decides which files): "
-        "reads, seeks, metadata, directory listings, descriptor bookkeeping; writing to "
-        "descriptors already held (the log on stdout/stderr, a prompt state or the "
-        "quantizer's output once opened); faccessat2/statx/close_range: the calls newer "
-        "glibc and Python use, which fall back only on ENOSYS, not on EPERM",
-        ("read", "pread64", "readv", "preadv", "preadv2", "write", "pwrite64", "writev",
-         "pwritev", "pwritev2", "lseek", "close", "close_range", "fstat", "stat", "lstat",
-         "newfstatat", "statx", "fstatfs", "statfs", "access", "faccessat", "faccessat2",
-         "readlink", "readlinkat", "getdents64", "getcwd", "fcntl", "dup", "dup2", "dup3",
-         "fadvise64", "fsync", "fdatasync", "ioctl", "flock")),
+        "reading the model files and Python's modules (opened read-only: see "
+        "CONDITIONAL; Landlock decides which), the thread governor's /proc reads in place "
+        "(pread64), metadata (newfstatat; fstat/stat/lstat where glibc is older, statx "
+        "where newer), directory listings, descriptor flags; writing to descriptors already "
+        "held (the log, a prompt state or the quantizer's output once opened) and fsync of "
+        "a prompt state; faccessat2: glibc falls back to faccessat only on ENOSYS",
+        ("read", "pread64", "write", "writev", "lseek", "close", "fstat", "stat", "lstat",
+         "newfstatat", "statx", "access", "faccessat", "faccessat2", "getdents64",
+         "getcwd", "fcntl", "fadvise64", "fsync")),
     "ipc": Group(
         "the socket pair to the daemon and an RPC runner's connections to its workers, all "
-        "made before confinement (socket() and connect() stay refused): sending, receiving, "
-        "waiting for them; socketpair and pipe2 make only a local pair, nothing reachable "
-        "from outside (Python's self-pipes use them); eventfd2: wake-ups between threads",
-        ("recvfrom", "recvmsg", "recvmmsg", "sendto", "sendmsg", "sendmmsg", "shutdown",
-         "getsockname", "getpeername", "getsockopt", "setsockopt", "socketpair", "pipe2",
-         "eventfd2", "poll", "ppoll", "select", "pselect6", "epoll_create1", "epoll_ctl",
-         "epoll_wait", "epoll_pwait")),
+        "made before confinement (socket() and connect() are refused): sending, receiving, "
+        "waiting (poll; ppoll where poll is not a call), their names, closing one side; "
+        "socketpair and pipe2 make only a local pair nothing outside can reach",
+        ("recvfrom", "sendto", "poll", "ppoll", "shutdown", "getsockname", "getpeername",
+         "socketpair", "pipe2")),
     "signals": Group(
-        "signal handlers and masks (Python's, glibc's thread cancellation), returning from a "
-        "handler, an interrupted call's restart; signals to itself: see CONDITIONAL",
-        ("rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending",
-         "rt_sigtimedwait", "rt_sigsuspend", "sigaltstack", "restart_syscall")),
+        "signal handlers and masks (Python's, glibc's), returning from a handler, the "
+        "alternate stack of Python's faulthandler, and the kernel's restart of a sleep a "
+        "signal interrupted; signals to itself: see CONDITIONAL",
+        ("rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "restart_syscall")),
     "process": Group(
-        "what the process asks about itself and the machine: ids, limits (prlimit64: see "
-        "CONDITIONAL), resource use, CPU count and memory (sysinfo: llama.cpp's and the "
-        "scheduler's), random numbers (Python's hash seed, samplers' seeds), thread names "
-        "(prctl PR_SET_NAME) and glibc's start-up arch_prctl",
-        ("getpid", "getppid", "gettid", "getuid", "geteuid", "getgid", "getegid",
-         "getgroups", "getresuid", "getresgid", "getrusage", "getrlimit", "uname", "sysinfo",
-         "getcpu", "getrandom", "prctl", "arch_prctl")),
+        "what the process asks about itself and the machine: its ids (getuid and geteuid "
+        "for Mesa's look-up of the home directory), memory and CPU count (sysinfo), random "
+        "numbers (Python's hash seed, the samplers' seeds), thread names (prctl "
+        "PR_SET_NAME, by Mesa's and Python's threads)",
+        ("getpid", "gettid", "getuid", "geteuid", "getgid", "getegid", "sysinfo",
+         "getrandom", "prctl")),
 }
 
-# Only for a runner with GPU device nodes (and only those beyond the groups above): what the
-# GPU drivers call, which no trace here can show. The NVIDIA driver (libcuda, the UVM
-# driver) and ROCm's runtime map device memory and pin host memory (mlock), place it on NUMA
-# nodes (mbind, get/set_mempolicy), wait on their own event descriptors (epoll_pwait2,
-# timerfd), read the kernel's view of the device (sysfs and /proc through the read-only
-# calls above) and, for Vulkan drivers (Mesa, NVIDIA's), share buffers through anonymous
-# memory files (memfd_create: a file in memory, nothing on disk; execveat stays refused, so
-# it cannot be run). All of them are in Docker's default profile.
+# Only for a runner with GPU device nodes: what the GPU drivers call beyond the groups
+# above, which no trace here can show (lavapipe, the Vulkan driver the tests run, is Mesa
+# on the CPU and needs only the groups above). The NVIDIA driver (libcuda, its UVM driver)
+# and ROCm's runtime talk to the device through ioctl (any request: their numbers are the
+# driver's), map device memory and pin host memory (mlock), place memory on NUMA nodes
+# (mbind, get/set_mempolicy), wait on their own event descriptors (eventfd, epoll, timerfd),
+# find their own files (readlink of /proc/self/exe, uname for the kernel's version) and,
+# for Vulkan drivers, share buffers through anonymous memory files (memfd_create and
+# ftruncate: a file in memory only; execveat stays refused, so it cannot be run). Docker's
+# default profile allows all of them.
 GPU_DRIVERS = Group(
     "what CUDA, ROCm and Vulkan drivers call beyond the CPU trace (not traceable without a "
-    "GPU; all in Docker's default profile): pinned and NUMA-placed memory, their own event "
-    "descriptors, anonymous memory files for shared buffers",
-    ("mlock", "mlock2", "munlock", "mlockall", "munlockall", "mincore", "msync", "mbind",
-     "get_mempolicy", "set_mempolicy", "membarrier", "memfd_create", "epoll_pwait2",
-     "timerfd_create", "timerfd_settime", "timerfd_gettime", "eventfd", "pipe",
-     "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "fallocate", "ftruncate"))
+    "GPU; all in Docker's default profile): device ioctls, pinned and NUMA-placed memory, "
+    "their own event descriptors, anonymous memory files for shared buffers",
+    ("mlock", "mlock2", "munlock", "mincore", "msync", "mbind", "get_mempolicy",
+     "set_mempolicy", "membarrier", "memfd_create", "ftruncate", "eventfd2",
+     "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2",
+     "timerfd_create", "timerfd_settime", "readlink", "readlinkat", "uname", "dup", "dup3",
+     "sched_setaffinity", "getrlimit", "statfs", "fstatfs"))
 
 # Allowed only with the argument conditions seccomp.py installs (the groups' reasons refer
-# here): threads but not processes; signals to itself only; limits of itself only; opening
-# for reading only, unless the process has a writable directory or GPU nodes, then Landlock
-# decides where.
+# here).
 CONDITIONAL: dict[str, str] = {
     "clone": "threads only: CLONE_THREAD set and no CLONE_NEW* namespace flag",
-    "kill": "to its own pid only (abort() and Python's os.kill(own pid) go through these)",
-    "tgkill": "to its own pid only (pthread_kill, raise)",
-    "tkill": "to its own pid (the main thread) only",
+    "kill": "to its own pid only (Python's os.kill(own pid), abort())",
+    "tgkill": "to its own pid only (pthread_kill, raise, abort())",
+    "tkill": "to its own pid (its main thread) only",
     "rt_sigqueueinfo": "to its own pid only",
     "rt_tgsigqueueinfo": "to its own pid only",
     "prlimit64": "its own limits only (pid 0 or its own): Python's resource module",
     "open": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
     "openat": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
+    "ioctl": "the requests Python makes on its descriptors (TCGETS, TIOCGWINSZ: is it a "
+             "terminal; FIONBIO, FIOCLEX, FIONCLEX), not TIOCSTI or the like; any request "
+             "with GPU nodes (their drivers' own)",
+}
+# The ioctl requests a process without GPU nodes may make, by number (x86_64 and aarch64
+# share them). Compared on all 64 bits: the kernel reads only the low 32, so a request with
+# high bits set (TIOCSTI + 2**32) matches none of these and is refused.
+IOCTLS: dict[str, int] = {"TCGETS": 0x5401, "TIOCGWINSZ": 0x5413, "FIONBIO": 0x5421,
+                          "FIONCLEX": 0x5450, "FIOCLEX": 0x5451}
+
+# Kept in the groups above without a trace here, each with why (the trace script reports
+# what else of the table no trace used).
+UNTRACED: dict[str, str] = {
+    "mremap": "glibc's realloc of large blocks (Python's growing buffers)",
+    "sched_getaffinity": "the CPUs a thread may use (OpenMP, os.sched_getaffinity)",
+    "clock_gettime": "vDSO fallback", "gettimeofday": "vDSO fallback", "time": "vDSO fallback",
+    "clock_nanosleep": "time.sleep", "nanosleep": "usleep in llama.cpp and glibc",
+    "pread64": "the thread governor reads /proc/stat in place (not confined in the tests)",
+    "fstat": "older glibc", "stat": "older glibc", "lstat": "older glibc",
+    "statx": "newer glibc and Python", "access": "os.access", "faccessat": "os.access",
+    "faccessat2": "os.access through glibc 2.33+", "getcwd": "relative paths resolved",
+    "fcntl": "descriptor flags (Python)", "ppoll": "poll where poll is not a call",
+    "sigaltstack": "Python's faulthandler", "restart_syscall": "an interrupted sleep",
+    "getgid": "with getuid", "getegid": "with geteuid",
+    "renameat": "rename's *at form", "renameat2": "rename where rename is not a call",
+    "unlinkat": "unlink's *at form (and where unlink is not a call)",
+    "open": "openat's older form", "openat2": "answered ENOSYS (see ENOSYS)",
+    "prlimit64": "Python's resource module", "tkill": "signals to itself",
+    "rt_sigqueueinfo": "signals to itself", "rt_tgsigqueueinfo": "signals to itself",
 }
 
 # Answered ENOSYS rather than EPERM: their arguments are in memory a filter cannot read, and
@@ -125,14 +147,12 @@ ENOSYS: tuple[str, ...] = ("clone3", "openat2")
 
 # Allowed only to a process given paths to write (the prompt cache's directory, the
 # quantizer's output): writing a state to a temporary name and renaming it into place,
-# removing old states, touching a state that was used, sizing the quantizer's output.
-# Landlock alone decides where.
+# removing old states, touching a state that was used. Landlock alone decides where.
 FS_CHANGES = Group(
-    "the prompt cache's writer (temporary file, rename into place, unlink the oldest, "
+    "the prompt cache's writer (a temporary file renamed into place, the oldest unlinked, "
     "utimensat on use) and the quantizer's output; only with a writable directory, where "
     "Landlock keeps them",
-    ("rename", "renameat", "renameat2", "unlink", "unlinkat", "utimensat", "utimes",
-     "futimesat", "ftruncate", "fallocate", "mkdir", "mkdirat", "rmdir"))
+    ("rename", "renameat", "renameat2", "unlink", "unlinkat", "utimensat"))
 
 # Never allowed, named so that the tests can check none of them slips into the table (the
 # default action refuses them anyway): running programs, new processes, new connections,
@@ -152,7 +172,7 @@ DENIED: tuple[str, ...] = (
     "setreuid", "setregid", "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups",
     "capset", "migrate_pages", "move_pages", "get_robust_list", "seccomp",
     "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self",
-    "fanotify_init", "memfd_secret", "creat", "chmod", "fchmod", "fchmodat", "chown",
+    "fanotify_init", "memfd_secret", "creat", "truncate", "chmod", "fchmod", "fchmodat", "chown",
     "fchown", "lchown", "fchownat", "link", "linkat", "symlink", "symlinkat", "mknod",
     "mknodat", "truncate", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
     "lremovexattr", "fremovexattr", "sethostname", "setdomainname", "shmget", "shmat",

@@ -107,3 +107,13 @@ def test_the_conditions_widen_the_list_only_as_documented() -> None:
         assert name in writer and name not in plain
     for name in ("memfd_create", "mlock", "mbind"):  # a GPU driver's, never a CPU runner's
         assert name in gpu and name not in plain
+
+
+def test_what_is_kept_without_a_trace_is_named_and_in_a_group() -> None:
+    assert set(syscalls.UNTRACED) <= EVERY_ALLOWED | set(syscalls.ENOSYS)
+
+
+def test_no_terminal_injecting_ioctl_without_gpu_nodes() -> None:
+    tiocsti, tioclinux, tiocsetd = 0x5412, 0x541C, 0x5423
+    assert not {tiocsti, tioclinux, tiocsetd} & set(syscalls.IOCTLS.values())
+    assert "ioctl" not in syscalls.allowed_names(fs_changes=True, gpu=True)  # conditional
