@@ -1,6 +1,19 @@
 """The seccomp layer of the sandbox: a filter, through libseccomp (the library Docker and
 systemd use), on the system calls a confined process may make. See the package's docstring
-for what the sandbox as a whole stops."""
+for what the sandbox as a whole stops.
+
+It is an allowlist: the calls syscalls.py names, in its groups, are allowed; a few only with
+conditions on their arguments (clone for threads, signals and prlimit64 to itself, open and
+openat read-only, ioctl for Python's few requests, unless the process may write or has GPU
+nodes); clone3 and openat2 answer ENOSYS so that the C library falls back to clone and
+openat, which the filter can check; every other call answers EPERM (DEFAULT_ACTION says why
+EPERM rather than killing the process).
+
+The cost: the kernel (5.11+) caches, per system call, whether a filter allows it whatever its
+arguments, and then skips the filter, so futex, read, mmap and the other calls of a decoding
+runner's hot path cost no more than unfiltered; only the conditional ones (clone, kill,
+openat, ioctl...) run the filter, which libseccomp builds as a binary tree.
+"""
 
 from __future__ import annotations
 
