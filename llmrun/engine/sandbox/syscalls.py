@@ -60,9 +60,11 @@ GROUPS: dict[str, Group] = {
         "the socket pair to the daemon and an RPC runner's connections to its workers, all "
         "made before confinement (socket() and connect() are refused): sending, receiving, "
         "waiting (poll; ppoll where poll is not a call), their names, closing one side; "
-        "socketpair and pipe2 make only a local pair nothing outside can reach",
-        ("recvfrom", "sendto", "poll", "ppoll", "shutdown", "getsockname", "getpeername",
-         "socketpair", "pipe2")),
+        "socketpair and pipe2 make only a local pair nothing outside can reach; sendmsg: "
+        "sendto with ancillary data, whose descriptors the daemon never takes in (it stops "
+        "a runner that passes any, which the hostile-runner test checks)",
+        ("recvfrom", "sendto", "sendmsg", "poll", "ppoll", "shutdown", "getsockname",
+         "getpeername", "socketpair", "pipe2")),
     "signals": Group(
         "signal handlers and masks (Python's, glibc's), returning from a handler, the "
         "alternate stack of Python's faulthandler, and the kernel's restart of a sleep a "
@@ -133,6 +135,8 @@ UNTRACED: dict[str, str] = {
     "fcntl": "descriptor flags (Python)", "ppoll": "poll where poll is not a call",
     "sigaltstack": "Python's faulthandler", "restart_syscall": "an interrupted sleep",
     "getgid": "with getuid", "getegid": "with geteuid",
+    "sendmsg": "no runner's own use: kept so the daemon's refusal of passed descriptors "
+               "stays the defence a test can see",
     "renameat": "rename's *at form", "renameat2": "rename where rename is not a call",
     "unlinkat": "unlink's *at form (and where unlink is not a call)",
     "open": "openat's older form", "openat2": "answered ENOSYS (see ENOSYS)",
