@@ -7,8 +7,9 @@ under strace (model load, decode of several sequences, embeddings, vision, the p
 on disk, RPC, the thread governor, draft models, LoRA, structured output, Vulkan on lavapipe,
 the quantizer child, shutdown), collects what every confined process called after it
 confined itself and compares that with this table. Every group below except GPU_DRIVERS is
-what those traces showed, plus a few close relatives named in the reason (the *at/vector
-variants of a traced call, which glibc or Python pick by version). GPU_DRIVERS cannot be
+what those traces showed, plus the names in UNTRACED, each with why it stays without a trace
+(the older or newer form of a traced call that glibc or Python pick by version, a vDSO
+fallback, a path the tests do not reach confined). GPU_DRIVERS cannot be
 traced on a machine without a GPU: it is what the CUDA, ROCm and Vulkan drivers are known to
 call (Docker's default profile allows all of it too), and only a runner with GPU device nodes
 gets it.
