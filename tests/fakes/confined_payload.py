@@ -35,11 +35,12 @@ from llmrun.engine import runner
 from llmrun.ipc import SyncChannel
 
 SYS = {"ptrace": 101, "syslog": 103, "unshare": 272, "perf_event_open": 298, "memfd_create": 319,
-       "bpf": 321, "execveat": 322, "userfaultfd": 323, "io_uring_setup": 425,
+       "bpf": 321, "execveat": 322, "userfaultfd": 323, "io_uring_setup": 425, "prlimit64": 302,
        "unassigned": 1000}
 PTRACE_ATTACH = 16
 AT_EMPTY_PATH = 0x1000
 CLONE_NEWUSER = 0x10000000
+RLIMIT_AS = 9
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -73,6 +74,12 @@ def memfd_exec() -> None:
         os.write(fd, src.read())
     argv = (ctypes.c_char_p * 2)(b"true", None)
     raw("execveat", ctypes.c_int(fd), b"", argv, argv, ctypes.c_int(AT_EMPTY_PATH))
+
+
+def raise_memory_limit() -> None:
+    """Lift its own address-space limit (root may raise a hard limit)."""
+    unlimited = (ctypes.c_ulong * 2)(ctypes.c_ulong(-1).value, ctypes.c_ulong(-1).value)
+    raw("prlimit64", ctypes.c_int(0), ctypes.c_int(RLIMIT_AS), unlimited, None)
 
 
 def many_files(n: int) -> None:
@@ -135,6 +142,7 @@ def attempts(spec: dict[str, Any]) -> dict[str, Callable[[], object]]:
         "syslog": lambda: raw("syslog", ctypes.c_int(10), None, ctypes.c_int(0)),
         "unassigned_syscall": lambda: raw("unassigned"),
         # resources past the limits
+        "raise_memory_limit": raise_memory_limit,
         "memory_bomb": lambda: bytearray(int(spec["memory_bomb"])),
         "fd_bomb": lambda: many_files(1000),
         "thread_bomb": lambda: many_threads(1000),

@@ -90,7 +90,8 @@ def test_a_compromised_runner_reaches_nothing(victim: Any) -> None:
             assert results[name] == "EACCES", (name, results[name])
     for name in ("connect_daemon", "connect_anywhere", "exec_sh", "fork", "ptrace_daemon",
                  "signal_daemon", "new_namespace", "io_uring_setup", "memfd_exec",
-                 "userfaultfd", "bpf", "perf_event_open", "syslog", "unassigned_syscall"):
+                 "userfaultfd", "bpf", "perf_event_open", "syslog", "unassigned_syscall",
+                 "raise_memory_limit"):
         assert results[name] == "EPERM", (name, results[name])
     for name in ("write_home", "write_store", "write_tmp", "write_beside_model"):
         assert results[name] in REFUSED, (name, results[name])

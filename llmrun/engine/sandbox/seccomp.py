@@ -103,13 +103,16 @@ def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
     # threads, never processes nor namespaces: CLONE_THREAD set, no CLONE_NEW* flag
     f.rule(SCMP_ACT_ALLOW, "clone",
            _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD | CLONE_NEW, CLONE_THREAD))
-    # signals and limits: only its own (abort() and pthread_kill go through tgkill(own pid,
-    # tid, sig); Python's resource module through prlimit64(0, ...))
+    # signals: only its own (abort() and pthread_kill go through tgkill(own pid, tid, sig));
+    # limits: only read, and only its own (getrlimit is prlimit64(0, r, NULL, old)). The
+    # resource limits are set before the filter (sandbox/limits.py), and root, which may
+    # raise a hard limit, must not undo them.
     pid = os.getpid()
     for name in ("kill", "tgkill", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         f.rule(SCMP_ACT_ALLOW, name, _ArgCmp(0, SCMP_CMP_EQ, pid, 0))
     for target in (0, pid):
-        f.rule(SCMP_ACT_ALLOW, "prlimit64", _ArgCmp(0, SCMP_CMP_EQ, target, 0))
+        f.rule(SCMP_ACT_ALLOW, "prlimit64", _ArgCmp(0, SCMP_CMP_EQ, target, 0),
+               _ArgCmp(2, SCMP_CMP_EQ, 0, 0))
     # ioctl: a GPU driver's requests are its own; anyone else's only Python's few (not
     # TIOCSTI, which types into a terminal)
     if write_opens:

@@ -109,7 +109,7 @@ CONDITIONAL: dict[str, str] = {
     "tkill": "to its own pid (its main thread) only",
     "rt_sigqueueinfo": "to its own pid only",
     "rt_tgsigqueueinfo": "to its own pid only",
-    "prlimit64": "its own limits only (pid 0 or its own): Python's resource module",
+    "prlimit64": "reading its own limits only (pid 0 or its own, no new limit)",
     "open": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
     "openat": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
     "ioctl": "the requests Python makes on its descriptors (TCGETS, TIOCGWINSZ: is it a "
