@@ -94,6 +94,14 @@ MAX_NUM_BATCH = 4096
 # runner in: base64 takes 4/3 of it (5/6 of the frame), the rest is left for the text.
 IMAGES_FRAME_SHARE = 5 / 8
 
+# Reranking: documents per request (Cohere's recommended most), and characters in one
+# document and in the query. Every document's prompt holds the query, so the query is kept
+# short; a document's limit is about what the largest contexts hold (32k tokens of ~4
+# characters), and the runner still refuses a prompt longer than the model's context.
+MAX_RERANK_DOCUMENTS = 1000
+MAX_RERANK_DOCUMENT_CHARS = 128 * 1024
+MAX_RERANK_QUERY_CHARS = 16 * 1024
+
 log = logging.getLogger(__name__)
 
 
@@ -402,6 +410,28 @@ def check_grammar(gbnf: str | None) -> None:
         depth += (c == "(") - (c == ")")
         if depth > MAX_GRAMMAR_NESTING:
             raise _refuse(f"grammar: groups nested over {MAX_GRAMMAR_NESTING} deep")
+
+
+# -- reranking -------------------------------------------------------------------------------
+
+
+def check_rerank(query: str, documents: list[str]) -> None:
+    """A rerank request: a query, one document or more, each within its limit (a limit
+    passed is 413, `too_large`; an empty query or list 400)."""
+    if not query.strip():
+        raise _refuse("'query' must be a non-empty string")
+    if len(query) > MAX_RERANK_QUERY_CHARS:
+        raise EngineError(f"'query' is {len(query)} characters, the limit is "
+                          f"{MAX_RERANK_QUERY_CHARS}", code="too_large")
+    if not documents:
+        raise _refuse("'documents' must hold at least one document")
+    if len(documents) > MAX_RERANK_DOCUMENTS:
+        raise EngineError(f"too many documents: {len(documents)}, the limit is "
+                          f"{MAX_RERANK_DOCUMENTS} in one request", code="too_large")
+    for i, doc in enumerate(documents):
+        if len(doc) > MAX_RERANK_DOCUMENT_CHARS:
+            raise EngineError(f"'documents[{i}]' is {len(doc)} characters, the limit is "
+                              f"{MAX_RERANK_DOCUMENT_CHARS}", code="too_large")
 
 
 # -- one request -----------------------------------------------------------------------------

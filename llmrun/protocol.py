@@ -10,7 +10,8 @@ The conversation on one channel (frames of llmrun.ipc; each message one JSON obj
                   <-------------------      Ready (its info: context, slots, sandbox, memory)
                                             or Fatal (why the model could not be loaded)
     Generate | Count | Tokenize |
-    Detokenize | Embed  (each with an id) ->
+    Detokenize | Embed | Rerank
+                  (each with an id) ->
                   <-------------------      Events: every request's events of one engine
                                             step, [id, kind, payload] each; an empty list is
                                             a heartbeat (the engine is busy, not hung)
@@ -27,6 +28,7 @@ An event's kind and payload (the TypedDicts below; "engine" comes with the id ""
     count     CountReply      tokens   TokensReply      text   TextReply
     embedding Embedding, after any number of embedding_part (EmbeddingPart): a reply too
               large for one frame
+    rerank    RerankReply: each document's score, in the order sent
     engine    the engine's step counters (batcher.EngineStats), for /metrics
 
 Messages are dataclasses (orjson writes them as it writes a dict, fields in the order declared,
@@ -152,6 +154,20 @@ class Embed:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Rerank:
+    """Score `documents` for `query`, the piece of a larger list that starts at `offset`;
+    `request` is a ChatRequest (model_dump, messages empty) merged with the Modelfile, whose
+    options and template say how the prompt is written (engine/rerank.py)."""
+
+    type: Literal["rerank"] = "rerank"
+    id: str
+    request: dict[str, Any]
+    query: str
+    documents: list[str]
+    offset: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Cancel:
     type: Literal["cancel"] = "cancel"
     id: str
@@ -162,7 +178,7 @@ class Shutdown:
     type: Literal["shutdown"] = "shutdown"
 
 
-Request = Generate | Count | Tokenize | Detokenize | Embed
+Request = Generate | Count | Tokenize | Detokenize | Embed | Rerank
 Command = Load | Request | Cancel | Shutdown
 
 # -- runner -> daemon --------------------------------------------------------------------------
@@ -283,8 +299,13 @@ class EmbeddingPart(TypedDict):
     embeddings: list[list[Any]]
 
 
+class RerankReply(TypedDict):
+    scores: list[float]  # each in [0, 1] (checked by the daemon, not here)
+    prompt_tokens: int
+
+
 # Event kinds that end a request (nothing more is sent for its id).
-FINAL = frozenset({"done", "error", "embedding", "count", "tokens", "text"})
+FINAL = frozenset({"done", "error", "embedding", "count", "tokens", "text", "rerank"})
 
 # -- checking ----------------------------------------------------------------------------------
 
@@ -485,7 +506,8 @@ def _by_type(*classes: type) -> dict[str, Callable[[dict[str, Any]], Any]]:
     return {typing.get_type_hints(c)["type"].__args__[0]: _builder(c) for c in classes}
 
 
-_COMMANDS = _by_type(Load, Generate, Count, Tokenize, Detokenize, Embed, Cancel, Shutdown)
+_COMMANDS = _by_type(Load, Generate, Count, Tokenize, Detokenize, Embed, Rerank, Cancel,
+                     Shutdown)
 _REPLIES = _by_type(Ready, Fatal)
 
 
@@ -535,14 +557,14 @@ def _counts(payload: Any) -> None:
             raise _expected("a count of zero or more", v)
 
 
-COUNTED = frozenset({"started", "progress", "done", "engine"})
+COUNTED = frozenset({"started", "progress", "done", "engine", "rerank"})
 
 
 PAYLOADS: dict[str, Check] = {
     "started": _compile(Started), "progress": _compile(Progress), "chunk": _compile(Chunk),
     "done": _compile(Done), "count": _compile(CountReply), "tokens": _compile(TokensReply),
     "text": _compile(TextReply), "embedding": _compile(Embedding),
-    "embedding_part": _compile(EmbeddingPart),
+    "embedding_part": _compile(EmbeddingPart), "rerank": _compile(RerankReply),
     "error": _typeddict(Error, _word),
     # the engine's counters: numbers, whichever the engine keeps
     "engine": _fields({}, set(), _number),

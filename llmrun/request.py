@@ -62,6 +62,18 @@ class Options(BaseModel):
     # ... or guessed by this smaller model of the same vocabulary (a model in the store, by
     # name), loaded beside the model; num_draft then defaults to 8 (engine/draft.py)
     draft_model: str | None = Field(None, min_length=1, max_length=256)
+    # reranking with a causal model (engine/rerank.py): a document's score is
+    # p(yes) / (p(yes) + p(no)) at the end of a prompt that asks whether it meets the query.
+    # `rerank` makes the model a reranker (setting any other rerank_ option does too: a
+    # Modelfile that names the tokens means it); the prompt is the model's chat template over
+    # Qwen3-Reranker's system and user turns, or `rerank_template` written raw, with
+    # {query}, {document} and {instruction} in it; `rerank_yes` / `rerank_no` are the
+    # answer tokens' text (one token each in the model's vocabulary)
+    rerank: bool | None = None
+    rerank_template: str | None = Field(None, min_length=1, max_length=16384)
+    rerank_instruction: str | None = Field(None, min_length=1, max_length=4096)
+    rerank_yes: str | None = Field(None, min_length=1, max_length=64)
+    rerank_no: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("kv_cache_type", "flash_attention", mode="before")
     @classmethod
@@ -69,6 +81,13 @@ class Options(BaseModel):
         if isinstance(value, bool):
             return "on" if value else "off"
         return config.choice_word(value) if isinstance(value, str) else value
+
+    def reranks(self) -> bool:
+        """Whether these options make the model a reranker (see `rerank`)."""
+        if self.rerank is not None:
+            return self.rerank
+        return any(v is not None for v in (self.rerank_template, self.rerank_instruction,
+                                           self.rerank_yes, self.rerank_no))
 
     def merged_over(self, base: Options) -> Options:
         """These options, with unset fields taken from `base`."""

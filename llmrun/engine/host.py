@@ -1,6 +1,6 @@
 """The runner's side of the channel: ModelHost reads the daemon's messages (llmrun.protocol),
-hands each request to the engine or the embedder, and sends their events back, through the
-thinking and tool-call filters, in frames that fit ipc.MAX_FRAME.
+hands each request to the engine, the embedder or the reranker, and sends their events back,
+through the thinking and tool-call filters, in frames that fit ipc.MAX_FRAME.
 
 Whatever one request brings ends only that request with an error event; if the engine thread
 or the message loop fails anyway, the process exits (ipc.EXIT_*), so the daemon starts a
@@ -23,6 +23,7 @@ from llmrun.engine.llama import Context, ImageChunk, LlamaError, Model, Projecto
 from llmrun.engine.outputs import OutputFilters, grammar_matcher, tool_steering
 from llmrun.engine.prompt import Prompter
 from llmrun.engine.promptcache import PromptCache
+from llmrun.engine.rerank import Reranker
 from llmrun.engine.threads import ThreadGovernor
 from llmrun.ipc import ChannelClosed, SyncChannel
 from llmrun.protocol import (
@@ -34,6 +35,7 @@ from llmrun.protocol import (
     Generate,
     Load,
     ProtocolError,
+    Rerank,
     Shutdown,
     Tokenize,
 )
@@ -72,6 +74,7 @@ class ModelHost:
         self.chan = chan
         self.n_threads = n_threads
         self._embedder: Embedder | None = None
+        self._reranker: Reranker | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
@@ -156,6 +159,24 @@ class ModelHost:
                                       lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
                                       heartbeat=lambda: self.emit([]))
         return self._embedder
+
+    def reranker(self) -> Reranker:
+        if self._reranker is None:
+            self._reranker = Reranker(self.model, self.prompt.render, self.n_ctx_seq,
+                                      self.n_threads,
+                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
+                                      heartbeat=lambda: self.emit([]))
+        return self._reranker
+
+    def rerank(self, req_id: str, raw: dict[str, Any], query: str,
+               documents: list[str], offset: int) -> None:
+        try:
+            req = ChatRequest.model_validate(raw)
+        except Exception as exc:
+            self.emit([(req_id, "error", request_error(exc))])
+            return
+        self._inflight.add(req_id)
+        self.reranker().submit(req_id, req, query, documents, offset)
 
     def info(self) -> protocol.Info:
         return cast(protocol.Info, {
@@ -299,6 +320,9 @@ class ModelHost:
                 case Embed(id=rid, inputs=inputs, truncate=truncate, offset=offset):
                     self._inflight.add(rid)
                     self.embedder().submit(rid, inputs, truncate, offset)
+                case Rerank(id=rid, request=request, query=query, documents=documents,
+                            offset=offset):
+                    self.rerank(rid, request, query, documents, offset)
                 case Shutdown():
                     return
                 case Load():

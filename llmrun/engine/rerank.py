@@ -1,0 +1,213 @@
+"""Reranking with a causal model (Qwen3-Reranker style): a document's score is
+p(yes) / (p(yes) + p(no)) from the logits at the end of a prompt asking whether it meets the
+query; the rest of the vocabulary does not count.
+
+Like the embedder, it has a llama context and a worker thread of its own, so scoring a few
+hundred documents never stalls the decode loop of the generation context. Documents are
+packed several to a decode (one sequence each, prompts of one length together: see
+_groups); only each sequence's last token asks for logits.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from llmrun.engine.llama import Batch, Context, LlamaError, Model
+from llmrun.request import ChatRequest, Message, error_event
+
+MAX_SEQ = 4
+HEARTBEAT_SECONDS = 1.0  # while a batch is being scored (see batcher.HEARTBEAT_SECONDS)
+
+# Qwen3-Reranker's published prompt (its model card): what a model trained that way expects,
+# and a reasonable question for any chat model asked to judge relevance.
+DEFAULT_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and '
+                  'the Instruct provided. Note that the answer can only be "yes" or "no".')
+DEFAULT_INSTRUCTION = ("Given a web search query, retrieve relevant passages that answer the "
+                       "query")
+DEFAULT_USER = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+DEFAULT_YES, DEFAULT_NO = "yes", "no"
+
+_FIELDS = re.compile(r"\{(query|document|instruction)\}")
+
+Render = Callable[[ChatRequest], tuple[list[int], str]]
+
+
+class RerankError(ValueError):
+    pass
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """`template` with {query}, {document} and {instruction} replaced in one pass, so that a
+    query holding the text "{document}" stays as written."""
+    return _FIELDS.sub(lambda m: values[m.group(1)], template)
+
+
+def score(yes_logit: float, no_logit: float) -> float:
+    """p(yes) / (p(yes) + p(no)): the softmax's normaliser cancels, leaving a logistic of the
+    difference, computed so that neither side overflows."""
+    d = float(yes_logit) - float(no_logit)
+    if d >= 0:
+        return 1.0 / (1.0 + math.exp(-d))
+    e = math.exp(d)
+    return e / (1.0 + e)
+
+
+def prompt_request(req: ChatRequest, query: str, document: str) -> ChatRequest:
+    """The request whose prompt scores `document` for `query`: `rerank_template` as a raw
+    prompt, or the chat template over Qwen3-Reranker's turns, thinking switched off (a
+    Qwen3 template then opens the answer with an empty thought, as the reranker was trained)."""
+    o = req.options
+    values = {"query": query, "document": document,
+              "instruction": o.rerank_instruction or DEFAULT_INSTRUCTION}
+    if o.rerank_template is not None:
+        return ChatRequest(model=req.model, messages=[], prompt=fill(o.rerank_template, values))
+    return ChatRequest(model=req.model, template=req.template, think=False, messages=[
+        Message(role="system", content=DEFAULT_SYSTEM),
+        Message(role="user", content=fill(DEFAULT_USER, values))])
+
+
+class Reranker:
+    def __init__(self, model: Model, render: Render, n_ctx_seq: int, n_threads: int,
+                 reply: Callable[[str, str, Any], None],
+                 heartbeat: Callable[[], None] | None = None) -> None:
+        self.model = model
+        self.render = render  # Prompter.render: the chat path's tokens for the same text
+        self.n_ctx_seq = n_ctx_seq
+        self.n_threads = n_threads
+        self.reply = reply
+        self.heartbeat = heartbeat
+        self._ctx: Context | None = None
+        self._jobs: queue.SimpleQueue[tuple[str, ChatRequest, str, list[str], int] | None] = \
+            queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llmrun-rerank", daemon=True)
+        self._thread.start()
+
+    def submit(self, req_id: str, req: ChatRequest, query: str, documents: list[str],
+               offset: int = 0) -> None:
+        """Queue `documents` (`offset`: the index of the first in the caller's whole list,
+        for error messages about a batch the daemon sent in pieces)."""
+        self._jobs.put((req_id, req, query, documents, offset))
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            req_id, req, query, documents, offset = job
+            try:
+                scores, n_tokens = self.rerank(req, query, documents, offset)
+            except (RerankError, LlamaError, ValueError) as exc:
+                self.reply(req_id, "error", error_event("invalid_request", str(exc)))
+                continue
+            except Exception as exc:  # this request fails; the thread serves the next one
+                self.reply(req_id, "error", error_event(
+                    "internal", f"reranking failed: {type(exc).__name__}: {exc}"))
+                continue
+            self.reply(req_id, "rerank", {"scores": scores, "prompt_tokens": n_tokens})
+
+    def _context(self) -> Context:
+        if self._ctx is None:
+            self._ctx = Context(self.model, n_ctx_seq=self.n_ctx_seq, n_seq=MAX_SEQ,
+                                n_batch=self.n_ctx_seq, n_threads=self.n_threads)
+        return self._ctx
+
+    def _beat(self, last: float) -> float:
+        now = time.monotonic()
+        if self.heartbeat is None or now - last < HEARTBEAT_SECONDS:
+            return last
+        self.heartbeat()
+        return now
+
+    def answer_token(self, text: str, which: str) -> int:
+        """The one token `text` is in this vocabulary (special tokens parsed, as in the
+        prompt); a text of several tokens cannot be scored as one answer."""
+        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+        if len(tokens) != 1:
+            raise RerankError(f"rerank_{which} {text!r} is {len(tokens)} tokens in this "
+                              "model's vocabulary; it must be exactly one")
+        return tokens[0]
+
+    def prompts(self, req: ChatRequest, query: str, documents: list[str],
+                offset: int) -> list[list[int]]:
+        out = []
+        for i, doc in enumerate(documents):
+            tokens, _ = self.render(prompt_request(req, query, doc))
+            if len(tokens) > self.n_ctx_seq:
+                raise RerankError(f"document {offset + i}: its prompt is {len(tokens)} tokens "
+                                  f"but the context is {self.n_ctx_seq} (num_ctx); shorten "
+                                  "it or raise num_ctx")
+            if not tokens:
+                raise RerankError("the rerank prompt rendered to no tokens")
+            out.append(tokens)
+        return out
+
+    def _groups(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Indices of the prompts to decode together: up to MAX_SEQ of the same length and
+        n_ctx_seq tokens in all (the context's batch). Same length, because llama.cpp
+        splits sequences of unequal length across micro-batches, and a prompt's last tokens
+        read in a small slice of their own go through other kernels than the same prompt
+        read whole: its score moved by up to 0.03 (measured on SmolLM2 Q4_1, also when
+        slicing the decodes by hand so every micro-batch held equal parts). Prompts of one
+        length decoded together score the same to the bit as each alone."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        groups: list[list[int]] = []
+        for i in order:
+            last = groups[-1] if groups else None
+            n = len(prompts[i])
+            if last is not None and len(last) < MAX_SEQ and \
+                    len(prompts[last[0]]) == n and (len(last) + 1) * n <= self.n_ctx_seq:
+                last.append(i)
+            else:
+                groups.append([i])  # (one prompt may fill a whole batch on its own)
+        return groups
+
+    @staticmethod
+    def _decode(ctx: Context, batch: Batch, prompts: list[list[int]],
+                ids: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """Decode `prompts` (of one length, see _groups) in one call, one sequence each;
+        yields (id, last-token logits)."""
+        batch.clear()
+        rows = []
+        for seq, tokens in enumerate(prompts):
+            for pos, tok in enumerate(tokens):
+                row = batch.add(tok, pos, seq, pos == len(tokens) - 1)
+            rows.append((row, ids[seq]))
+        if ctx.decode(batch) != 0:
+            raise LlamaError("llama_decode failed while reranking")
+        for row, i in rows:
+            yield i, ctx.logits(row)
+
+    def rerank(self, req: ChatRequest, query: str, documents: list[str],
+               offset: int = 0) -> tuple[list[float], int]:
+        """Each document's score, in order, and the prompt tokens read."""
+        o = req.options
+        yes = self.answer_token(o.rerank_yes or DEFAULT_YES, "yes")
+        no = self.answer_token(o.rerank_no or DEFAULT_NO, "no")
+        prompts = self.prompts(req, query, documents, offset)
+        ctx = self._context()
+        scores: list[float] = [0.0] * len(prompts)
+        batch = Batch(self.n_ctx_seq)
+        last_beat = time.monotonic()
+        try:
+            for group in self._groups(prompts):
+                last_beat = self._beat(last_beat)
+                for seq in range(len(group)):
+                    ctx.seq_rm(seq, -1, -1)
+                for i, logits in self._decode(ctx, batch, [prompts[i] for i in group],
+                                              group):
+                    value = score(logits[yes], logits[no])
+                    if not math.isfinite(value):
+                        raise LlamaError(f"document {offset + i}: the model's logits are "
+                                         "not finite")
+                    scores[i] = value
+        finally:
+            batch.close()
+        return scores, sum(len(p) for p in prompts)
