@@ -20,7 +20,7 @@ a malformed message.
 
 Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
 the channel (and every request on it), so it fails only its own request, with 413. Large
-embedding batches go to the runner in pieces.
+embedding and rerank batches go to the runner in pieces.
 """
 
 from __future__ import annotations
@@ -499,6 +499,41 @@ class RunnerProcess:
                     raise EngineError.from_event(payload)
         finally:
             self._end(req_id)
+
+    async def rerank(self, req: ChatRequest, query: str,
+                     documents: list[str]) -> tuple[list[float], int]:
+        """Each document's relevance to `query` (0 to 1, in order) and the prompt tokens
+        read; `req` (merged with the Modelfile) says how the prompts are written. A long list
+        goes in pieces, as embeddings do; the query travels with each."""
+        scores: list[float] = []
+        n_tokens = 0
+        room = ipc.MAX_FRAME // 2 - len(json.dumps(query, ensure_ascii=False).encode())
+        for offset, piece in embed_pieces(documents, max(room, 1)):
+            got, n = await self._rerank_piece(req, query, offset, piece)
+            scores += got
+            n_tokens += n
+        return scores, n_tokens
+
+    async def _rerank_piece(self, req: ChatRequest, query: str, offset: int,
+                            documents: list[str]) -> tuple[list[float], int]:
+        req_id = f"k{next(_ids)}"
+        q = self._track(req_id)
+        try:
+            await self._send(protocol.Rerank(id=req_id, request=req.model_dump(), query=query,
+                                             documents=documents, offset=offset))
+            kind, payload = await q.get()
+        finally:
+            self._end(req_id)
+        if kind != "rerank":
+            raise EngineError.from_event(payload)
+        scores = payload["scores"]
+        if len(scores) != len(documents) or any(not 0.0 <= s <= 1.0 for s in scores):
+            self._stop_runner("sent rerank scores that do not fit its documents",
+                              "sent rerank scores that do not fit its documents and was "
+                              "stopped")
+            raise EngineError(f"the model runner failed ({self.dead_reason})",
+                              code="runner_failed")
+        return [float(s) for s in scores], payload["prompt_tokens"]
 
     async def count(self, req: ChatRequest) -> int:
         """How many tokens `req`'s prompt renders to (nothing is generated)."""

@@ -108,6 +108,9 @@ class Runner(Protocol):
     async def embed(self, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int]: ...
 
+    async def rerank(self, req: ChatRequest, query: str,
+                     documents: list[str]) -> tuple[list[float], int]: ...
+
 
 RunnerFactory = Callable[[RunnerSpec, Path], Runner]  # (spec, log file) -> a runner not started
 

@@ -112,6 +112,10 @@ class RemoteRunner:
     async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
         raise self._refuse("embedding")
 
+    async def rerank(self, req: ChatRequest, query: str,
+                     documents: list[str]) -> tuple[list[float], int]:
+        raise self._refuse("reranking")
+
 
 @dataclass(frozen=True)
 class Held:
@@ -256,6 +260,30 @@ class Service:
         async with self._hold(req, target, "embed") as held:
             vectors, n_tokens = await held.runner.embed(inputs, truncate)
             return (vectors, n_tokens, int(held.load_seconds * 1e9),
+                    int((time.perf_counter() - t0) * 1e9))
+
+    async def rerank(self, req: ChatRequest, query: str,
+                     documents: list[str]) -> tuple[list[float], int, int, int]:
+        """(each document's score in order, prompt tokens, load ns, total ns) for `query` on
+        `req.model`, which its Modelfile must make a reranker: a chat model is not asked
+        whether a document is relevant unless its Modelfile says how (PARAMETER rerank ...),
+        since a model not trained for it answers by chance. Bounds and that check come
+        before a runner is leased."""
+        t0 = time.perf_counter()
+        bounds.check_rerank(query, documents)
+        target = self.resolve(req.model)
+        if target.upstream is not None:
+            raise EngineError(f"{req.model} is served by a remote server: reranking is not "
+                              "available for it", code="invalid_request")
+        if not merged(req, target.manifest).options.reranks():
+            raise EngineError(f"model '{req.model}' is not a reranker: its Modelfile makes a "
+                              "chat model one with PARAMETER rerank true (and rerank_yes, "
+                              "rerank_no, rerank_instruction or rerank_template)",
+                              code="invalid_request")
+        async with self._hold(req, target, "rerank") as held:
+            scores, n_tokens = await held.runner.rerank(merged(req, held.manifest), query,
+                                                        documents)
+            return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
     def ps(self) -> list[ModelState]:

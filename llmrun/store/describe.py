@@ -76,9 +76,11 @@ def projector_info(store: Store, manifest: Manifest) -> dict[str, object] | None
     return _scalar_info(gguf.read(path)) if path is not None else None
 
 
-def capabilities(template: str, info: Mapping[str, object], vision: bool = False) -> list[str]:
+def capabilities(template: str, info: Mapping[str, object], vision: bool = False,
+                 rerank: bool = False) -> list[str]:
     """Every model takes tools here: a template without tool support gets them in a system
-    preamble. `vision` is having a projector: images need one, whatever the template says."""
+    preamble. `vision` is having a projector: images need one, whatever the template says.
+    `rerank`: the Modelfile makes it a reranker (PARAMETER rerank...); it still chats."""
     from llmrun.chat import thinking
 
     out = ["completion", "tools"]
@@ -88,6 +90,8 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
         out.append("thinking")
     if vision:
         out.append("vision")
+    if rerank:
+        out.append("rerank")
     return out
 
 

@@ -159,7 +159,8 @@ class Store:
         """What clients may ask of the model (`show`; Open WebUI and VS Code read it)."""
         info = self.model_info(manifest) if info is None else info
         return capabilities(self.template_of(manifest), info,
-                            vision=manifest.projector is not None)
+                            vision=manifest.projector is not None,
+                            rerank=manifest.options().reranks())
 
     # -- upkeep ---------------------------------------------------------------------------
 

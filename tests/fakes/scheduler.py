@@ -87,6 +87,11 @@ class FakeRunner:
     async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
         return [[1.0] for _ in inputs], len(inputs)
 
+    async def rerank(self, req: ChatRequest, query: str,
+                     documents: list[str]) -> tuple[list[float], int]:
+        """A longer document scores higher: an order a test can predict."""
+        return [len(d) / (1 + len(d)) for d in documents], len(documents)
+
 
 class Farm:
     """The scheduler's runner factory: makes FakeRunners and keeps them for the test to steer,

@@ -1,4 +1,5 @@
-"""OpenAI's API: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`.
+"""OpenAI's API: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`;
+reranking (`/v1/rerank`, `/rerank`, `/v1/reranking`, Cohere's `/v2/rerank`) in its error shape.
 
 Streams are server-sent events (`data: {...}` frames ending with `data: [DONE]`); errors are
 `{"error": {"message", "type", "param", "code"}}`. Requests translate straight into the
@@ -24,12 +25,13 @@ from llmrun.api.openai.wire import (
     ChatCompletionBody,
     CompletionBody,
     EmbeddingBody,
+    RerankBody,
     chat_requests,
     completion_requests,
 )
 
 DIALECT = Dialect(
-    name="openai", prefixes=("/v1/",),
+    name="openai", prefixes=("/v1/", "/rerank", "/v2/rerank"),
     routers=lambda backends: [router(backends.service),
                               responses.router(backends.service, backends.responses)],
     error_body=lambda status, message, code: error_body(status, message, None, code),
@@ -45,6 +47,7 @@ __all__ = [
     "Choices",
     "CompletionBody",
     "EmbeddingBody",
+    "RerankBody",
     "api_error",
     "chat_requests",
     "completion_requests",

@@ -1,4 +1,6 @@
-"""OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
+"""OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`;
+and reranking, which OpenAI lacks, in the shapes its clients' neighbours use: llama-server's
+and Jina's `/v1/rerank` (also `/rerank`, `/v1/reranking`), Cohere's `/v2/rerank`."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import base64
 import secrets
 import struct
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -25,7 +28,7 @@ from llmrun.api.openai.stream import (
     completion_stream,
     start_choices,
 )
-from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody
+from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody, RerankBody
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
 from llmrun.store import Manifest, StoreError
@@ -42,6 +45,15 @@ def _shorten(vector: list[float], dims: int) -> list[float]:
 
 def _base64(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def ranked(scores: list[float], texts: list[str], top_n: int | None,
+           return_documents: bool) -> list[dict[str, Any]]:
+    """Results by score, highest first (ties in the documents' order), the first `top_n`."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+    return [{"index": i, "relevance_score": scores[i],
+             **({"document": {"text": texts[i]}} if return_documents else {})}
+            for i in order]
 
 
 def model_object(m: Manifest) -> dict[str, Any]:
@@ -136,6 +148,38 @@ def router(service: Service) -> APIRouter:
                 for i, v in enumerate(vectors)]
         return JSONResponse({"object": "list", "data": data, "model": body.model,
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    async def rerank(body: RerankBody) -> tuple[list[dict[str, Any]], int] | Response:
+        body.log_extras()
+        try:
+            texts = body.texts()
+            req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+            scores, n_tokens, _, _ = await service.rerank(req, body.query, texts)
+        except (ApiError, EngineError) as exc:
+            return api_error(exc)
+        return ranked(scores, texts, body.top_n, body.return_documents), n_tokens
+
+    # llama-server's paths for one answer: Jina's shape with OpenAI's `usage`
+    @api.post("/v1/rerank", response_model=None)
+    @api.post("/v1/reranking", response_model=None)
+    @api.post("/rerank", response_model=None)
+    async def rerank_v1(body: RerankBody) -> Response:
+        got = await rerank(body)
+        if isinstance(got, Response):
+            return got
+        results, n_tokens = got
+        return JSONResponse({"model": body.model, "object": "list", "results": results,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    @api.post("/v2/rerank", response_model=None)
+    async def rerank_v2(body: RerankBody) -> Response:
+        got = await rerank(body)
+        if isinstance(got, Response):
+            return got
+        results, n_tokens = got
+        return JSONResponse({"id": str(uuid.uuid4()), "results": results, "meta": {
+            "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
+            "tokens": {"input_tokens": n_tokens, "output_tokens": 0}}})
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -188,6 +188,30 @@ class EmbeddingBody(Body):
     keep_alive: str | float | None = None
 
 
+class RerankBody(Body):
+    """POST /v1/rerank (llama-server's and Jina's shape; also /rerank, /v1/reranking) and
+    /v2/rerank (Cohere's): documents are strings or objects with a `text`."""
+
+    model: str
+    query: str
+    documents: list[Any]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+    keep_alive: str | float | None = None
+
+    def texts(self) -> list[str]:
+        """The documents' texts, in order; ApiError (400) naming the first that is neither a
+        string nor an object with a string `text`."""
+        out = []
+        for i, doc in enumerate(self.documents):
+            text = doc.get("text") if isinstance(doc, dict) else doc
+            if not isinstance(text, str):
+                raise ApiError(400, f"'documents[{i}]' must be a string or an object with a "
+                                    "string 'text'", f"documents.{i}")
+            out.append(text)
+        return out
+
+
 # -- translation to the internal request ----------------------------------------------------
 
 
