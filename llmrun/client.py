@@ -232,6 +232,17 @@ class Client:
                     raise APIError(500, obj["error"])
                 yield obj
 
+    def rerank(self, model: str, query: str, documents: list[str],
+               top_n: int | None = None) -> dict[str, Any]:
+        """/v1/rerank: the results by relevance, highest first, with their documents."""
+        body: dict[str, Any] = {"model": model, "query": query, "documents": documents,
+                                "return_documents": True}
+        if top_n is not None:
+            body["top_n"] = top_n
+        r = self.http.post("/v1/rerank", json=body, timeout=None)
+        self._raise_for(r)
+        return dict(r.json())
+
     def chat(self, model: str, messages: list[dict[str, Any]],
              options: dict[str, Any] | None = None,
              keep_alive: str | None = None,
@@ -255,13 +266,19 @@ class Client:
 
 
 def _error_message(body: bytes) -> str:
-    """The daemon's `{"error": ...}` text, else the body itself."""
+    """The daemon's `{"error": ...}` text (OpenAI's `{"error": {"message": ...}}` too), else
+    the body itself."""
     text = body.decode(errors="replace")
     try:
         obj = json.loads(body)
     except ValueError:
         return text
-    return str(obj.get("error", text)) if isinstance(obj, dict) else text
+    if not isinstance(obj, dict):
+        return text
+    error = obj.get("error", text)
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return str(error)
 
 
 def _new_log_text(log: Path, offset: int) -> str:

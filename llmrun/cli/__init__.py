@@ -7,7 +7,7 @@ import os
 import typer
 
 from llmrun import __version__
-from llmrun.cli import bench, daemon, launch, models, run, serve
+from llmrun.cli import bench, daemon, launch, models, retrieval, run, serve
 
 app = typer.Typer(
     name="llmrun",
@@ -41,6 +41,7 @@ models.register(app)
 daemon.register(app)
 launch.register(app)
 bench.register(app)
+retrieval.register(app)
 
 
 def main() -> None:

@@ -238,6 +238,50 @@ def test_embedding_parts_past_the_inputs_stop_the_runner() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("scores", [[0.5], [0.5, 0.5, 0.5], [0.5, 1.5], [0.5, -0.1]])
+def test_rerank_scores_that_do_not_fit_the_documents_stop_the_runner(
+        scores: list[float]) -> None:
+    """One score per document sent, each a probability: anything else is a broken runner."""
+    from llmrun.request import ChatRequest
+
+    async def run() -> None:
+        handle = started_handle()
+
+        async def sent(msg: Any) -> None:
+            handle._on_message({"type": "events", "events": [
+                [msg.id, "rerank", {"scores": scores, "prompt_tokens": 4}]]})
+
+        handle._send = sent  # type: ignore[method-assign]
+        with pytest.raises(EngineError, match="rerank scores"):
+            await handle.rerank(ChatRequest(model="m", messages=[]), "q", ["one", "two"])
+        assert not handle.alive
+
+    asyncio.run(run())
+
+
+def test_a_long_rerank_goes_in_pieces_and_comes_back_in_order() -> None:
+    from llmrun.request import ChatRequest
+
+    async def run() -> None:
+        handle = started_handle()
+        pieces: list[tuple[int, int, str]] = []
+
+        async def sent(msg: Any) -> None:
+            pieces.append((msg.offset, len(msg.documents), msg.query))
+            handle._on_message({"type": "events", "events": [
+                [msg.id, "rerank", {"scores": [int(d) / 1000 for d in msg.documents],
+                                    "prompt_tokens": len(msg.documents)}]]})
+
+        handle._send = sent  # type: ignore[method-assign]
+        docs = [str(i) for i in range(600)]
+        scores, n = await handle.rerank(ChatRequest(model="m", messages=[]), "q", docs)
+        assert scores == [i / 1000 for i in range(600)] and n == 600
+        assert pieces == [(0, 256, "q"), (256, 256, "q"), (512, 88, "q")]
+        assert handle.dead_reason is None
+
+    asyncio.run(run())
+
+
 # -- descriptors passed on the channel ---------------------------------------------------------
 
 
