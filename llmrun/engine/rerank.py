@@ -2,18 +2,17 @@
 p(yes) / (p(yes) + p(no)) from the logits at the end of a prompt asking whether it meets the
 query; the rest of the vocabulary does not count.
 
-Like the embedder, it has a llama context and a worker thread of its own, so scoring a few
-hundred documents never stalls the decode loop of the generation context. Documents are
+Like the embedder, it has a llama context and a worker thread of its own
+(engine/sidework.py), so scoring a few hundred documents never stalls the decode loop of the
+generation context. Documents are
 packed several to a decode (one sequence each, prompts of one length together: see
-_groups); only each sequence's last token asks for logits.
+SideWorker._groups); only each sequence's last token asks for logits.
 """
 
 from __future__ import annotations
 
 import math
-import queue
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from llmrun.engine.llama import Batch, Context, LlamaError, Model
-from llmrun.request import ChatRequest, Message, error_event
+from llmrun.engine.sidework import SideWorker
+from llmrun.request import ChatRequest, Message
 
 MAX_SEQ = 4
-HEARTBEAT_SECONDS = 1.0  # while a batch is being scored (see batcher.HEARTBEAT_SECONDS)
 
 # Qwen3-Reranker's published prompt (its model card): what a model trained that way expects,
 # and a reasonable question for any chat model asked to judge relevance.
@@ -74,57 +73,28 @@ def prompt_request(req: ChatRequest, query: str, document: str) -> ChatRequest:
         Message(role="user", content=fill(DEFAULT_USER, values))])
 
 
-class Reranker:
+class Reranker(SideWorker):
+    name = "llmrun-rerank"
+    what = "reranking"
+    # ValueError: a template that fails to render (chat.templates.TemplateError) as well
+    request_errors = (RerankError, LlamaError, ValueError)
+    n_seq = MAX_SEQ
+
     def __init__(self, model: Model, render: Render, n_ctx_seq: int, n_threads: int,
                  reply: Callable[[str, str, Any], None],
                  heartbeat: Callable[[], None] | None = None) -> None:
-        self.model = model
         self.render = render  # Prompter.render: the chat path's tokens for the same text
-        self.n_ctx_seq = n_ctx_seq
-        self.n_threads = n_threads
-        self.reply = reply
-        self.heartbeat = heartbeat
-        self._ctx: Context | None = None
-        self._jobs: queue.SimpleQueue[tuple[str, ChatRequest, str, list[str], int] | None] = \
-            queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="llmrun-rerank", daemon=True)
-        self._thread.start()
+        super().__init__(model, n_ctx_seq, n_threads, reply, heartbeat)
 
     def submit(self, req_id: str, req: ChatRequest, query: str, documents: list[str],
                offset: int = 0) -> None:
         """Queue `documents` (`offset`: the index of the first in the caller's whole list,
         for error messages about a batch the daemon sent in pieces)."""
-        self._jobs.put((req_id, req, query, documents, offset))
+        self.queue(req_id, req, query, documents, offset)
 
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            req_id, req, query, documents, offset = job
-            try:
-                scores, n_tokens = self.rerank(req, query, documents, offset)
-            except (RerankError, LlamaError, ValueError) as exc:
-                self.reply(req_id, "error", error_event("invalid_request", str(exc)))
-                continue
-            except Exception as exc:  # this request fails; the thread serves the next one
-                self.reply(req_id, "error", error_event(
-                    "internal", f"reranking failed: {type(exc).__name__}: {exc}"))
-                continue
-            self.reply(req_id, "rerank", {"scores": scores, "prompt_tokens": n_tokens})
-
-    def _context(self) -> Context:
-        if self._ctx is None:
-            self._ctx = Context(self.model, n_ctx_seq=self.n_ctx_seq, n_seq=MAX_SEQ,
-                                n_batch=self.n_ctx_seq, n_threads=self.n_threads)
-        return self._ctx
-
-    def _beat(self, last: float) -> float:
-        now = time.monotonic()
-        if self.heartbeat is None or now - last < HEARTBEAT_SECONDS:
-            return last
-        self.heartbeat()
-        return now
+    def work(self, *args: Any) -> tuple[str, dict[str, Any]]:
+        scores, n_tokens = self.rerank(*args)
+        return "rerank", {"scores": scores, "prompt_tokens": n_tokens}
 
     def answer_token(self, text: str, which: str) -> int:
         """The one token `text` is in this vocabulary (special tokens parsed, as in the
@@ -149,30 +119,10 @@ class Reranker:
             out.append(tokens)
         return out
 
-    def _groups(self, prompts: list[list[int]]) -> list[list[int]]:
-        """Indices of the prompts to decode together: up to MAX_SEQ of the same length and
-        n_ctx_seq tokens in all (the context's batch). Same length, because llama.cpp
-        splits sequences of unequal length across micro-batches, and a prompt's last tokens
-        read in a small slice of their own go through other kernels than the same prompt
-        read whole: its score moved by up to 0.03 (measured on SmolLM2 Q4_1, also when
-        slicing the decodes by hand so every micro-batch held equal parts). Prompts of one
-        length decoded together score the same to the bit as each alone."""
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        groups: list[list[int]] = []
-        for i in order:
-            last = groups[-1] if groups else None
-            n = len(prompts[i])
-            if last is not None and len(last) < MAX_SEQ and \
-                    len(prompts[last[0]]) == n and (len(last) + 1) * n <= self.n_ctx_seq:
-                last.append(i)
-            else:
-                groups.append([i])  # (one prompt may fill a whole batch on its own)
-        return groups
-
     @staticmethod
     def _decode(ctx: Context, batch: Batch, prompts: list[list[int]],
                 ids: list[int]) -> Iterator[tuple[int, np.ndarray]]:
-        """Decode `prompts` (of one length, see _groups) in one call, one sequence each;
+        """Decode `prompts` (of one length: SideWorker._groups) in one call, one sequence each;
         yields (id, last-token logits)."""
         batch.clear()
         rows = []

@@ -149,7 +149,9 @@ def router(service: Service) -> APIRouter:
         return JSONResponse({"object": "list", "data": data, "model": body.model,
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
-    async def rerank(body: RerankBody) -> tuple[list[dict[str, Any]], int] | Response:
+    async def rerank(body: RerankBody,
+                     shape: Callable[[list[dict[str, Any]], int], dict[str, Any]]) -> Response:
+        """Rank the documents; `shape` makes the answer of the results and prompt tokens."""
         body.log_extras()
         try:
             texts = body.texts()
@@ -157,29 +159,24 @@ def router(service: Service) -> APIRouter:
             scores, n_tokens, _, _ = await service.rerank(req, body.query, texts)
         except (ApiError, EngineError) as exc:
             return api_error(exc)
-        return ranked(scores, texts, body.top_n, body.return_documents), n_tokens
+        return JSONResponse(shape(ranked(scores, texts, body.top_n, body.return_documents),
+                                  n_tokens))
 
     # llama-server's paths for one answer: Jina's shape with OpenAI's `usage`
     @api.post("/v1/rerank", response_model=None)
     @api.post("/v1/reranking", response_model=None)
     @api.post("/rerank", response_model=None)
     async def rerank_v1(body: RerankBody) -> Response:
-        got = await rerank(body)
-        if isinstance(got, Response):
-            return got
-        results, n_tokens = got
-        return JSONResponse({"model": body.model, "object": "list", "results": results,
-                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+        return await rerank(body, lambda results, n: {
+            "model": body.model, "object": "list", "results": results,
+            "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     @api.post("/v2/rerank", response_model=None)
-    async def rerank_v2(body: RerankBody) -> Response:
-        got = await rerank(body)
-        if isinstance(got, Response):
-            return got
-        results, n_tokens = got
-        return JSONResponse({"id": str(uuid.uuid4()), "results": results, "meta": {
-            "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-            "tokens": {"input_tokens": n_tokens, "output_tokens": 0}}})
+    async def rerank_v2(body: RerankBody) -> Response:  # Cohere's
+        return await rerank(body, lambda results, n: {
+            "id": str(uuid.uuid4()), "results": results,
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
+                     "tokens": {"input_tokens": n, "output_tokens": 0}}})
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
