@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # Inputs one embedding request may carry (OpenAI's limit too). The runner gets them in pieces
 # (server/runners.py), so this bounds the work and the answer's size, not a frame.
 MAX_EMBED_INPUTS = 2048
+RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK, as GGUF's {arch}.pooling_type holds it
 
 
 def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
@@ -58,6 +59,14 @@ def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
         "system": manifest.system,
         "options": options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
     })
+
+
+def cross_encoder(info: dict[str, object]) -> bool:
+    """Whether GGUF metadata (Store.model_info) declares rank pooling: a classification head
+    (bge-reranker, jina-reranker, and Qwen3-Reranker as llama.cpp converts it) whose output
+    is the score, not a vocabulary to ask for yes or no."""
+    arch = info.get("general.architecture")
+    return str(info.get(f"{arch}.pooling_type")) == str(RANK_POOLING)
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,9 @@ class Service:
         self.metrics = metrics
         self.max_embed_inputs = MAX_EMBED_INPUTS
         self.upstreams: dict[str, Upstream] = {}  # remote models by manifest digest
+        # whether a model (by manifest digest) declares rank pooling: its GGUF's header read
+        # once (0.1 s for SmolLM2's, most of it the vocabulary), not on every rerank
+        self._cross_encoders: dict[str, bool] = {}
 
     def resolve(self, model: str) -> Target:
         """The model `model` names, looked up once: a 404 or 400 if there is none."""
@@ -275,6 +287,10 @@ class Service:
         if target.upstream is not None:
             raise EngineError(f"{req.model} is served by a remote server: reranking is not "
                               "available for it", code="invalid_request")
+        if self._cross_encoder(target.manifest):
+            raise EngineError(f"model '{req.model}' is a cross-encoder reranker (its GGUF's "
+                              "pooling type is rank): llmrun does not score with rank "
+                              "pooling yet, only with LLM rerankers", code="invalid_request")
         if not merged(req, target.manifest).options.reranks():
             raise EngineError(f"model '{req.model}' is not a reranker: its Modelfile makes a "
                               "chat model one with PARAMETER rerank true (and rerank_yes, "
@@ -285,6 +301,13 @@ class Service:
                                                         documents)
             return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
+
+    def _cross_encoder(self, manifest: Manifest) -> bool:
+        known = self._cross_encoders.get(manifest.digest)
+        if known is None:
+            known = self._cross_encoders[manifest.digest] = \
+                cross_encoder(self.store.model_info(manifest))
+        return known
 
     def ps(self) -> list[ModelState]:
         """The loaded models, as /api/ps shows them."""

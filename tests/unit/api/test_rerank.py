@@ -39,6 +39,8 @@ def store(tmp_path: Path) -> Store:
     store.create("ranker", f"FROM {path}\nPARAMETER rerank true\n")
     store.create("far", "FROM http://far.example/v1\nPARAMETER remote_model m\n"
                         "PARAMETER rerank true\n")
+    rank = write_tiny_llama(tmp_path / "rank.gguf", seed=1, pooling=4)  # llama.cpp's RANK
+    store.create("xenc", f"FROM {rank}\nPARAMETER rerank true\n")
     return store
 
 
@@ -133,6 +135,8 @@ def test_v2_rerank_answers_in_cohere_shape(store: Store, tmp_path: Path) -> None
     ({"model": "nothing"}, 404, "nothing", "model"),
     ({"model": "chat"}, 400, "is not a reranker", None),
     ({"model": "far"}, 400, "served by a remote server", None),
+    ({"model": "xenc"}, 400, "is a cross-encoder reranker (its GGUF's pooling type is rank)",
+     None),
     ({"top_n": 0}, 400, "top_n", "top_n"),
     ({"query": None}, 400, "query", "query"),
 ])
