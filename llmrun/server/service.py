@@ -287,7 +287,7 @@ class Service:
         if target.upstream is not None:
             raise EngineError(f"{req.model} is served by a remote server: reranking is not "
                               "available for it", code="invalid_request")
-        if self._cross_encoder(target.manifest):
+        if await self._cross_encoder(target.manifest):
             raise EngineError(f"model '{req.model}' is a cross-encoder reranker (its GGUF's "
                               "pooling type is rank): llmrun does not score with rank "
                               "pooling yet, only with LLM rerankers", code="invalid_request")
@@ -302,11 +302,11 @@ class Service:
             return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
-    def _cross_encoder(self, manifest: Manifest) -> bool:
+    async def _cross_encoder(self, manifest: Manifest) -> bool:
         known = self._cross_encoders.get(manifest.digest)
-        if known is None:
-            known = self._cross_encoders[manifest.digest] = \
-                cross_encoder(self.store.model_info(manifest))
+        if known is None:  # (off the event loop: a large vocabulary takes a while to read)
+            info = await asyncio.to_thread(self.store.model_info, manifest)
+            known = self._cross_encoders[manifest.digest] = cross_encoder(info)
         return known
 
     def ps(self) -> list[ModelState]:
