@@ -5,7 +5,10 @@ a parser bug into code execution, the process should be a poor place to have it:
 new programs, no network, no other processes and (a runner) no writable file, so it gives
 them up for good *before* llama.cpp reads the first byte of the model:
 
-- no core dumps (they would hold the model and the prompts);
+- a runner first enters a user namespace of its own and an empty network namespace
+  (namespaces.py: isolate(), while it has one thread);
+- resource limits (limits.py): no core dumps (they would hold the model and the prompts),
+  and for a runner its address space, open files and threads, from what its load needs;
 - no new privileges (`PR_SET_NO_NEW_PRIVS`): setuid binaries and file capabilities stop
   working, which also lets an unprivileged process take on the two layers below;
 - Landlock (Linux 5.13+): the file system becomes read-only and shrinks to the model files,
