@@ -23,6 +23,7 @@ from typing import Any, cast
 import orjson
 
 from llmrun import jsonio
+from llmrun.tokenbucket import TokenBucket
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20  # read at call time (not imported by value): tests and Load.max_frame set it
@@ -259,11 +260,8 @@ class SocketTransport:
 
     def __init__(self, sock: socket.socket, protocol: FrameProtocol,
                  rate: float = READ_RATE, burst: float = READ_BURST) -> None:
-        self._rate = rate
-        self._burst = burst
-        self._budget = burst  # bytes that may be read now
         self._loop = asyncio.get_running_loop()
-        self._at = self._loop.time()
+        self._bytes = TokenBucket.full(rate, burst, self._loop.time())  # that may be read
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
@@ -292,12 +290,10 @@ class SocketTransport:
 
     def _spend(self, n: int) -> None:
         """`n` bytes read: past the rate, reading waits until the bucket has refilled."""
-        now = self._loop.time()
-        self._budget = min(self._burst, self._budget + (now - self._at) * self._rate) - n
-        self._at = now
-        if self._budget < 0:
+        wait = self._bytes.spend(n, self._loop.time())
+        if wait > 0:
             self._loop.remove_reader(self._fd)
-            self._loop.call_later(-self._budget / self._rate, self._resume_reading)
+            self._loop.call_later(wait, self._resume_reading)
 
     def _resume_reading(self) -> None:
         if not self._closed:

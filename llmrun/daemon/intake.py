@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import config
 from llmrun.daemon.security import OPEN_PATHS, send_error, supplied_key
+from llmrun.tokenbucket import TokenBucket
 
 # Blob uploads are model files: they have their own cap (LLMRUN_MAX_BLOB_SIZE) and are
 # streamed to disk by their route.
@@ -104,20 +105,18 @@ class TokenBuckets:
         self.per_second = per_minute / 60.0
         self.max_clients = max_clients
         self.clock = clock
-        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
+        self.buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
     def take(self, client: str) -> int:
         """0 when the request may go ahead (a token is spent), else whole seconds (>= 1)
         until the next token."""
         now = self.clock()
-        tokens, then = self.buckets.pop(client, (self.capacity, now))
-        tokens = min(self.capacity, tokens + (now - then) * self.per_second)
+        bucket = self.buckets.pop(client, None) or \
+            TokenBucket.full(self.per_second, self.capacity, now)
         wait = 0
-        if tokens >= 1.0:
-            tokens -= 1.0
-        else:
-            wait = max(1, math.ceil((1.0 - tokens) / self.per_second))
-        self.buckets[client] = (tokens, now)  # re-inserted last: most recently seen
+        if not bucket.take(1.0, now):
+            wait = max(1, math.ceil((1.0 - bucket.tokens) / self.per_second))
+        self.buckets[client] = bucket  # re-inserted last: most recently seen
         while len(self.buckets) > self.max_clients:
             self.buckets.popitem(last=False)
         return wait

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrun import protocol
+from llmrun.tokenbucket import TokenBucket
 
 # Characters of text one event may carry. A decode step gives a request a few tokens (a
 # draft model's run, at most a few dozen); the largest legitimate event is a prefill step's
@@ -68,22 +69,16 @@ class Guard:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_events = max(MAX_EVENTS_PER_FRAME, EVENTS_PER_SLOT * slots)
         self.rate = rate
-        self.burst = burst
         self._clock = clock
-        self._tokens = burst
-        self._at = clock()
+        self._frames = TokenBucket.full(rate, burst, clock())
 
     def frame(self, frame: Any) -> None:
         """One more frame, decoded but not yet checked by protocol.parse_reply: within the
         rate, and not more events than a frame may carry (counted before each is checked,
         which for a 64 MiB frame of tiny events would hold the event loop a second), or
         RunnerAbuse."""
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens < 1.0:
+        if not self._frames.take(1.0, self._clock()):
             raise RunnerAbuse(f"over {self.rate:g} frames a second")
-        self._tokens -= 1.0
         events = frame.get("events") if type(frame) is dict else None
         if type(events) is list and len(events) > self.max_events:
             raise RunnerAbuse(f"{len(events)} events in one frame (at most {self.max_events})")
