@@ -17,7 +17,6 @@ no wrapper. The numbers are x86_64's.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import signal
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's l
 from llmrun import ipc, protocol
 from llmrun.engine import runner
 from llmrun.ipc import SyncChannel
+from tests.fakes.attempts import tried
 
 SYS = {"ptrace": 101, "syslog": 103, "unshare": 272, "perf_event_open": 298, "memfd_create": 319,
        "bpf": 321, "execveat": 322, "userfaultfd": 323, "io_uring_setup": 425, "prlimit64": 302,
@@ -52,19 +52,6 @@ def raw(name: str, *args: Any) -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return rc
-
-
-def tried(attempts: dict[str, Callable[[], object]]) -> dict[str, str]:
-    results = {}
-    for name, attempt in attempts.items():
-        try:
-            attempt()
-            results[name] = "ok"
-        except OSError as exc:
-            results[name] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-        except Exception as exc:  # MemoryError, RuntimeError (a thread refused)
-            results[name] = type(exc).__name__
-    return results
 
 
 def memfd_exec() -> None:

@@ -39,23 +39,13 @@ def namespaces_available() -> list[str]:
     return out.stdout.split()
 
 
-# The probes' common part: each attempt's outcome, "ok" or the name of the errno it failed with.
-TRIED = """
-import errno
-
-def tried(attempts):
-    results = {}
-    for name, attempt in attempts.items():
-        try:
-            attempt()
-            results[name] = "ok"
-        except OSError as exc:
-            results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
-    return results
+# The probes' common part: tried(), each attempt's outcome (tests/fakes/attempts.py).
+TRIED = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from tests.fakes.attempts import tried
 """
 
-# In a child process, as the runner does: confine first, then load the real model and decode
-# a few tokens, then try what a compromised runner would. Prints one JSON object.
 RUNNER_PROBE = TRIED + """
 import ctypes, errno, json, os, signal, socket, subprocess, sys, threading
 from pathlib import Path
