@@ -243,6 +243,16 @@ class Client:
         self._raise_for(r)
         return dict(r.json())
 
+    def embed(self, model: str, inputs: list[str],
+              dimensions: int | None = None) -> list[list[float]]:
+        """/api/embed: one vector per input, in order (normalised, as Ollama's)."""
+        body: dict[str, Any] = {"model": model, "input": inputs}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        r = self.http.post("/api/embed", json=body, timeout=None)
+        self._raise_for(r)
+        return list(r.json()["embeddings"])
+
     def chat(self, model: str, messages: list[dict[str, Any]],
              options: dict[str, Any] | None = None,
              keep_alive: str | None = None,

@@ -74,6 +74,10 @@ class Options(BaseModel):
     rerank_instruction: str | None = Field(None, min_length=1, max_length=4096)
     rerank_yes: str | None = Field(None, min_length=1, max_length=64)
     rerank_no: str | None = Field(None, min_length=1, max_length=64)
+    # written before every text the model embeds, before tokenizing: the task prefix an
+    # embedding model was trained with (nomic-embed-text's "search_query: ", E5's "query: ").
+    # The daemon adds it (server/service.py); the runner sees prefixed texts
+    embed_prefix: str | None = Field(None, min_length=1, max_length=4096)
 
     @field_validator("kv_cache_type", "flash_attention", mode="before")
     @classmethod

@@ -1,7 +1,9 @@
-"""Retrieval commands: `rerank MODEL QUERY DOC...` (a ranked table)."""
+"""Retrieval commands: `rerank MODEL QUERY DOC...` (a ranked table) and `embed MODEL
+TEXT...` (one vector per text, a JSON array a line)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import typer
@@ -37,3 +39,21 @@ def register(app: typer.Typer) -> None:
                     [(str(rank), f"{r['relevance_score']:.4f}", str(r["index"]),
                       _one_line(r.get("document", {}).get("text", ""), width))
                      for rank, r in enumerate(answer["results"], 1)])
+
+    @app.command()
+    def embed(
+        model: str = typer.Argument(..., help="An embedding model (or any model that embeds)"),
+        texts: list[str] = typer.Argument(..., help="The texts to embed"),
+        dimensions: int | None = typer.Option(
+            None, "--dimensions", "-d", min=1,
+            help="Keep the first N dimensions (renormalised; Matryoshka models)"),
+    ) -> None:
+        """Embed texts: one JSON array of floats per line, in the texts' order (JSON lines,
+        for `jq` or a script)."""
+        client = connect()
+        try:
+            vectors = client.embed(model, texts, dimensions)
+        except ClientError as exc:
+            fail(str(exc))
+        for vector in vectors:
+            typer.echo(json.dumps(vector))

@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # Inputs one embedding request may carry (OpenAI's limit too). The runner gets them in pieces
 # (server/runners.py), so this bounds the work and the answer's size, not a frame.
 MAX_EMBED_INPUTS = 2048
-RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK, as GGUF's {arch}.pooling_type holds it
 
 
 def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
@@ -61,12 +60,9 @@ def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
     })
 
 
-def cross_encoder(info: dict[str, object]) -> bool:
-    """Whether GGUF metadata (Store.model_info) declares rank pooling: a classification head
-    (bge-reranker, jina-reranker, and Qwen3-Reranker as llama.cpp converts it) whose output
-    is the score, not a vocabulary to ask for yes or no."""
-    arch = info.get("general.architecture")
-    return str(info.get(f"{arch}.pooling_type")) == str(RANK_POOLING)
+# what a model that cannot chat is, and what it can be asked instead (_require)
+_KINDS = {"embedding": ("an embedding model", "embed (/api/embed, /v1/embeddings)"),
+          "rerank": ("a reranker", "rerank (/v1/rerank, /v2/rerank)")}
 
 
 @dataclass(frozen=True)
@@ -155,9 +151,9 @@ class Service:
         self.metrics = metrics
         self.max_embed_inputs = MAX_EMBED_INPUTS
         self.upstreams: dict[str, Upstream] = {}  # remote models by manifest digest
-        # whether a model (by manifest digest) declares rank pooling: its GGUF's header read
-        # once (0.1 s for SmolLM2's, most of it the vocabulary), not on every rerank
-        self._cross_encoders: dict[str, bool] = {}
+        # what a model (by manifest digest) can do, as show lists it: its GGUF's header read
+        # once (0.1 s for SmolLM2's, most of it the vocabulary), not on every request
+        self._capabilities: dict[str, list[str]] = {}
 
     def resolve(self, model: str) -> Target:
         """The model `model` names, looked up once: a 404 or 400 if there is none."""
@@ -182,6 +178,14 @@ class Service:
         self.check(req)
         if any(m.images for m in req.messages):
             self._check_vision(req, target)
+        return target
+
+    async def prepare_chat(self, req: ChatRequest) -> Target:
+        """`prepare`, and the model checked to be one that chats: an embedding model or a
+        cross-encoder gets a 400 naming what it can do, in every dialect alike, before a
+        runner is leased (it would load for nothing and fail in the engine)."""
+        target = self.prepare(req)
+        await self._require(req, target, ("completion",), "chat")
         return target
 
     @staticmethod
@@ -230,7 +234,7 @@ class Service:
         way to the runner (a dialect that must answer before the first token can tell a
         load from a queue)."""
         t0 = time.perf_counter()
-        target = self.prepare(req)
+        target = await self.prepare_chat(req)
         async with self._hold(req, target, "generate") as held:
             if leased is not None:
                 leased.set()
@@ -246,7 +250,7 @@ class Service:
     async def count_tokens(self, req: ChatRequest) -> int:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
         the same request `chat` would send, so the count matches its `prompt_tokens`."""
-        target = self.prepare(req)
+        target = await self.prepare_chat(req)
         async with self._hold(req, target, "count") as held:
             return await held.runner.count(merged(req, held.manifest))
 
@@ -254,7 +258,11 @@ class Service:
                      ) -> dict[str, Any]:
         """A token utility on `req`'s model (loaded if need be): `msg` is the runner message
         (count with detail, tokenize, detokenize), `answer` the event it replies with."""
-        target = self.prepare(req)
+        # counting renders the chat template: a chat's, which a model that cannot chat lacks
+        if msg["type"] == "count":
+            target = await self.prepare_chat(req)
+        else:
+            target = self.prepare(req)
         async with self._hold(req, target, str(msg["type"])) as held:
             if msg["type"] == "count":
                 msg = {**msg, "request": merged(req, held.manifest).model_dump()}
@@ -262,13 +270,20 @@ class Service:
 
     async def embed(self, req: ChatRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:
-        """(vectors, prompt tokens, load ns, total ns) for `inputs` on `req.model`."""
+        """(vectors, prompt tokens, load ns, total ns) for `inputs` on `req.model`, each
+        after the model's `embed_prefix` (PARAMETER embed_prefix, or the request's option)."""
         if len(inputs) > self.max_embed_inputs:
             raise EngineError(f"too many inputs: {len(inputs)}; at most "
                               f"{self.max_embed_inputs} can be embedded in one request",
                               code="too_large")
         t0 = time.perf_counter()
         target = self.resolve(req.model)
+        # a chat model embeds too (its last layer pooled), as Ollama lets it; a cross-encoder's
+        # output is a score, no vector
+        await self._require(req, target, ("embedding", "completion"), "embed")
+        prefix = merged(req, target.manifest).options.embed_prefix
+        if prefix:
+            inputs = [prefix + text for text in inputs]
         async with self._hold(req, target, "embed") as held:
             vectors, n_tokens = await held.runner.embed(inputs, truncate)
             return (vectors, n_tokens, int(held.load_seconds * 1e9),
@@ -302,12 +317,29 @@ class Service:
             return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
-    async def _cross_encoder(self, manifest: Manifest) -> bool:
-        known = self._cross_encoders.get(manifest.digest)
-        if known is None:  # (off the event loop: a large vocabulary takes a while to read)
-            info = await asyncio.to_thread(self.store.model_info, manifest)
-            known = self._cross_encoders[manifest.digest] = cross_encoder(info)
+    async def capabilities(self, manifest: Manifest) -> list[str]:
+        """What the model can do (Store.capabilities: completion, embedding, rerank...),
+        read once per manifest, off the event loop (a large vocabulary takes a while)."""
+        known = self._capabilities.get(manifest.digest)
+        if known is None:
+            known = await asyncio.to_thread(self.store.capabilities, manifest)
+            self._capabilities[manifest.digest] = known
         return known
+
+    async def _cross_encoder(self, manifest: Manifest) -> bool:
+        """Whether the GGUF declares rank pooling (describe.cross_encoder): it only reranks."""
+        return await self.capabilities(manifest) == ["rerank"]
+
+    async def _require(self, req: ChatRequest, target: Target, can: tuple[str, ...],
+                       doing: str) -> None:
+        """A 400 before any runner is leased when the model can do none of `can` (an
+        embedding model asked to chat, a reranker to embed), saying what it can do."""
+        caps = await self.capabilities(target.manifest)
+        if any(c in caps for c in can):
+            return
+        kind, use = _KINDS.get(caps[0] if caps else "", ("a model", "not be served here"))
+        raise EngineError(f"model '{req.model}' is {kind}: it can {use}, not {doing}",
+                          code="invalid_request")
 
     def ps(self) -> list[ModelState]:
         """The loaded models, as /api/ps shows them."""

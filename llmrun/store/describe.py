@@ -76,13 +76,55 @@ def projector_info(store: Store, manifest: Manifest) -> dict[str, object] | None
     return _scalar_info(gguf.read(path)) if path is not None else None
 
 
+# llama.cpp's encoder-only architectures (src/llama-arch.cpp, the BERT family): their
+# output is a pooled vector or a rank, never a next token, so they embed and cannot chat
+ENCODER_ARCHITECTURES = frozenset({
+    "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2",
+    "jina-bert-v3", "eurobert"})
+# llama.cpp's LLAMA_POOLING_TYPE_*, as GGUF's {arch}.pooling_type holds them
+NO_POOLING = 0
+RANK_POOLING = 4
+
+
+def pooling(info: Mapping[str, object]) -> int | None:
+    """The pooling type the GGUF declares ({arch}.pooling_type); None if it declares none."""
+    value = info.get(f"{info.get('general.architecture')}.pooling_type")
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def cross_encoder(info: Mapping[str, object]) -> bool:
+    """Whether GGUF metadata (Store.model_info) declares rank pooling: a classification head
+    (bge-reranker, jina-reranker, and Qwen3-Reranker as llama.cpp converts it) whose output
+    is the score, not a vocabulary to ask for yes or no."""
+    return pooling(info) == RANK_POOLING
+
+
+def embedding_only(info: Mapping[str, object]) -> bool:
+    """Whether the GGUF is an embedding model, not a chat model: an encoder-only
+    architecture, or any model declaring a pooling type (llama.cpp's converter writes one
+    only for embedding models and rerankers: Qwen3-Embedding is a qwen3 with `last`)."""
+    if info.get("general.architecture") in ENCODER_ARCHITECTURES:
+        return True
+    kind = pooling(info)
+    return kind is not None and kind > NO_POOLING
+
+
 def capabilities(template: str, info: Mapping[str, object], vision: bool = False,
                  rerank: bool = False) -> list[str]:
-    """Every model takes tools here: a template without tool support gets them in a system
-    preamble. `vision` is having a projector: images need one, whatever the template says.
-    `rerank`: the Modelfile makes it a reranker (PARAMETER rerank...); it still chats."""
+    """Every chat model takes tools here: a template without tool support gets them in a
+    system preamble. `vision` is having a projector: images need one, whatever the template
+    says. `rerank`: the Modelfile makes a chat model a reranker (PARAMETER rerank...); it
+    still chats. What the GGUF itself is comes first: a rank-pooled model only reranks, an
+    embedding model (encoder-only, or pooled) only embeds, whatever its template says."""
     from llmrun.chat import thinking
 
+    if cross_encoder(info):
+        return ["rerank"]
+    if embedding_only(info):
+        return ["embedding"]
     out = ["completion", "tools"]
     if "tokenizer.ggml.fim_pre_token_id" in info:
         out.append("insert")
