@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 import threading
 from pathlib import Path
 
@@ -262,6 +263,30 @@ def test_catalog_sha256_is_enforced(store: Store, hub: HubServer, tiny: Path) ->
                  tiny)
     with pytest.raises(StoreError, match="differs from the catalog"):
         store.pull("smollm2:360m")
+    assert store.list() == []
+
+
+@pytest.mark.parametrize(("name", "repo", "file", "pinned"), [
+    ("bge-m3", "ggml-org/bge-m3-Q8_0-GGUF", "bge-m3-q8_0.gguf", "aa473d51"),
+    ("nomic-embed-text:v1.5-query", "nomic-ai/nomic-embed-text-v1.5-GGUF",
+     "nomic-embed-text-v1.5.Q8_0.gguf", "3e243421"),
+    ("qwen3-embedding", "Qwen/Qwen3-Embedding-0.6B-GGUF", "Qwen3-Embedding-0.6B-Q8_0.gguf",
+     "06507c7b"),
+    ("bge-reranker-v2-m3", "gpustack/bge-reranker-v2-m3-GGUF", "bge-reranker-v2-m3-Q8_0.gguf",
+     "a43c7c9b"),
+    ("qwen3-reranker:0.6b", "ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF",
+     "qwen3-reranker-0.6b-q8_0.gguf", "22c9979c"),
+])
+def test_retrieval_names_pull_their_pinned_files(store: Store, hub: HubServer, tiny: Path,
+                                                 name: str, repo: str, file: str,
+                                                 pinned: str) -> None:
+    # the Hub here serves the tiny model under each catalog file's name: the pull goes to
+    # that very repo and file, and the catalog's sha256 refuses what is not the real one
+    hub.add_file(repo, file, tiny)
+    with pytest.raises(StoreError, match=f"{re.escape(repo)}/{re.escape(file)}: the Hub's "
+                                         f"sha256 [0-9a-f]+ differs from the catalog's "
+                                         f"{pinned}"):
+        store.pull(name)
     assert store.list() == []
 
 

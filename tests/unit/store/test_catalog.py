@@ -26,6 +26,9 @@ REQUIRED = [
     "phi4-mini:3.8b",
     "mistral:7b",
     "smolvlm:256m", "smolvlm:500m",
+    "bge-m3:567m", "nomic-embed-text:v1.5", "nomic-embed-text:v1.5-query",
+    "nomic-embed-text:v1.5-document", "qwen3-embedding:0.6b", "bge-reranker-v2-m3:568m",
+    "qwen3-reranker:0.6b",
 ]
 # What a bare name (`:latest`) means: smollm2 is llmrun's PyPI-installable default, the
 # others follow Ollama's library.
@@ -39,6 +42,12 @@ LATEST = {
     "phi4-mini": "3.8b",
     "mistral": "7b",
     "smolvlm": "256m",
+    # retrieval: Ollama's names where it has them; only the 0.6B Qwen3s are here
+    "bge-m3": "567m",
+    "nomic-embed-text": "v1.5",
+    "qwen3-embedding": "0.6b",
+    "bge-reranker-v2-m3": "568m",
+    "qwen3-reranker": "0.6b",
 }
 CONVERSATION = [
     {"role": "system", "content": "Answer in one word."},
@@ -234,3 +243,17 @@ def test_ollama_stop_parameters() -> None:
     assert params("mistral")["stop"] == ["[INST]", "[/INST]"]
     assert params("gemma3:270m") == {"temperature": 1.0, "top_k": 64, "top_p": 0.95,
                                      "stop": ["<end_of_turn>"]}
+
+
+def test_nomic_embed_text_tags_write_its_task_prefixes() -> None:
+    def entry(name: str) -> catalog.CatalogModel:
+        found = catalog.lookup(names.parse(name))
+        assert found is not None, name
+        return found
+    assert "embed_prefix" not in entry("nomic-embed-text").parameters  # as Ollama's
+    assert entry("nomic-embed-text:v1.5-query").parameters == {"embed_prefix": "search_query: "}
+    assert entry("nomic-embed-text:v1.5-document").parameters == \
+        {"embed_prefix": "search_document: "}
+    # the three are one file, stored once
+    assert len({(s.sha256, s.size) for t in ("v1.5", "v1.5-query", "v1.5-document")
+                for s in entry(f"nomic-embed-text:{t}").sources}) == 1
