@@ -2,7 +2,7 @@
 embeds and does not chat, a rank-pooled one only reranks, a Modelfile-made LLM reranker still
 chats. A chat to a model that cannot chat is a 400 in each dialect's own shape before a runner
 is leased; an embedding from a cross-encoder too. A Modelfile's `embed_prefix` is written
-before every text embedded. Header-only GGUFs (nothing is loaded), milliseconds."""
+before every text embedded. Tiny GGUFs, never loaded (fake runners), milliseconds."""
 
 from __future__ import annotations
 
@@ -22,20 +22,19 @@ from llmrun.server.scheduler import Scheduler
 from llmrun.server.service import Service
 from llmrun.store import Store
 from llmrun.store.describe import ENCODER_ARCHITECTURES
+from tests.fakes.encodermodel import write_tiny_bert
 from tests.fakes.scheduler import FakeRunner, Farm
 from tests.fakes.tinymodel import write_tiny_llama
 
 CHAT = {"model": "bge", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def write_header(path: Path, arch: str, pooling: int | None) -> Path:
-    """A GGUF of `arch` with a vocabulary and one tensor: enough for the store and `show`,
-    never loaded (a refused request must not reach a runner)."""
+def write_header(path: Path, arch: str) -> Path:
+    """A GGUF of `arch` declaring no pooling type (tests/fakes/encodermodel.py always writes
+    one): a vocabulary and one tensor, enough for the store and `show`, never loaded."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(512)
     w.add_embedding_length(8)
-    if pooling is not None:
-        w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_tokenizer_model("bert")
     w.add_token_list(["[PAD]", "[CLS]", "[SEP]", "hello"])
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
@@ -52,13 +51,14 @@ def store(tmp_path: Path) -> Store:
     llama = write_tiny_llama(tmp_path / "a.gguf", seed=0)
     store.create("chat", f"FROM {llama}\n")
     store.create("llm-ranker", f"FROM {llama}\nPARAMETER rerank true\n")
-    store.create("bge", f"FROM {write_header(tmp_path / 'bge.gguf', 'bert', 2)}\n")
-    # an encoder-only architecture says it, with or without a pooling type in its header
-    store.create("nomic", f"FROM {write_header(tmp_path / 'n.gguf', 'nomic-bert', None)}\n"
+    bge = write_tiny_bert(tmp_path / "bge.gguf", pooling=gguf.PoolingType.CLS)
+    store.create("bge", f"FROM {bge}\n")
+    # an encoder-only architecture says it without a pooling type in its header too
+    store.create("nomic", f"FROM {write_header(tmp_path / 'n.gguf', 'nomic-bert')}\n"
                           'PARAMETER embed_prefix "search_query: "\n')
     # a decoder declaring `last` pooling (Qwen3-Embedding as llama.cpp converts it)
     store.create("qwen-embed", f"FROM {write_tiny_llama(tmp_path / 'e.gguf', pooling=3)}\n")
-    store.create("xenc", f"FROM {write_header(tmp_path / 'x.gguf', 'bert', 4)}\n")
+    store.create("xenc", f"FROM {write_tiny_bert(tmp_path / 'x.gguf', rank_head=True)}\n")
     store.create("qwen-rank", f"FROM {write_tiny_llama(tmp_path / 'r.gguf', pooling=4)}\n")
     return store
 
