@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -25,24 +24,9 @@ from llmrun.store.describe import ENCODER_ARCHITECTURES
 from tests.fakes.encodermodel import write_tiny_bert
 from tests.fakes.scheduler import FakeRunner, Farm
 from tests.fakes.tinymodel import write_tiny_llama
+from tests.unit.store.test_gguf import write_gguf
 
 CHAT = {"model": "bge", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def write_header(path: Path, arch: str) -> Path:
-    """A GGUF of `arch` declaring no pooling type (tests/fakes/encodermodel.py always writes
-    one): a vocabulary and one tensor, enough for the store and `show`, never loaded."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(512)
-    w.add_embedding_length(8)
-    w.add_tokenizer_model("bert")
-    w.add_token_list(["[PAD]", "[CLS]", "[SEP]", "hello"])
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture
@@ -54,7 +38,9 @@ def store(tmp_path: Path) -> Store:
     bge = write_tiny_bert(tmp_path / "bge.gguf", pooling=gguf.PoolingType.CLS)
     store.create("bge", f"FROM {bge}\n")
     # an encoder-only architecture says it without a pooling type in its header too
-    store.create("nomic", f"FROM {write_header(tmp_path / 'n.gguf', 'nomic-bert')}\n"
+    # (tests/fakes/encodermodel.py always writes one); a header alone, never loaded
+    nomic = write_gguf(tmp_path / "n.gguf", arch="nomic-bert", chat_template=None)
+    store.create("nomic", f"FROM {nomic}\n"
                           'PARAMETER embed_prefix "search_query: "\n')
     # a decoder declaring `last` pooling (Qwen3-Embedding as llama.cpp converts it)
     store.create("qwen-embed", f"FROM {write_tiny_llama(tmp_path / 'e.gguf', pooling=3)}\n")
