@@ -299,6 +299,7 @@ class Service:
         t0 = time.perf_counter()
         bounds.check_rerank(query, documents)
         target = self.resolve(req.model)
+        await self._require(req, target, ("rerank", "completion"), "rerank")  # (an embedder)
         if target.upstream is not None:
             raise EngineError(f"{req.model} is served by a remote server: reranking is not "
                               "available for it", code="invalid_request")
@@ -337,7 +338,8 @@ class Service:
         caps = await self.capabilities(target.manifest)
         if any(c in caps for c in can):
             return
-        kind, use = _KINDS.get(caps[0] if caps else "", ("a model", "not be served here"))
+        # (what cannot chat or embed lists one thing: describe.capabilities)
+        kind, use = _KINDS.get(caps[0], ("a model", " and ".join(caps)))
         raise EngineError(f"model '{req.model}' is {kind}: it can {use}, not {doing}",
                           code="invalid_request")
 

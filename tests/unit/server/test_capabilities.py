@@ -118,6 +118,11 @@ def test_a_cross_encoder_neither_chats_nor_embeds(app: tuple[TestClient, list[st
                                  "/v2/rerank), not embed"}
     r = client.post("/v1/embeddings", json={"model": "xenc", "input": "a"})
     assert r.status_code == 400 and "not embed" in r.json()["error"]["message"]
+    # and an embedding model does not rerank
+    r = client.post("/v1/rerank", json={"model": "bge", "query": "q", "documents": ["d"]})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("model 'bge' is an embedding model: it can embed "
+                                            "(/api/embed, /v1/embeddings), not rerank")
     # what it can do is in `show`, as Ollama's clients read it
     assert client.post("/api/show", json={"model": "xenc"}).json()["capabilities"] == ["rerank"]
     assert leased == []
