@@ -31,7 +31,8 @@ from llmrun.server.fit import Placement
 from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import ModelState, Runner, Scheduler
 from llmrun.server.upstream import Upstream
-from llmrun.store import Manifest, Store
+from llmrun.store import Manifest, Store, StoreError
+from llmrun.store.gguf import GGUFError
 from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
@@ -323,7 +324,10 @@ class Service:
         read once per manifest, off the event loop (a large vocabulary takes a while)."""
         known = self._capabilities.get(manifest.digest)
         if known is None:
-            known = await asyncio.to_thread(self.store.capabilities, manifest)
+            try:
+                known = await asyncio.to_thread(self.store.capabilities, manifest)
+            except (OSError, StoreError, GGUFError) as exc:  # as a load would say (memory.py)
+                raise EngineError(f"model '{manifest.name}' cannot be loaded: {exc}") from None
             self._capabilities[manifest.digest] = known
         return known
 

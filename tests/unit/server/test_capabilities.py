@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llmrun.daemon.app import create_app
-from llmrun.request import ChatRequest
+from llmrun.request import ChatRequest, EngineError
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.service import Service
 from llmrun.store import Store
@@ -153,3 +153,22 @@ def test_the_embed_prefix_goes_before_every_text(store: Store, tmp_path: Path,
             await sched.shutdown()
     asyncio.run(asyncio.wait_for(main(), 60))
     assert seen == [["search_query: a", "search_query: b"], ["a"], ["search_document: c"]]
+
+
+def test_an_unreadable_model_is_a_clear_error_not_a_crash(store: Store, tmp_path: Path) -> None:
+    _, manifest = store.get("bge")
+    store.blobs.path(manifest.model.digest).write_bytes(b"not a gguf")
+
+    async def main() -> None:
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free)
+        try:
+            chat = ChatRequest.model_validate(CHAT)
+            with pytest.raises(EngineError,
+                               match=r"model 'bge:latest' cannot be loaded: .*bad magic"):
+                async for _ in Service(store, sched).chat(chat):
+                    pass
+            assert farm.runners == []
+        finally:
+            await sched.shutdown()
+    asyncio.run(asyncio.wait_for(main(), 60))
