@@ -339,7 +339,10 @@ class Service:
                        doing: str) -> None:
         """A 400 before any runner is leased when the model can do none of `can` (an
         embedding model asked to chat, a reranker to embed), saying what it can do."""
-        caps = await self.capabilities(target.manifest)
+        try:
+            caps = await self.capabilities(target.manifest)
+        except EngineError:
+            return  # a model file unreadable: the lease says so in the load's own words
         if any(c in caps for c in can):
             return
         # (what cannot chat or embed lists one thing: describe.capabilities)

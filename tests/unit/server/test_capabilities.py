@@ -164,11 +164,11 @@ def test_an_unreadable_model_is_a_clear_error_not_a_crash(store: Store, tmp_path
         sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free)
         try:
             chat = ChatRequest.model_validate(CHAT)
-            with pytest.raises(EngineError,
-                               match=r"model 'bge:latest' cannot be loaded: .*bad magic"):
+            # what is not read for the check is left to the load, which says what to do
+            with pytest.raises(EngineError, match=r"model 'bge' cannot be loaded: .*modified "
+                                                  r"on disk .*pull or create the model again"):
                 async for _ in Service(store, sched).chat(chat):
                     pass
-            assert farm.runners == []
         finally:
             await sched.shutdown()
     asyncio.run(asyncio.wait_for(main(), 60))
