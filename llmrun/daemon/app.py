@@ -20,9 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
 from llmrun.api.dialect import Backends
+from llmrun.daemon import web
 from llmrun.daemon.dialects import DIALECTS, dialect, error_body
 from llmrun.daemon.intake import BodyLimit, RateLimit
-from llmrun.daemon import web
 from llmrun.daemon.security import Security, authorized
 from llmrun.request import EngineError
 from llmrun.server.devices import DeviceList

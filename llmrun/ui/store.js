@@ -61,6 +61,7 @@ function str(value, limit = 10_000_000) {
 function cleanMessage(m) {
   if (!m || !ROLES.has(m.role)) return null;
   const out = { role: m.role, content: str(m.content) };
+  if (m.model) out.model = str(m.model, 300);
   if (m.thinking) out.thinking = str(m.thinking);
   if (Array.isArray(m.images)) {
     out.images = m.images.filter((i) => typeof i === "string" && /^[A-Za-z0-9+/=]+$/.test(i));
