@@ -262,14 +262,24 @@ export class Chat {
     const view = this.list.lastElementChild;
     view.scrollIntoView({ block: "end" });
     let frame = 0;
-    // at most one re-render per frame: the whole answer is parsed again each time
+    let shown = false;
+    const paint = () => {
+      const fresh = this.messageView(reply, conversation.messages.length - 1, conversation.messages);
+      view.replaceChildren(...fresh.childNodes);
+      view.scrollIntoView({ block: "end" });
+    };
+    // The first text at once (the wait for it is what a user feels), then at most one
+    // re-render per frame: the whole answer is parsed again each time.
     const update = () => {
       if (frame) return;
+      if (!shown && (reply.content || reply.thinking)) {
+        shown = true;
+        paint();
+        return;
+      }
       frame = requestAnimationFrame(() => {
         frame = 0;
-        const fresh = this.messageView(reply, conversation.messages.length - 1, conversation.messages);
-        view.replaceChildren(...fresh.childNodes);
-        view.scrollIntoView({ block: "end" });
+        paint();
       });
     };
     let last = null;
