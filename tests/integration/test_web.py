@@ -362,6 +362,11 @@ def test_page_loads_with_the_models_and_nothing_else(page: Watched) -> None:
         .filter(e => !(e.labels?.length || e.getAttribute('aria-label') || e.textContent.trim()))
         .map(e => e.id || e.outerHTML)""")
     assert unlabelled == []
+    # the keyboard's first stop skips to the message box; Enter sends, Shift+Enter does not
+    p.keyboard.press("Tab")
+    assert p.evaluate("document.activeElement.className") == "skip"
+    p.keyboard.press("Enter")
+    assert p.evaluate("document.activeElement.id") == "prompt"
 
 
 @needs_browser
@@ -378,6 +383,7 @@ def test_an_answer_streams_stops_and_regenerates(page: Watched, web: Daemon) -> 
     assert len(grown) >= 3, samples  # the text grew over several frames
     assert samples == sorted(samples), samples  # and only grew
     text = first.locator(".body").inner_text()
+    assert "● loaded" in p.locator("#model option[value='smollm2:latest']").inner_text()
     stats = first.locator(".stats").inner_text()
     assert "tokens/s" in stats and "context" in stats and "of 2048" in stats, stats
     assert p.get_attribute("#messages", "aria-busy") == "false"
@@ -455,6 +461,9 @@ def test_edit_and_resend(page: Watched) -> None:
     p = page.page
     pick(page, "fake")
     ask(page, "echo: first")
+    p.fill("#prompt", "echo: second")
+    p.press("#prompt", "Shift+Enter")  # a new line, not sent
+    assert p.input_value("#prompt") == "echo: second\n"
     ask(page, "echo: second")
     assert p.locator(".msg").count() == 4
     user = p.locator(".msg.user").first
@@ -465,6 +474,25 @@ def test_edit_and_resend(page: Watched) -> None:
     assert p.locator(".msg").count() == 2  # what came after the edited message is gone
     assert p.locator(".msg.user .body").inner_text() == "echo: <b>edited</b>"  # as text
     assert answer.locator(".body b").inner_text() == "edited"  # the echo, as Markdown
+
+
+CODE = "echo: Here:\n\n```python\ndef add(a, b):\n    return a + b\n```\n"
+
+
+@needs_browser
+def test_code_is_highlighted_and_copied(context: Any, page: Watched) -> None:
+    p = page.page
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=page.origin)
+    pick(page, "fake")
+    p.fill("#prompt", CODE)
+    p.press("#prompt", "Enter")
+    answer = finished(page, 0)
+    code = answer.locator(".code pre code.hljs")
+    assert code.locator("span.hljs-keyword").first.inner_text() == "def"
+    assert code.inner_text() == "def add(a, b):\n    return a + b\n"
+    answer.get_by_role("button", name="Copy the code").click()
+    answer.get_by_text("Copied").wait_for()
+    assert p.evaluate("navigator.clipboard.readText()") == "def add(a, b):\n    return a + b\n"
 
 
 @needs_browser
