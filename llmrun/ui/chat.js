@@ -45,11 +45,13 @@ function statsText(stats) {
 }
 
 export class Chat {
-  // conversation(): the open conversation; save(): store it; notice(text): show an error
-  constructor({ conversation, save, notice }) {
+  // conversation(): the open conversation; save(): store it; notice(text): show an error;
+  // refused(error): the daemon wants a (new) key
+  constructor({ conversation, save, notice, refused }) {
     this.conversation = conversation;
     this.save = save;
     this.notice = notice;
+    this.refused = refused;
     this.controller = null;
     this.pending = [];  // images attached to the next message: {data (base64), url}
     this.list = $("messages");
@@ -294,6 +296,7 @@ export class Chat {
     } catch (error) {
       if (error.name === "AbortError") reply.stopped = true;
       else reply.error = error.message;
+      if (error.status === 401) this.refused(error);
     }
     cancelAnimationFrame(frame);
     delete reply.streaming;

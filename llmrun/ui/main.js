@@ -31,7 +31,7 @@ async function save() {
   await showList();
 }
 
-const chat = new Chat({ conversation: () => current, save, notice });
+const chat = new Chat({ conversation: () => current, save, notice, refused: fail });
 
 // -- the list of conversations -----------------------------------------------------------
 
@@ -150,6 +150,12 @@ $("open-sidebar").addEventListener("click", () => {
   $("search").focus();
 });
 $("close-sidebar").addEventListener("click", closeSidebar);
+$("sidebar").addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && document.body.classList.contains("sidebar-open")) {
+    closeSidebar();
+    $("open-sidebar").focus();
+  }
+});
 $("model").addEventListener("change", () => {
   current.model = $("model").value;
   localStorage.setItem("llmrun.model", current.model);

@@ -44,23 +44,26 @@ export function setUpPull(onPulled) {
   const dialog = $("pull-dialog");
   const progress = $("pull-progress");
   const status = $("pull-status");
-  let pulling = null;
+  let pulling = false;
+  // closing the dialog does not stop a pull (the daemon goes on downloading anyway): it
+  // ends in the background and the model then appears in the picker
   closeButtons(dialog);
-  dialog.addEventListener("close", () => pulling?.abort());
   $("pull-open").addEventListener("click", () => {
-    status.textContent = "";
-    progress.hidden = true;
+    if (!pulling) {  // a pull under way keeps showing its progress
+      status.textContent = "";
+      progress.hidden = true;
+    }
     dialog.showModal();
   });
   $("pull-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     if (pulling) return;
     const name = $("pull-name").value.trim();
-    pulling = new AbortController();
+    pulling = true;
     $("pull-start").disabled = true;
     status.textContent = `Pulling ${name}…`;
     try {
-      for await (const e of api.pull(name, pulling.signal)) {
+      for await (const e of api.pull(name)) {
         if (e.total) {
           progress.hidden = false;
           progress.max = e.total;
@@ -74,9 +77,9 @@ export function setUpPull(onPulled) {
       status.textContent = `${name} is ready.`;
       onPulled(name);
     } catch (error) {
-      status.textContent = error.name === "AbortError" ? "Stopped." : `Pull failed: ${error.message}`;
+      status.textContent = `Pull failed: ${error.message}`;
     } finally {
-      pulling = null;
+      pulling = false;
       $("pull-start").disabled = false;
     }
   });
