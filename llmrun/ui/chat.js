@@ -33,6 +33,14 @@ function base64(file) {
   });
 }
 
+// The type of an image from its first bytes (base64), for a data: URL that says it
+const MAGIC = { iVBOR: "image/png", "/9j/": "image/jpeg", R0lG: "image/gif", UklG: "image/webp" };
+
+function imageType(data) {
+  const found = Object.keys(MAGIC).find((prefix) => data.startsWith(prefix));
+  return found ? MAGIC[found] : "application/octet-stream";
+}
+
 function statsText(stats) {
   const parts = [];
   if (Number.isFinite(stats.tokens_per_s)) parts.push(`${stats.tokens_per_s.toFixed(1)} tokens/s`);
@@ -54,6 +62,7 @@ export class Chat {
     this.refused = refused;
     this.controller = null;
     this.pending = [];  // images attached to the next message: {data (base64), url}
+    this.opened = new WeakSet();  // messages whose thinking the user opened
     this.list = $("messages");
     $("composer").addEventListener("submit", (event) => {
       event.preventDefault();
@@ -159,6 +168,12 @@ export class Chat {
       ? (m.model || "Assistant") : "System"));
     if (m.thinking) {
       const details = element("details", "thinking");
+      // re-rendered each frame while it streams: it stays as the user left it
+      details.open = this.opened.has(m);
+      details.addEventListener("toggle", () => {
+        if (details.open) this.opened.add(m);
+        else this.opened.delete(m);
+      });
       details.append(element("summary", "", m.streaming && !m.content ? "Thinking…" : "Thinking"),
         element("div", "thought", m.thinking));  // plain text, never parsed as HTML
       view.append(details);
@@ -167,7 +182,7 @@ export class Chat {
       const row = element("div", "images");
       for (const [i, data] of m.images.entries()) {
         const img = element("img");
-        img.src = `data:image/*;base64,${data}`;  // the user's own picture
+        img.src = `data:${imageType(data)};base64,${data}`;  // the user's own picture
         img.alt = `attached image ${i + 1}`;
         row.append(img);
       }
@@ -266,9 +281,12 @@ export class Chat {
     let frame = 0;
     let shown = false;
     const paint = () => {
+      // follow the answer down, unless the user scrolled up to read
+      const list = this.list;
+      const following = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
       const fresh = this.messageView(reply, conversation.messages.length - 1, conversation.messages);
       view.replaceChildren(...fresh.childNodes);
-      view.scrollIntoView({ block: "end" });
+      if (following) list.scrollTop = list.scrollHeight;
     };
     // The first text at once (the wait for it is what a user feels), then at most one
     // re-render per frame: the whole answer is parsed again each time.

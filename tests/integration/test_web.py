@@ -573,6 +573,8 @@ def test_images_attach_to_a_vision_model_and_are_refused_for_a_text_model(
     assert answer.locator(".error").count() == 0
     assert answer.locator(".stats").count() == 1
     assert p.locator(".msg.user .images img").count() == 2
+    p.wait_for_function("""() => [...document.querySelectorAll('.msg.user .images img')]
+        .every(i => i.complete && i.naturalWidth === 32)""")  # shown, as the 32 px they are
     assert p.locator("#attachments img").count() == 0
     # the user message carried both images, as the daemon saw them: the context counts them
     stats = answer.locator(".stats").inner_text()
