@@ -87,10 +87,12 @@ THOUGHT = "<img src=x onerror=\"window.pwned='thinking'\"> THOUGHT"
 
 class FakeUpstream(ThreadingHTTPServer):
     """An OpenAI-compatible server that streams `answer` (and `thought` as reasoning) in
-    small pieces, cutting tags in two. A user message "echo: ..." is answered with itself."""
+    small pieces, cutting tags in two. A user message "echo: ..." is answered with itself.
+    `asked` is the last request's body."""
 
     answer = PAYLOAD
     thought = THOUGHT
+    asked: Any = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -104,6 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.asked = body
         last = body["messages"][-1]["content"]
         echo = isinstance(last, str) and last.startswith("echo: ")
         answer, thought = (last, "") if echo else (self.server.answer, self.server.thought)
@@ -496,12 +499,16 @@ def test_code_is_highlighted_and_copied(context: Any, page: Watched) -> None:
 
 
 @needs_browser
-def test_conversation_survives_reload_and_export_then_import(page: Watched,
-                                                              tmp_path: Path) -> None:
+def test_conversation_survives_reload_and_export_then_import(
+        page: Watched, upstream: FakeUpstream, tmp_path: Path) -> None:
     p = page.page
     pick(page, "fake")
-    settings(page, system="You are terse.", temperature=0.5)
+    settings(page, system="You are terse.", temperature=0.5, top_p=0.9, num_predict=50)
     ask(page, "echo: remember **me**")
+    asked = upstream.asked  # the conversation's settings went with the request
+    assert asked["messages"] == [{"role": "system", "content": "You are terse."},
+                                 {"role": "user", "content": "echo: remember **me**"}]
+    assert (asked["temperature"], asked["top_p"], asked["max_tokens"]) == (0.5, 0.9, 50)
     p.reload()
     p.wait_for_selector("body[data-ready=true]")
     assert p.locator(".msg.user .body").inner_text() == "echo: remember **me**"
@@ -519,7 +526,8 @@ def test_conversation_survives_reload_and_export_then_import(page: Watched,
     download.value.save_as(saved)
     exported = json.loads(saved.read_text())
     [conversation] = exported["conversations"]
-    assert conversation["settings"] == {"system": "You are terse.", "temperature": 0.5}
+    assert conversation["settings"] == {"system": "You are terse.", "temperature": 0.5,
+                                        "top_p": 0.9, "num_predict": 50}
     assert [m["role"] for m in conversation["messages"]] == ["user", "assistant"]
 
     p.get_by_role("button", name="Delete echo: remember **me**").click()
@@ -541,6 +549,7 @@ def test_conversation_survives_reload_and_export_then_import(page: Watched,
     assert "not an llmrun conversation export" in p.inner_text("#notice")
 
 
+# an image dropped on the message box, or pasted into it
 DROP = """async (b64) => {
   const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
   const data = new DataTransfer();
@@ -548,6 +557,8 @@ DROP = """async (b64) => {
   document.getElementById('composer').dispatchEvent(
       new DragEvent('drop', {dataTransfer: data, bubbles: true, cancelable: true}));
 }"""
+PASTE = DROP.replace("'drop'", "'paste'").replace("DragEvent", "ClipboardEvent") \
+    .replace("dataTransfer: data", "clipboardData: data").replace("'composer'", "'prompt'")
 
 
 @needs_browser
@@ -566,7 +577,11 @@ def test_images_attach_to_a_vision_model_and_are_refused_for_a_text_model(
     p.set_input_files("#image-file", files=[{"name": "a.png", "mimeType": "image/png",
                                              "buffer": png}])
     p.wait_for_function("() => document.querySelectorAll('#attachments img').length === 1")
-    p.evaluate(DROP, base64.b64encode(image(2)).decode())  # drag and drop
+    p.evaluate(DROP, base64.b64encode(image(2)).decode())
+    p.wait_for_function("() => document.querySelectorAll('#attachments img').length === 2")
+    p.evaluate(PASTE, base64.b64encode(image(3)).decode())
+    p.wait_for_function("() => document.querySelectorAll('#attachments img').length === 3")
+    p.get_by_role("button", name="Remove dropped.png").last.click()  # the pasted one goes
     p.wait_for_function("() => document.querySelectorAll('#attachments img').length === 2")
     settings(page, temperature=0, num_predict=8)
     answer = ask(page, "What is in these pictures?")
