@@ -52,6 +52,45 @@ function statsText(stats) {
   return parts.join(" · ");
 }
 
+// Re-renders a streaming answer. The first text at once (the wait for it is what a user
+// feels), then at most once a frame. Each paint parses the whole answer again, so a long
+// one costs more: after a paint of t ms the next waits 2t, and painting never takes over a
+// third of the time (the stream is read meanwhile; the last paint shows all of it).
+class Painter {
+  constructor(paint) {
+    this.paint = paint;
+    this.frame = 0;
+    this.shown = false;
+    this.calmUntil = 0;
+  }
+
+  update(visible) {
+    if (this.frame) return;
+    if (!this.shown && visible) {
+      this.shown = true;
+      this.timed();
+      return;
+    }
+    const tick = (now) => {
+      this.frame = now < this.calmUntil ? requestAnimationFrame(tick) : 0;
+      if (!this.frame) this.timed();
+    };
+    this.frame = requestAnimationFrame(tick);
+  }
+
+  timed() {
+    const start = performance.now();
+    this.paint();
+    const end = performance.now();
+    this.calmUntil = end + 2 * (end - start);
+  }
+
+  cancel() {
+    cancelAnimationFrame(this.frame);
+    this.frame = 0;
+  }
+}
+
 export class Chat {
   // conversation(): the open conversation; save(): store it; notice(text): show an error;
   // refused(error): the daemon wants a (new) key
@@ -278,30 +317,14 @@ export class Chat {
     this.render();
     const view = this.list.lastElementChild;
     view.scrollIntoView({ block: "end" });
-    let frame = 0;
-    let shown = false;
-    const paint = () => {
+    const painter = new Painter(() => {
       // follow the answer down, unless the user scrolled up to read
       const list = this.list;
       const following = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
       const fresh = this.messageView(reply, conversation.messages.length - 1, conversation.messages);
       view.replaceChildren(...fresh.childNodes);
       if (following) list.scrollTop = list.scrollHeight;
-    };
-    // The first text at once (the wait for it is what a user feels), then at most one
-    // re-render per frame: the whole answer is parsed again each time.
-    const update = () => {
-      if (frame) return;
-      if (!shown && (reply.content || reply.thinking)) {
-        shown = true;
-        paint();
-        return;
-      }
-      frame = requestAnimationFrame(() => {
-        frame = 0;
-        paint();
-      });
-    };
+    });
     let last = null;
     try {
       for await (const chunk of api.chat({ model: conversation.model, messages: history,
@@ -309,14 +332,14 @@ export class Chat {
         if (chunk.message?.content) reply.content += chunk.message.content;
         if (chunk.message?.thinking) reply.thinking = (reply.thinking || "") + chunk.message.thinking;
         if (chunk.done) last = chunk;
-        update();
+        painter.update(Boolean(reply.content || reply.thinking));
       }
     } catch (error) {
       if (error.name === "AbortError") reply.stopped = true;
       else reply.error = error.message;
       if (error.status === 401) this.refused(error);
     }
-    cancelAnimationFrame(frame);
+    painter.cancel();
     delete reply.streaming;
     this.controller = null;
     if (last) {
