@@ -69,3 +69,18 @@ def test_served_with_the_policy_and_nothing_outside_the_table() -> None:
         missing = client.get(path)
         assert missing.status_code == 404
         assert missing.headers["content-security-policy"] == web.CSP
+
+
+def test_every_vendored_file_is_pinned_with_its_licence() -> None:
+    """VENDOR.md's table (what scripts/web-vendor.sh fetches) and the vendor folder agree."""
+    vendor = web.ROOT / "vendor"
+    listed = set()
+    for row in re.findall(r"^\| `[^`]+` \|.*$", (vendor / "VENDOR.md").read_text(), re.M):
+        cells = [c.strip().strip("`") for c in row.strip("|").split("|")]
+        _, version, integrity, into, files = cells
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version) and integrity.startswith("sha512-")
+        assert "LICENSE" in files.split()
+        for f in files.split():  # a package path, or path=name in the vendor folder
+            listed.add(f"{into}/" + (f.split("=", 1)[1] if "=" in f else f.rsplit("/", 1)[-1]))
+    present = {p.relative_to(vendor).as_posix() for p in vendor.rglob("*") if p.is_file()}
+    assert present - {"VENDOR.md"} == listed
