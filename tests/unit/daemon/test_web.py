@@ -65,6 +65,9 @@ def test_served_with_the_policy_and_nothing_outside_the_table() -> None:
     r = client.get("/ui/")
     assert r.status_code == 200 and r.headers["content-security-policy"] == web.CSP
     assert client.get("/ui", follow_redirects=False).headers["location"] == "/ui/"
+    head = client.head("/ui/main.js")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["etag"] == client.get("/ui/main.js").headers["etag"]
     for path in ("/ui/nope.js", "/ui/vendor/VENDOR.md", "/ui/vendor/marked/LICENSE"):
         missing = client.get(path)
         assert missing.status_code == 404
