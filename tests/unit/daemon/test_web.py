@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from llmrun.daemon import web
+from llmrun.daemon import security, web
 
 TABLE = web.assets()
 # what index.html loads, and what each module imports (relative specifiers only: the page
@@ -56,6 +56,11 @@ def test_the_page_has_no_inline_script_or_style() -> None:
     assert re.findall(r"<script\b[^>]*>", html) == ['<script type="module" src="main.js">']
     assert "<style" not in html
     assert not re.search(r"<[^>]*\s(on\w+|style)=", html)  # no handler, no style attribute
+
+
+def test_the_key_check_opens_exactly_the_page() -> None:
+    assert security.OPEN_PREFIX == web.PREFIX
+    assert web.PREFIX.rstrip("/") in security.OPEN_PATHS
 
 
 def test_served_with_the_policy_and_nothing_outside_the_table() -> None:
