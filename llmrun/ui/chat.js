@@ -2,27 +2,12 @@
 // attached images and the numbers after each answer.
 
 import { api } from "./api.js";
+import { $, button, element } from "./dom.js";
 import { canSee, contextSize, refresh } from "./models.js";
 import { markdown } from "./render.js";
 import { options } from "./settings.js";
 
-const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 20 * 2 ** 20;
-
-function element(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function button(text, label, onClick) {
-  const node = element("button", "link", text);
-  node.type = "button";
-  if (label) node.setAttribute("aria-label", label);
-  node.addEventListener("click", onClick);
-  return node;
-}
 
 function base64(file) {
   return new Promise((resolve, reject) => {

@@ -2,11 +2,11 @@
 
 import { ApiError, key } from "./api.js";
 import { Chat } from "./chat.js";
+import { $, button, element } from "./dom.js";
 import { refresh, setUpPull, setUpStatus } from "./models.js";
 import { setUpSettings } from "./settings.js";
 import { conversations, exportJSON, newId, parseImport } from "./store.js";
 
-const $ = (id) => document.getElementById(id);
 let current = blank();
 
 function blank() {
@@ -46,30 +46,24 @@ async function showList() {
   const query = $("search").value.trim();
   const list = (await conversations.all()).filter((c) => matches(c, query));
   $("conversations").replaceChildren(...list.map((c) => {
-    const item = document.createElement("li");
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "conversation";
-    open.textContent = c.title;
+    const open = button(c.title, "", () => openConversation(c.id), "conversation");
     if (c.id === current.id) open.setAttribute("aria-current", "true");
-    open.addEventListener("click", () => openConversation(c.id));
-    const remove = document.createElement("button");
-    remove.type = "button";
-    remove.className = "link";
-    remove.textContent = "✕";
-    remove.setAttribute("aria-label", `Delete ${c.title}`);
-    remove.addEventListener("click", async () => {
+    const remove = button("✕", `Delete ${c.title}`, async () => {
       await conversations.remove(c.id);
       if (c.id === current.id) await openConversation(null);
       else await showList();
     });
+    const item = element("li");
     item.append(open, remove);
     return item;
   }));
 }
 
 async function openConversation(id) {
-  if (chat.busy) return;
+  if (chat.busy) {
+    notice("An answer is still coming: wait for it, or Stop it, to change conversations.");
+    return;
+  }
   const found = id ? await conversations.get(id) : null;
   current = found || blank();
   if (current.model) await refresh(current.model).catch(fail);
@@ -89,7 +83,7 @@ function closeSidebar() {
 
 async function exportAll() {
   const blob = new Blob([exportJSON(await conversations.all())], { type: "application/json" });
-  const link = document.createElement("a");
+  const link = element("a");
   link.href = URL.createObjectURL(blob);
   link.download = `llmrun-conversations-${new Date().toISOString().slice(0, 10)}.json`;
   link.click();

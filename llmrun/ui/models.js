@@ -2,8 +2,8 @@
 // (/api/show), pulling a model with its progress, and the status view of what is loaded.
 
 import { api } from "./api.js";
+import { $, button, closers, element } from "./dom.js";
 
-const $ = (id) => document.getElementById(id);
 const capabilities = new Map();  // model name -> Promise of its capability list
 let loaded = new Map();  // model name -> its /api/ps entry
 
@@ -17,9 +17,8 @@ export async function refresh(selected) {
   const picker = $("model");
   const keep = selected || picker.value;
   picker.replaceChildren(...tags.models.map((m) => {
-    const option = document.createElement("option");
+    const option = element("option", "", loaded.has(m.name) ? `${m.name} ● loaded` : m.name);
     option.value = m.name;
-    option.textContent = loaded.has(m.name) ? `${m.name} ● loaded` : m.name;
     return option;
   }));
   if (tags.models.some((m) => m.name === keep)) picker.value = keep;
@@ -34,12 +33,6 @@ export function canSee(model) {
   return capabilities.get(model).then((list) => list.includes("vision"));
 }
 
-function closeButtons(dialog) {
-  for (const button of dialog.querySelectorAll("[data-close]")) {
-    button.addEventListener("click", () => dialog.close());
-  }
-}
-
 export function setUpPull(onPulled) {
   const dialog = $("pull-dialog");
   const progress = $("pull-progress");
@@ -47,7 +40,7 @@ export function setUpPull(onPulled) {
   let pulling = false;
   // closing the dialog does not stop a pull (the daemon goes on downloading anyway): it
   // ends in the background and the model then appears in the picker
-  closeButtons(dialog);
+  closers(dialog);
   $("pull-open").addEventListener("click", () => {
     if (!pulling) {  // a pull under way keeps showing its progress
       status.textContent = "";
@@ -91,26 +84,18 @@ function mb(bytes) {
 
 export function setUpStatus(onError) {
   const dialog = $("status-dialog");
-  closeButtons(dialog);
+  closers(dialog);
   const show = async () => {
     const { models } = await api.ps();
     loaded = new Map(models.map((m) => [m.name, m]));
     $("status-rows").replaceChildren(...models.map((m) => {
-      const row = document.createElement("tr");
+      const row = element("tr");
       const until = m.expires_at ? new Date(m.expires_at).toLocaleTimeString() : "—";
       const context = m.remote ? "remote" : String(m.context_length || "—");
-      for (const text of [m.name, mb(m.size), context, until]) {
-        const cell = document.createElement("td");
-        cell.textContent = text;
-        row.append(cell);
-      }
-      const cell = document.createElement("td");
+      row.append(...[m.name, mb(m.size), context, until].map((text) => element("td", "", text)));
+      const cell = element("td");
       if (!m.remote) {
-        const unload = document.createElement("button");
-        unload.type = "button";
-        unload.textContent = "Unload";
-        unload.setAttribute("aria-label", `Unload ${m.name}`);
-        unload.addEventListener("click", async () => {
+        const unload = button("Unload", `Unload ${m.name}`, async () => {
           unload.disabled = true;
           try {
             await api.unload(m.name);
@@ -118,7 +103,7 @@ export function setUpStatus(onError) {
           } catch (error) {
             onError(error);
           }
-        });
+        }, "");
         cell.append(unload);
       }
       row.append(cell);

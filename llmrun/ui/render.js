@@ -4,6 +4,7 @@
 // page (the daemon's origin) a script could drive every API route. Nothing here assigns a
 // string as HTML: the page's CSP enforces Trusted Types, and only DOMPurify holds a policy.
 
+import { button, element } from "./dom.js";
 import { marked } from "./vendor/marked/marked.esm.js";
 import DOMPurify from "./vendor/dompurify/purify.es.mjs";
 import hljs from "./vendor/highlight/core.min.js";
@@ -76,12 +77,9 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 // An image in model output is never loaded (it would tell a server what the page shows): its
 // alt text and address are shown as text instead.
 function imageAsText(img) {
-  const span = document.createElement("span");
-  span.className = "img-text";
   const alt = img.getAttribute("alt") || "image";
   const src = (img.getAttribute("src") || "").slice(0, 300);
-  span.textContent = src ? `[${alt}: ${src}]` : `[${alt}]`;
-  return span;
+  return element("span", "img-text", src ? `[${alt}: ${src}]` : `[${alt}]`);
 }
 
 function highlight(code) {
@@ -93,27 +91,20 @@ function highlight(code) {
 }
 
 function withCopyButton(pre) {
-  const box = document.createElement("div");
-  box.className = "code";
-  const button = document.createElement("button");
-  button.type = "button";
-  button.className = "copy";
-  button.textContent = "Copy";
-  button.setAttribute("aria-label", "Copy the code");
-  button.addEventListener("click", async () => {
-    const text = pre.textContent;
+  const box = element("div", "code");
+  const copy = button("Copy", "Copy the code", async () => {
     try {
-      await navigator.clipboard.writeText(text);
-      button.textContent = "Copied";
+      await navigator.clipboard.writeText(pre.textContent);
+      copy.textContent = "Copied";
     } catch {
       // no clipboard permission: select the code, so Ctrl+C copies it
       getSelection().selectAllChildren(pre);
-      button.textContent = "Press Ctrl+C";
+      copy.textContent = "Press Ctrl+C";
     }
-    setTimeout(() => { button.textContent = "Copy"; }, 1500);
-  });
+    setTimeout(() => { copy.textContent = "Copy"; }, 1500);
+  }, "copy");
   pre.replaceWith(box);
-  box.append(button, pre);
+  box.append(copy, pre);
 }
 
 export function markdown(text) {

@@ -1,6 +1,7 @@
 // A conversation's system prompt and sampling options; empty fields mean the model's default.
 
-const $ = (id) => document.getElementById(id);
+import { $, closers } from "./dom.js";
+
 export const NUMBERS = ["temperature", "top_p", "num_ctx", "num_predict", "seed"];
 
 // The options of an /api/chat request from a conversation's settings.
@@ -14,9 +15,7 @@ export function options(settings) {
 
 export function setUpSettings(current, save) {
   const dialog = $("settings-dialog");
-  for (const button of dialog.querySelectorAll("[data-close]")) {
-    button.addEventListener("click", () => dialog.close());
-  }
+  closers(dialog);
   $("settings-open").addEventListener("click", () => {
     const settings = current().settings;
     $("system").value = settings.system || "";
