@@ -177,13 +177,13 @@ def keyed(tmp_path_factory: pytest.TempPathFactory, hub: HubServer) -> Iterator[
 
 # -- serving, without a browser ----------------------------------------------------------------
 
-def raw_get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def raw_get(url: str, path: str) -> tuple[int, bytes]:
     """GET `path` as written: http.client sends it byte for byte (httpx would normalise
     `..` away before the daemon saw it)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
     try:
-        conn.request("GET", path, headers=headers or {})
+        conn.request("GET", path)
         r = conn.getresponse()
         return r.status, r.read()
     finally:
@@ -227,6 +227,8 @@ def test_browser_goes_to_the_page_api_clients_see_the_line(keyed: Daemon) -> Non
     "/ui/vendor/marked/LICENSE", "/ui/.", "/ui/vendor", "/ui/main.js/", "/ui/%00",
 ])
 def test_only_the_page_files_are_served(keyed: Daemon, path: str) -> None:
+    """No path leaves the table of files; and the key check, open below /ui/, opens no API
+    route that way (this daemon has keys, and none is sent)."""
     status, body = raw_get(keyed.url, path)
     assert status in (400, 404), (path, status)
     assert b"models" not in body and b"[project]" not in body and b"import" not in body
