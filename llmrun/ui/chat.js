@@ -219,6 +219,7 @@ export class Chat {
     const foot = element("div", "foot");
     if (m.error) foot.append(element("span", "error", m.error));
     if (m.stopped) foot.append(element("span", "stopped", "Stopped"));
+    if (m.cut) foot.append(element("span", "stopped", "Cut at the token limit"));
     if (m.stats) foot.append(element("span", "stats", statsText(m.stats)));
     if (!this.busy && m.role === "user") {
       foot.append(button("Edit", "Edit and resend this message", () => this.edit(view, index)));
@@ -332,6 +333,7 @@ export class Chat {
       const used = (last.prompt_eval_count || 0) + (last.eval_count || 0);
       reply.stats = { context_used: used,
         context_size: conversation.settings.num_ctx || contextSize(conversation.model) };
+      if (last.done_reason === "length") reply.cut = true;  // num_predict or a full context
       if (last.eval_count && last.eval_duration) {
         reply.stats.tokens_per_s = last.eval_count / (last.eval_duration / 1e9);
       }

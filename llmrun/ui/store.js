@@ -1,6 +1,7 @@
 // Conversations, kept in the browser (IndexedDB), one record each:
 //   {id, title, model, settings: {system, temperature, top_p, num_ctx, num_predict, seed},
-//    messages: [{role, content, thinking?, images?: [base64], stats?, stopped?, error?}],
+//    messages: [{role, content, model?, thinking?, images?: [base64], stats?, stopped?, cut?,
+//                error?}],
 //    created, updated}
 // Export and import carry the same records as JSON.
 
@@ -67,6 +68,7 @@ function cleanMessage(m) {
     out.images = m.images.filter((i) => typeof i === "string" && /^[A-Za-z0-9+/=]+$/.test(i));
   }
   if (m.stopped === true) out.stopped = true;
+  if (m.cut === true) out.cut = true;
   if (m.error) out.error = str(m.error, 2000);
   if (m.stats && typeof m.stats === "object") {
     out.stats = {};

@@ -88,7 +88,7 @@ THOUGHT = "<img src=x onerror=\"window.pwned='thinking'\"> THOUGHT"
 class FakeUpstream(ThreadingHTTPServer):
     """An OpenAI-compatible server that streams `answer` (and `thought` as reasoning) in
     small pieces, cutting tags in two. A user message "echo: ..." is answered with itself.
-    `asked` is the last request's body."""
+    Each piece counts as a token for `max_tokens`. `asked` is the last request's body."""
 
     answer = PAYLOAD
     thought = THOUGHT
@@ -112,9 +112,12 @@ class _Handler(BaseHTTPRequestHandler):
         answer, thought = (last, "") if echo else (self.server.answer, self.server.thought)
         frames = [{"choices": [{"index": 0, "delta": {"reasoning_content": thought[i:i + 5]}}]}
                   for i in range(0, len(thought), 5)]
-        frames += [{"choices": [{"index": 0, "delta": {"content": answer[i:i + 7]}}]}
-                   for i in range(0, len(answer), 7)]
-        frames.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        pieces = [answer[i:i + 7] for i in range(0, len(answer), 7)]
+        limit = body.get("max_tokens") or len(pieces)
+        frames += [{"choices": [{"index": 0, "delta": {"content": piece}}]}
+                   for piece in pieces[:limit]]
+        finish = "length" if limit < len(pieces) else "stop"
+        frames.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
                        "usage": {"prompt_tokens": 11, "completion_tokens": len(frames)}})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -479,6 +482,11 @@ def test_edit_and_resend(page: Watched) -> None:
     assert p.locator(".msg").count() == 2  # what came after the edited message is gone
     assert p.locator(".msg.user .body").inner_text() == "echo: <b>edited</b>"  # as text
     assert answer.locator(".body b").inner_text() == "edited"  # the echo, as Markdown
+    assert answer.get_by_text("Cut at the token limit").count() == 0
+    settings(page, num_predict=2)
+    cut = ask(page, "echo: one two three four")
+    assert cut.locator(".body").inner_text() == "echo: one two"  # two pieces of seven
+    assert cut.get_by_text("Cut at the token limit").is_visible()
 
 
 CODE = "echo: Here:\n\n```python\ndef add(a, b):\n    return a + b\n```\n"
