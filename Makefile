@@ -2,7 +2,8 @@
 #   make demo   install llmrun in .venv, put the default model in the store, ask it a question
 #   make test   install the test dependencies, fetch the test model (cached), run the suite
 #               (with an environment whose llama.cpp has the Vulkan backend, for the Vulkan
-#               tests on Mesa's CPU driver: scripts/vulkan-env.sh)
+#               tests on Mesa's CPU driver: scripts/vulkan-env.sh; and Debian's Chromium for
+#               the web page's tests: scripts/browser-env.sh)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -22,6 +23,7 @@ install:
 test: install
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
 	scripts/vulkan-env.sh $(BIN)/python $(VENV)-vulkan
+	scripts/browser-env.sh
 	$(BIN)/python scripts/fetch_test_models.py
 	$(BIN)/ruff check llmrun tests scripts
 	$(BIN)/mypy

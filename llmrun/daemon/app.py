@@ -14,12 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import __version__, config
 from llmrun.api.dialect import Backends
+from llmrun.daemon import web
 from llmrun.daemon.dialects import DIALECTS, dialect, error_body
 from llmrun.daemon.intake import BodyLimit, RateLimit
 from llmrun.daemon.security import Security, authorized
@@ -118,8 +119,12 @@ def create_app(store: Store | None = None,
         return dialect(request.url.path).engine_error(exc)
 
     @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> Response:
+    async def root(request: Request) -> Response:
+        if request.method == "GET" and web.wants_html(request):  # a browser: the web page
+            return RedirectResponse(web.PREFIX, status_code=302)
         return PlainTextResponse("llmrun is running")
+
+    app.include_router(web.router())
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:

@@ -12,8 +12,10 @@
   Content-Type makes a "simple" POST (no preflight) enough to drive the API. A request the
   browser marks `Sec-Fetch-Site: cross-site` is refused unless its origin is allowed, which
   also covers requests that carry no Origin at all (navigations, `<img>`, `<form>` GETs).
-- API keys: when LLMRUN_API_KEYS is set, every route but `/` and `/health` needs
-  `Authorization: Bearer <key>` or `x-api-key: <key>`; refusals come in the caller's dialect.
+- API keys: when LLMRUN_API_KEYS is set, every route but `/`, `/health` and the web page's
+  static files (`/ui/...`: the page asks for the key, so it must load without one; its API
+  calls need the key as any client's do) needs `Authorization: Bearer <key>` or
+  `x-api-key: <key>`; refusals come in the caller's dialect.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from llmrun import config
 from llmrun.daemon.dialects import error_body
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
-OPEN_PATHS = {"/", "/health"}
+OPEN_PATHS = {"/", "/health", "/ui"}
+OPEN_PREFIX = "/ui/"  # the web page's files (daemon/web.py); never an API route
 
 
 def _hostname(value: str) -> str:
@@ -130,7 +133,8 @@ class Security:
         if scope["method"] == "OPTIONS" and origin:
             await self._preflight(send, origin, headers)
             return
-        if self.keys and path not in OPEN_PATHS and not self.key_ok(headers):
+        if self.keys and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIX) \
+                and not self.key_ok(headers):
             await self._refuse(send, path, 401, "missing or invalid API key")
             return
         if origin is None:
