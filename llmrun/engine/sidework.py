@@ -6,7 +6,8 @@ Each queued job becomes token sequences (`prepare`), one value read from each ri
 decode (`Job.read`) and a reply made of those values (`Job.finish`). The worker takes every job
 queued when it is free and packs their sequences into the same decodes under one rule
 (`_groups`: same length, up to n_seq per decode), so several small requests share decodes,
-and each request's numbers are those it gets alone, to the bit.
+and each request's numbers are those it gets alone, to the bit. (An encoder-only model
+decodes one sequence at a time: for it the rule does not keep that promise; see __init__.)
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ class SideWorker:
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.n_threads = n_threads
+        if model.encoder_only:
+            # One sequence per decode. An encoder has no KV cache: llama.cpp reads a whole
+            # decode as one ubatch whose attention spans every row (masked per sequence), and
+            # a sequence's numbers then depend on how many rows and sequences share it, even
+            # of one length. Measured on the synthetic BERT (tests/fakes/encodermodel.py),
+            # one sequence beside 1-3 others of its length moved by up to 8e-4 (without flash
+            # attention: at 21 of 44 lengths from 2 to 128 tokens) or 2e-3 (with it: from 64
+            # rows in all, its tiled path); in the same shape its place and neighbours did
+            # not matter. Alone, each input gets the same numbers whatever else is queued.
+            self.n_seq = 1
         self.reply = reply
         self.heartbeat = heartbeat
         self._ctx: Context | None = None
@@ -170,9 +181,12 @@ class SideWorker:
 
     def _context(self) -> Context:
         if self._ctx is None:
+            # an encoder decodes as plain llama-cpp-python's Llama does by default (the two
+            # attention paths differ by up to 1.1e-4 in the synthetic BERT's vectors)
+            flash_attn = False if self.model.encoder_only else None
             self._ctx = Context(self.model, n_ctx_seq=self.n_ctx_seq, n_seq=self.n_seq,
                                 n_batch=self.n_ctx_seq, n_threads=self.n_threads,
-                                embeddings=self.embeddings)
+                                embeddings=self.embeddings, flash_attn=flash_attn)
         return self._ctx
 
     def _groups(self, sequences: list[list[int]]) -> list[list[int]]:

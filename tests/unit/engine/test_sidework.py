@@ -6,6 +6,7 @@ with errors and the thread goes on."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -49,13 +50,14 @@ class Worker(SideWorker):
     first sequence is [0] sets `entered` and waits for `gate` while it is read (the worker
     is then busy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoder: bool = False) -> None:
         self.ctx = PooledContext()
         self.gate = threading.Event()
         self.entered = threading.Event()  # a gated job is being read
         self.replies: dict[str, tuple[str, Any]] = {}
         self.answered = threading.Semaphore(0)
-        super().__init__(None, n_ctx_seq=64, n_threads=1,  # type: ignore[arg-type]
+        model = SimpleNamespace(encoder_only=encoder)
+        super().__init__(model, n_ctx_seq=64, n_threads=1,  # type: ignore[arg-type]
                          reply=self._reply)
 
     def _reply(self, req_id: str, kind: str, payload: Any) -> None:
@@ -134,3 +136,17 @@ def test_a_bad_job_or_a_failed_decode_answers_errors_and_the_worker_serves_on() 
     w.wait(1)
     w.stop()
     assert w.replies["after"] == ("values", {"values": [(6, 1)]})
+
+
+def test_an_encoder_decodes_each_sequence_alone() -> None:
+    w = Worker(encoder=True)
+    w.queue("block", [[0]])
+    assert w.entered.wait(30)
+    w.queue("a", [[1, 2], [3, 4]])
+    w.queue("b", [[101, 102]])
+    w.gate.set()
+    w.wait(3)
+    w.stop()
+    assert w.replies["a"] == ("values", {"values": [(3, 2), (7, 2)]})
+    assert w.replies["b"] == ("values", {"values": [(203, 2)]})
+    assert [len({seq for seq, _, _ in rows}) for rows in w.ctx.decodes] == [1, 1, 1, 1]
