@@ -72,7 +72,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"mean": write_tiny_bert(root / "bert-mean.gguf"),
             "cls": write_tiny_bert(root / "bert-cls.gguf", pooling=gg.PoolingType.CLS),
             "last": write_tiny_bert(root / "bert-last.gguf", pooling=gg.PoolingType.LAST),
-            "rank": write_tiny_bert(root / "bert-rank.gguf", rank_head=True)}
+            "rank": write_tiny_bert(root / "bert-rank.gguf", rank_head=True),
+            "nomic": write_tiny_bert(root / "nomic-bert.gguf", arch="nomic-bert")}
 
 
 def test_llama_cpp_loads_and_runs_the_synthetic_bert(models: dict[str, Path]) -> None:
@@ -119,11 +120,12 @@ def ollama_embed(api: httpx.Client, model: str, inputs: list[str], **extra: Any)
     return np.array(r.json()["embeddings"], dtype=np.float64)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last", "nomic"])
 def test_embeddings_are_plain_llama_cpps_with_the_ggufs_pooling(
         api: httpx.Client, models: dict[str, Path], pooling: str) -> None:
+    # (nomic: nomic-bert, mean pooling, rotary positions)
     kind = {"mean": gg.PoolingType.MEAN, "cls": gg.PoolingType.CLS,
-            "last": gg.PoolingType.LAST}[pooling]
+            "last": gg.PoolingType.LAST, "nomic": gg.PoolingType.MEAN}[pooling]
     ref = plain_embeddings(models[pooling], int(kind), SENTENCES)
     got = ollama_embed(api, f"bert-{pooling}", SENTENCES)
     assert np.abs(got - ref).max() < 1e-4
