@@ -171,11 +171,11 @@ class ModelHost:
     def reranker(self) -> Reranker:
         """The LLM reranker, or the cross-encoder for a model with rank pooling."""
         if self._reranker is None:
-            kind = CrossEncoder if self.model.rank_pooling else Reranker
-            self._reranker = kind(self.model, self.prompt.render, self.n_ctx_seq,
-                                  self.n_threads,
-                                  lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
-                                  heartbeat=lambda: self.emit([]))
+            worker = CrossEncoder if self.model.rank_pooling else Reranker
+            self._reranker = worker(self.model, self.prompt.render, self.n_ctx_seq,
+                                    self.n_threads,
+                                    lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
+                                    heartbeat=lambda: self.emit([]))
         return self._reranker
 
     def cancel(self, req_id: str) -> None:
