@@ -157,7 +157,8 @@ class Embed:
 class Rerank:
     """Score `documents` for `query`, the piece of a larger list that starts at `offset`;
     `request` is a ChatRequest (model_dump, messages empty) merged with the Modelfile, whose
-    options and template say how the prompt is written (engine/rerank.py)."""
+    options and template say how the prompt is written (engine/rerank.py); a model with
+    rank pooling ignores them and scores with its head (engine/crossencoder.py)."""
 
     type: Literal["rerank"] = "rerank"
     id: str

@@ -196,10 +196,15 @@ def boot(chan: SyncChannel, load: Load,
         else:
             model = Model(model_paths)
         n_ctx_seq = min(load.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else load.ctx
-        ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=load.slots,
-                      n_batch=load.batch, n_threads=load.threads, kv_type=load.kv_type,
-                      flash_attn=FLASH_ATTN[load.flash_attn])
-        if load.lora:
+        # An encoder (BERT and kin) gets no generation context: llama.cpp gives it no KV
+        # cache to generate with, and the pooled context of its side work is the one it uses.
+        ctx = None if model.encoder_only else Context(
+            model, n_ctx_seq=n_ctx_seq, n_seq=load.slots, n_batch=load.batch,
+            n_threads=load.threads, kv_type=load.kv_type, flash_attn=FLASH_ATTN[load.flash_attn])
+        if ctx is None:
+            log.info("%s encodes only (%s, pooling %d): embeddings and reranking, no "
+                     "generation", model_paths[0].name, model.arch, model.pooling)
+        if load.lora and ctx is not None:
             loras = [LoraAdapter(model, Path(lora.path)) for lora in load.lora]
             ctx.set_loras(loras, [lora.scale for lora in load.lora])
             log.info("applied LoRA adapters: %s",

@@ -1,25 +1,34 @@
-"""Embeddings: a second llama context (pooled, one vector per input) on the runner's model.
+"""Embeddings: a second llama context (pooled, one vector per input) on the runner's model,
+or, for an encoder-only model (BERT and kin), the model's one context.
 
 It has its own worker thread (engine/sidework.py), so embedding a batch of documents never
 stalls the decode loop of the generation context. Inputs are packed several to a decode (one
-sequence each), vectors are L2-normalised, as Ollama's /api/embed returns them.
+sequence each; several requests' inputs share decodes), pooled as the GGUF declares (mean,
+CLS, last; mean for a chat model, which declares none) and L2-normalised, as Ollama's
+/api/embed returns them.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from llmrun.engine.llama import Batch, LlamaError
-from llmrun.engine.sidework import SideWorker
+from llmrun.engine.llama import Context, LlamaError
+from llmrun.engine.sidework import Job, SideWorker
 
 MAX_SEQ = 4
 
 
 class EmbedError(ValueError):
     pass
+
+
+def normalised(ctx: Context, seq: int, row: int) -> list[float]:
+    """Sequence `seq`'s pooled vector, L2-normalised (a zero vector stays as it is)."""
+    v = ctx.embedding(seq).astype(np.float64)
+    norm = float(np.linalg.norm(v))
+    return (v / norm if norm > 0 else v).tolist()
 
 
 class Embedder(SideWorker):
@@ -34,13 +43,11 @@ class Embedder(SideWorker):
         error messages about a batch the daemon sent in pieces)."""
         self.queue(req_id, inputs, truncate, offset)
 
-    def work(self, *args: Any) -> tuple[str, dict[str, Any]]:
-        vectors, n_tokens = self.embed(*args)
-        return "embedding", {"embeddings": vectors, "prompt_tokens": n_tokens}
-
-    def embed(self, inputs: list[str], truncate: bool,
-              offset: int = 0) -> tuple[list[list[float]], int]:
-        ctx = self._context()
+    def prepare(self, inputs: list[str], truncate: bool, offset: int = 0) -> Job:
+        if self.model.rank_pooling:
+            raise EmbedError("this model is a cross-encoder reranker (its GGUF's pooling "
+                             "type is rank): it scores query-document pairs (/v1/rerank) "
+                             "and has no embeddings")
         tokenized = []
         for i, text in enumerate(inputs):
             toks = self.model.tokenize(text, add_special=True, parse_special=False)
@@ -53,24 +60,9 @@ class Embedder(SideWorker):
             if not toks:
                 toks = [self.model.bos] if self.model.bos >= 0 else [0]
             tokenized.append(toks)
-        out: list[list[float]] = [[] for _ in tokenized]
-        batch = Batch(self.n_ctx_seq * MAX_SEQ)
-        last_beat = time.monotonic()
-        try:
-            for group in self._groups(tokenized):
-                last_beat = self._beat(last_beat)
-                batch.clear()
-                for seq, i in enumerate(group):
-                    for pos, tok in enumerate(tokenized[i]):
-                        batch.add(tok, pos, seq, True)
-                for seq in range(len(group)):
-                    ctx.seq_rm(seq, -1, -1)
-                if ctx.decode(batch) != 0:
-                    raise LlamaError("llama_decode failed while embedding")
-                for seq, i in enumerate(group):
-                    v = ctx.embedding(seq).astype(np.float64)
-                    norm = float(np.linalg.norm(v))
-                    out[i] = (v / norm if norm > 0 else v).tolist()
-        finally:
-            batch.close()
-        return out, sum(len(t) for t in tokenized)
+        n_tokens = sum(len(t) for t in tokenized)
+
+        def finish(vectors: list[Any]) -> tuple[str, dict[str, Any]]:
+            return "embedding", {"embeddings": vectors, "prompt_tokens": n_tokens}
+
+        return Job(tokenized, normalised, finish)

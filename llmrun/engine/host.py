@@ -2,6 +2,9 @@
 hands each request to the engine, the embedder or the reranker, and sends their events back,
 through the thinking and tool-call filters, in frames that fit ipc.MAX_FRAME.
 
+An encoder-only model (BERT and kin: Model.encoder_only) has no engine: it embeds, or with
+rank pooling reranks (engine/crossencoder.py), and a generation request gets an error event.
+
 Whatever one request brings ends only that request with an error event; if the engine thread
 or the message loop fails anyway, the process exits (ipc.EXIT_*), so the daemon starts a
 fresh runner rather than sending requests to a process that can no longer answer them.
@@ -17,6 +20,7 @@ from typing import Any, cast
 from llmrun import ipc, protocol
 from llmrun.chat import thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.crossencoder import CrossEncoder
 from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
 from llmrun.engine.embed import Embedder
 from llmrun.engine.llama import Context, ImageChunk, LlamaError, Model, Projector
@@ -64,7 +68,7 @@ class ModelHost:
     """The runner process's side: hosts the model and its engine, answers the daemon's IPC
     messages (server/runners.py's RunnerProcess is the daemon's handle on this process)."""
 
-    def __init__(self, chan: SyncChannel, model: Model, ctx: Context, n_ctx_seq: int,
+    def __init__(self, chan: SyncChannel, model: Model, ctx: Context | None, n_ctx_seq: int,
                  n_slots: int, n_threads: int = 1,
                  governor: ThreadGovernor | None = None,
                  prompt_cache: PromptCache | None = None,
@@ -77,16 +81,20 @@ class ModelHost:
         self._reranker: Reranker | None = None
         self.model = model
         self.n_ctx_seq = n_ctx_seq
-        self.engine = Engine(model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
-                             on_fatal=self._engine_failed, governor=governor,
-                             prompt_cache=prompt_cache, step_budget=step_budget,
-                             projector=projector, drafter=drafter)
+        self.n_slots = n_slots
+        # None: an encoder-only model, which boot gives no generation context
+        self.engine = None if ctx is None else Engine(
+            model, ctx, n_ctx_seq=n_ctx_seq, n_slots=n_slots, emit=self.emit,
+            on_fatal=self._engine_failed, governor=governor, prompt_cache=prompt_cache,
+            step_budget=step_budget, projector=projector, drafter=drafter)
         self.drafter = drafter
         self.prompt_cache = prompt_cache
         self.projector = projector
         # most rows of one image: a decode of its own reads it whole
-        self.prompt = Prompter(model, n_ctx_seq, min(ctx.n_batch, ctx.n_ubatch), projector)
-        self.outputs = OutputFilters(self.engine.cancel)  # thinking and tool-call filters
+        self.prompt = Prompter(model, n_ctx_seq,
+                               n_ctx_seq if ctx is None else min(ctx.n_batch, ctx.n_ubatch),
+                               projector)
+        self.outputs = OutputFilters(self.cancel)  # thinking and tool-call filters
         # Requests sent to the engine or embedder and not finished: failed if the process
         # has to exit. Sets of ids touched from several threads: add/discard are atomic.
         self._inflight: set[str] = set()
@@ -161,12 +169,19 @@ class ModelHost:
         return self._embedder
 
     def reranker(self) -> Reranker:
+        """The LLM reranker, or the cross-encoder for a model with rank pooling."""
         if self._reranker is None:
-            self._reranker = Reranker(self.model, self.prompt.render, self.n_ctx_seq,
-                                      self.n_threads,
-                                      lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
-                                      heartbeat=lambda: self.emit([]))
+            worker = CrossEncoder if self.model.rank_pooling else Reranker
+            self._reranker = worker(self.model, self.prompt.render, self.n_ctx_seq,
+                                    self.n_threads,
+                                    lambda rid, kind, payload: self.emit([(rid, kind, payload)]),
+                                    heartbeat=lambda: self.emit([]))
         return self._reranker
+
+    def cancel(self, req_id: str) -> None:
+        """Stop a generation (side work runs to its end: its jobs are short)."""
+        if self.engine is not None:
+            self.engine.cancel(req_id)
 
     def rerank(self, req_id: str, raw: dict[str, Any], query: str,
                documents: list[str], offset: int) -> None:
@@ -181,7 +196,7 @@ class ModelHost:
     def info(self) -> protocol.Info:
         return cast(protocol.Info, {
             "n_ctx_seq": self.n_ctx_seq,
-            "n_slots": len(self.engine.slots),
+            "n_slots": self.n_slots,
             "n_ctx_train": self.model.n_ctx_train,
             "has_template": self.prompt.template is not None,
             "vision": self.projector is not None,
@@ -197,6 +212,12 @@ class ModelHost:
             self.emit([(req_id, "error", request_error(exc))])
 
     def _generate(self, req_id: str, raw: dict[str, Any]) -> None:
+        if self.engine is None:
+            self.emit([(req_id, "error", error_event(
+                "invalid_request", "this model only encodes text (an embedding model or a "
+                                   "cross-encoder reranker): it cannot generate; use it for "
+                                   "embeddings or reranking"))])
+            return
         try:
             req = ChatRequest.model_validate(raw)
             source = self.prompt.source(req)
@@ -286,14 +307,16 @@ class ModelHost:
         self.emit([(req_id, "text", {"content": text})])
 
     def serve(self) -> None:
-        self.engine.start()
+        if self.engine is not None:
+            self.engine.start()
         self.chan.send(protocol.Ready(info=self.info()))
         try:
             self._serve()
         except Exception as exc:
             log.exception("the message loop failed")
             self._die(ipc.EXIT_SERVE_FAILED, f"its message loop failed ({type(exc).__name__})")
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()
         if self.prompt_cache is not None:
             self.prompt_cache.close(ipc.STOP_SECONDS)  # the states still being written
 
@@ -316,7 +339,7 @@ class ModelHost:
                 case Detokenize(id=rid, tokens=tokens):
                     self.detokenize(rid, tokens)
                 case Cancel(id=rid):
-                    self.engine.cancel(rid)
+                    self.cancel(rid)
                 case Embed(id=rid, inputs=inputs, truncate=truncate, offset=offset):
                     self._inflight.add(rid)
                     self.embedder().submit(rid, inputs, truncate, offset)

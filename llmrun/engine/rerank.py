@@ -5,22 +5,20 @@ query; the rest of the vocabulary does not count.
 Like the embedder, it has a llama context and a worker thread of its own
 (engine/sidework.py), so scoring a few hundred documents never stalls the decode loop of the
 generation context. Documents are
-packed several to a decode (one sequence each, prompts of one length together: see
-SideWorker._groups); only each sequence's last token asks for logits.
+packed several to a decode (one sequence each, prompts of one length together, several
+requests' documents alike: see SideWorker._groups); only each sequence's last token asks for
+logits.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from llmrun.engine.llama import Batch, Context, LlamaError, Model
-from llmrun.engine.sidework import SideWorker
+from llmrun.engine.llama import Context, LlamaError, Model
+from llmrun.engine.sidework import Job, Read, SideWorker
 from llmrun.request import ChatRequest, Message
 
 MAX_SEQ = 4
@@ -41,6 +39,7 @@ Render = Callable[[ChatRequest], tuple[list[int], str]]
 
 class RerankError(ValueError):
     pass
+
 
 
 def fill(template: str, values: dict[str, str]) -> str:
@@ -79,6 +78,7 @@ class Reranker(SideWorker):
     # ValueError: a template that fails to render (chat.templates.TemplateError) as well
     request_errors = (RerankError, LlamaError, ValueError)
     n_seq = MAX_SEQ
+    last_only = True  # the answer's logits, after the prompt's last token
 
     def __init__(self, model: Model, render: Render, n_ctx_seq: int, n_threads: int,
                  reply: Callable[[str, str, Any], None],
@@ -92,10 +92,6 @@ class Reranker(SideWorker):
         for error messages about a batch the daemon sent in pieces)."""
         self.queue(req_id, req, query, documents, offset)
 
-    def work(self, *args: Any) -> tuple[str, dict[str, Any]]:
-        scores, n_tokens = self.rerank(*args)
-        return "rerank", {"scores": scores, "prompt_tokens": n_tokens}
-
     def answer_token(self, text: str, which: str) -> int:
         """The one token `text` is in this vocabulary (special tokens parsed, as in the
         prompt); a text of several tokens cannot be scored as one answer."""
@@ -105,59 +101,43 @@ class Reranker(SideWorker):
                               "model's vocabulary; it must be exactly one")
         return tokens[0]
 
-    def prompts(self, req: ChatRequest, query: str, documents: list[str],
-                offset: int) -> list[list[int]]:
-        out = []
+    def prompt(self, req: ChatRequest, query: str, document: str) -> list[int]:
+        """The tokens that score `document` for `query`."""
+        tokens, _ = self.render(prompt_request(req, query, document))
+        return tokens
+
+    def reader(self, req: ChatRequest) -> Read:
+        """What makes a score of a prompt's decode: p(yes) / (p(yes) + p(no)) from the
+        logits after its last token."""
+        o = req.options
+        yes = self.answer_token(o.rerank_yes or DEFAULT_YES, "yes")
+        no = self.answer_token(o.rerank_no or DEFAULT_NO, "no")
+
+        def read(ctx: Context, seq: int, row: int) -> float:
+            logits = ctx.logits(row)
+            return score(logits[yes], logits[no])
+
+        return read
+
+    def prepare(self, req: ChatRequest, query: str, documents: list[str],
+                offset: int = 0) -> Job:
+        read = self.reader(req)
+        prompts = []
         for i, doc in enumerate(documents):
-            tokens, _ = self.render(prompt_request(req, query, doc))
+            tokens = self.prompt(req, query, doc)
             if len(tokens) > self.n_ctx_seq:
                 raise RerankError(f"document {offset + i}: its prompt is {len(tokens)} tokens "
                                   f"but the context is {self.n_ctx_seq} (num_ctx); shorten "
                                   "it or raise num_ctx")
             if not tokens:
                 raise RerankError("the rerank prompt rendered to no tokens")
-            out.append(tokens)
-        return out
+            prompts.append(tokens)
 
-    @staticmethod
-    def _decode(ctx: Context, batch: Batch, prompts: list[list[int]],
-                ids: list[int]) -> Iterator[tuple[int, np.ndarray]]:
-        """Decode `prompts` (of one length: SideWorker._groups) in one call, one sequence each;
-        yields (id, last-token logits)."""
-        batch.clear()
-        rows = []
-        for seq, tokens in enumerate(prompts):
-            for pos, tok in enumerate(tokens):
-                row = batch.add(tok, pos, seq, pos == len(tokens) - 1)
-            rows.append((row, ids[seq]))
-        if ctx.decode(batch) != 0:
-            raise LlamaError("llama_decode failed while reranking")
-        for row, i in rows:
-            yield i, ctx.logits(row)
+        def finish(scores: list[Any]) -> tuple[str, dict[str, Any]]:
+            for i, value in enumerate(scores):
+                if not math.isfinite(value):
+                    raise LlamaError(f"document {offset + i}: the model's output is not "
+                                     "finite")
+            return "rerank", {"scores": scores, "prompt_tokens": sum(len(p) for p in prompts)}
 
-    def rerank(self, req: ChatRequest, query: str, documents: list[str],
-               offset: int = 0) -> tuple[list[float], int]:
-        """Each document's score, in order, and the prompt tokens read."""
-        o = req.options
-        yes = self.answer_token(o.rerank_yes or DEFAULT_YES, "yes")
-        no = self.answer_token(o.rerank_no or DEFAULT_NO, "no")
-        prompts = self.prompts(req, query, documents, offset)
-        ctx = self._context()
-        scores: list[float] = [0.0] * len(prompts)
-        batch = Batch(self.n_ctx_seq)
-        last_beat = time.monotonic()
-        try:
-            for group in self._groups(prompts):
-                last_beat = self._beat(last_beat)
-                for seq in range(len(group)):
-                    ctx.seq_rm(seq, -1, -1)
-                for i, logits in self._decode(ctx, batch, [prompts[i] for i in group],
-                                              group):
-                    value = score(logits[yes], logits[no])
-                    if not math.isfinite(value):
-                        raise LlamaError(f"document {offset + i}: the model's logits are "
-                                         "not finite")
-                    scores[i] = value
-        finally:
-            batch.close()
-        return scores, sum(len(p) for p in prompts)
+        return Job(prompts, read, finish)

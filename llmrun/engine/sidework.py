@@ -1,7 +1,14 @@
-"""Work beside the generation loop: a llama context and a thread of its own that serve one
-queued job at a time (embedding, reranking), so a long batch never stalls the decode loop of
-the generation context. While a job runs it sends heartbeats, so the daemon's watchdog knows
-the runner is busy, not hung."""
+"""Work beside the generation loop: a llama context and a thread of its own for embedding and
+reranking, so a long batch never stalls the decode loop of the generation context. While it
+works it sends heartbeats, so the daemon's watchdog knows the runner is busy, not hung.
+
+Each queued job becomes token sequences (`prepare`), one value read from each right after its
+decode (`Job.read`) and a reply made of those values (`Job.finish`). The worker takes every job
+queued when it is free and packs their sequences into the same decodes under one rule
+(`_groups`: same length, up to n_seq per decode), so several small requests share decodes,
+and each request's numbers are those it gets alone, to the bit. (An encoder-only model
+decodes one sequence at a time: for it the rule does not keep that promise; see __init__.)
+"""
 
 from __future__ import annotations
 
@@ -9,22 +16,41 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from llmrun.engine.llama import Context, LlamaError, Model
+from llmrun.engine.llama import Batch, Context, LlamaError, Model
 from llmrun.request import error_event
 
 HEARTBEAT_SECONDS = 1.0  # while a job runs (see batcher.HEARTBEAT_SECONDS)
 
+# (context, the sequence's index in its decode, its last token's batch row) -> its value
+Read = Callable[[Context, int, int], Any]
+
+
+@dataclass
+class Job:
+    """One request's part of the side work: its token sequences, what to read from each
+    after its decode, and its reply from those values (in the order of `sequences`)."""
+
+    sequences: list[list[int]]
+    read: Read
+    finish: Callable[[list[Any]], tuple[str, dict[str, Any]]]
+    req_id: str = ""
+    values: list[Any] = field(default_factory=list)
+    left: int = 0  # sequences not decoded yet
+
 
 class SideWorker:
-    """Subclasses say what a job does (`work`: its reply's kind and payload), which errors are
-    the request's fault (`request_errors`: answered 400), and how their context is made."""
+    """Subclasses say what a job is (`prepare`: from the arguments `queue` got to a Job),
+    which errors are the request's fault (`request_errors`: answered 400), and how their
+    context is made."""
 
     name = "llmrun-side"
     what = "the work"  # for an unexpected failure's message: "<what> failed: ..."
     request_errors: tuple[type[Exception], ...] = (LlamaError,)
     embeddings = False  # a pooled context (one vector per sequence) rather than logits
+    last_only = False  # only each sequence's last token is an output (logits), else all
     n_seq = 4  # sequences one decode may hold
 
     def __init__(self, model: Model, n_ctx_seq: int, n_threads: int,
@@ -33,6 +59,16 @@ class SideWorker:
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.n_threads = n_threads
+        if model.encoder_only:
+            # One sequence per decode. An encoder has no KV cache: llama.cpp reads a whole
+            # decode as one ubatch whose attention spans every row (masked per sequence), and
+            # a sequence's numbers then depend on how many rows and sequences share it, even
+            # of one length. Measured on the synthetic BERT (tests/fakes/encodermodel.py),
+            # one sequence beside 1-3 others of its length moved by up to 8e-4 (without flash
+            # attention: at 21 of 44 lengths from 2 to 128 tokens) or 2e-3 (with it: from 64
+            # rows in all, its tiled path); in the same shape its place and neighbours did
+            # not matter. Alone, each input gets the same numbers whatever else is queued.
+            self.n_seq = 1
         self.reply = reply
         self.heartbeat = heartbeat
         self._ctx: Context | None = None
@@ -40,7 +76,7 @@ class SideWorker:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
-    def work(self, *args: Any) -> tuple[str, dict[str, Any]]:
+    def prepare(self, *args: Any) -> Job:
         raise NotImplementedError
 
     def queue(self, req_id: str, *args: Any) -> None:
@@ -50,24 +86,107 @@ class SideWorker:
         self._jobs.put(None)
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            req_id, args = job
-            try:
-                kind, payload = self.work(*args)
-            except self.request_errors as exc:
-                self.reply(req_id, "error", error_event("invalid_request", str(exc)))
-                continue
-            except Exception as exc:  # this request fails; the thread serves the next one
-                self.reply(req_id, "error", error_event(
-                    "internal", f"{self.what} failed: {type(exc).__name__}: {exc}"))
-                continue
-            self.reply(req_id, kind, payload)
+        while (first := self._jobs.get()) is not None:
+            pending = [first]
+            stopping = False
+            while True:  # every job queued meanwhile shares the decodes
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stopping = True
+                    break
+                pending.append(more)
+            jobs = []
+            for req_id, args in pending:
+                try:
+                    job = self.prepare(*args)
+                except Exception as exc:
+                    self._fail(req_id, exc)
+                    continue
+                job.req_id = req_id
+                jobs.append(job)
+            self.run_jobs(jobs)
+            if stopping:
+                return
+
+    def _fail(self, req_id: str, exc: Exception) -> None:
+        """Answer one request's failure: 400 when it is the request's fault, else 500; the
+        thread goes on with the others."""
+        if isinstance(exc, self.request_errors):
+            self.reply(req_id, "error", error_event("invalid_request", str(exc)))
+        else:
+            self.reply(req_id, "error", error_event(
+                "internal", f"{self.what} failed: {type(exc).__name__}: {exc}"))
+
+    def _finish(self, job: Job) -> None:
+        try:
+            kind, payload = job.finish(job.values)
+        except Exception as exc:
+            self._fail(job.req_id, exc)
+            return
+        self.reply(job.req_id, kind, payload)
+
+    def run_jobs(self, jobs: list[Job]) -> None:
+        """Decode every sequence of `jobs`, packed together (`_groups`), and answer each job
+        as soon as its last sequence is read. A failed decode fails the jobs not answered."""
+        flat: list[tuple[Job, int]] = []
+        for job in jobs:
+            job.values = [None] * len(job.sequences)
+            job.left = len(job.sequences)
+            flat += [(job, i) for i in range(len(job.sequences))]
+            if not job.sequences:
+                self._finish(job)
+        if not flat:
+            return
+        try:
+            ctx = self._context()
+        except Exception as exc:
+            for job in jobs:
+                if job.sequences:
+                    self._fail(job.req_id, exc)
+            return
+        sequences = [job.sequences[i] for job, i in flat]
+        batch = Batch(self.n_ctx_seq)
+        last_beat = time.monotonic()
+        try:
+            for group in self._groups(sequences):
+                last_beat = self._beat(last_beat)
+                batch.clear()
+                rows = []
+                for seq, k in enumerate(group):
+                    tokens = sequences[k]
+                    for pos, tok in enumerate(tokens):
+                        row = batch.add(tok, pos, seq,
+                                        not self.last_only or pos == len(tokens) - 1)
+                    rows.append(row)
+                for seq in range(len(group)):
+                    ctx.seq_rm(seq, -1, -1)
+                if ctx.decode(batch) != 0:
+                    raise LlamaError(f"llama_decode failed while {self.what}")
+                for seq, k in enumerate(group):
+                    job, i = flat[k]
+                    job.values[i] = job.read(ctx, seq, rows[seq])
+                    job.left -= 1
+                    if job.left == 0:
+                        self._finish(job)
+        except Exception as exc:
+            for job in jobs:
+                if job.left > 0:
+                    job.left = 0
+                    self._fail(job.req_id, exc)
+        finally:
+            batch.close()
 
     def _context(self) -> Context:
         if self._ctx is None:
+            # an encoder decodes as plain llama-cpp-python's Llama does by default (the two
+            # attention paths differ by up to 1.1e-4 in the synthetic BERT's vectors)
+            flash_attn = False if self.model.encoder_only else None
             self._ctx = Context(self.model, n_ctx_seq=self.n_ctx_seq, n_seq=self.n_seq,
                                 n_batch=self.n_ctx_seq, n_threads=self.n_threads,
-                                embeddings=self.embeddings)
+                                embeddings=self.embeddings, flash_attn=flash_attn)
         return self._ctx
 
     def _groups(self, sequences: list[list[int]]) -> list[list[int]]:

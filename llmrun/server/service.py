@@ -293,10 +293,10 @@ class Service:
     async def rerank(self, req: ChatRequest, query: str,
                      documents: list[str]) -> tuple[list[float], int, int, int]:
         """(each document's score in order, prompt tokens, load ns, total ns) for `query` on
-        `req.model`, which its Modelfile must make a reranker: a chat model is not asked
-        whether a document is relevant unless its Modelfile says how (PARAMETER rerank ...),
-        since a model not trained for it answers by chance. Bounds and that check come
-        before a runner is leased."""
+        `req.model`, a cross-encoder (its GGUF declares rank pooling) or a model its
+        Modelfile makes a reranker: a chat model is not asked whether a document is relevant
+        unless its Modelfile says how (PARAMETER rerank ...), since a model not trained for
+        it answers by chance. Bounds and that check come before a runner is leased."""
         t0 = time.perf_counter()
         bounds.check_rerank(query, documents)
         target = self.resolve(req.model)
@@ -304,11 +304,10 @@ class Service:
         if target.upstream is not None:
             raise EngineError(f"{req.model} is served by a remote server: reranking is not "
                               "available for it", code="invalid_request")
-        if await self._cross_encoder(target.manifest):
-            raise EngineError(f"model '{req.model}' is a cross-encoder reranker (its GGUF's "
-                              "pooling type is rank): llmrun does not score with rank "
-                              "pooling yet, only with LLM rerankers", code="invalid_request")
-        if not merged(req, target.manifest).options.reranks():
+        # a cross-encoder (rank pooling) is a reranker by its GGUF: the runner scores with
+        # its classification head (engine/crossencoder.py), whatever the Modelfile says
+        if not await self._cross_encoder(target.manifest) \
+                and not merged(req, target.manifest).options.reranks():
             raise EngineError(f"model '{req.model}' is not a reranker: its Modelfile makes a "
                               "chat model one with PARAMETER rerank true (and rerank_yes, "
                               "rerank_no, rerank_instruction or rerank_template)",

@@ -14,6 +14,7 @@ hundred common words keep ordinary test sentences short; anything else becomes [
     from tests.fakes.encodermodel import write_tiny_bert
     path = write_tiny_bert(tmp_path / "bert.gguf")                      # mean pooling
     path = write_tiny_bert(tmp_path / "rerank.gguf", rank_head=True)    # cross-encoder
+    path = write_tiny_bert(tmp_path / "nomic.gguf", arch="nomic-bert")  # nomic-embed-text's
 
 Key and tensor names follow llama.cpp's src/models/bert.cpp (load_arch_tensors),
 src/llama-model.cpp (load_hparams), src/llama-vocab.cpp (the "bert" tokenizer model) and
@@ -66,13 +67,15 @@ def vocabulary() -> tuple[list[str], list[int]]:
 
 def write_tiny_bert(path: Path, *, pooling: int = gguf.PoolingType.MEAN,
                     rank_head: bool = False, seed: int = 0, n_layer: int = 2,
-                    n_embd: int = 128, n_ctx: int = 512) -> Path:
+                    n_embd: int = 128, n_ctx: int = 512, arch: str = "bert") -> Path:
     """Write a random-weight BERT GGUF to `path`. `pooling` is the header's pooling type
     (gguf.PoolingType: MEAN, CLS, LAST); `rank_head` adds the one-label classification head
     and sets pooling to RANK whatever `pooling` says. `n_embd` must be a multiple of 32
     (heads are 32 wide; 384 with 12 layers is bge-small's shape); `n_ctx` is the trained
     context (the position-embedding rows). Matrices in F16, norms, biases and embeddings'
-    rows that llama.cpp adds (token types) in F32; deterministic from `seed`."""
+    rows that llama.cpp adds (token types) in F32; deterministic from `seed`. `arch`
+    "nomic-bert" writes nomic-embed-text's variant instead (src/models/nomic-bert.cpp):
+    rotary positions in place of position embeddings, a gated (SwiGLU) feed-forward."""
     if n_embd % HEAD_DIM:
         raise ValueError(f"n_embd must be a multiple of {HEAD_DIM}, got {n_embd}")
     tokens, types = vocabulary()
@@ -91,7 +94,10 @@ def write_tiny_bert(path: Path, *, pooling: int = gguf.PoolingType.MEAN,
     def ones(n: int) -> np.ndarray:  # a layer norm's weight
         return np.ones(n, dtype=np.float32)
 
-    w = gguf.GGUFWriter(str(path), "bert")
+    if arch not in ("bert", "nomic-bert"):
+        raise ValueError(f"arch must be bert or nomic-bert, got {arch!r}")
+    nomic = arch == "nomic-bert"
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-bert-reranker" if rank_head else "tiny-bert")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_context_length(n_ctx)
@@ -101,6 +107,8 @@ def write_tiny_bert(path: Path, *, pooling: int = gguf.PoolingType.MEAN,
     w.add_head_count(n_head)
     w.add_layer_norm_eps(EPS)
     w.add_causal_attention(False)
+    if nomic:
+        w.add_rope_freq_base(1000.0)  # nomic-embed-text-v1.5's
     w.add_pooling_type(gguf.PoolingType.RANK if rank_head else gguf.PoolingType(pooling))
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("bert")
@@ -121,7 +129,8 @@ def write_tiny_bert(path: Path, *, pooling: int = gguf.PoolingType.MEAN,
     w.add_tensor("token_embd.weight", matrix(n_vocab, n_embd, 1.0))
     w.add_tensor("token_types.weight", vector(N_TOKEN_TYPES * n_embd).reshape(N_TOKEN_TYPES,
                                                                                n_embd))
-    w.add_tensor("position_embd.weight", matrix(n_ctx, n_embd, 0.5))
+    if not nomic:
+        w.add_tensor("position_embd.weight", matrix(n_ctx, n_embd, 0.5))
     w.add_tensor("token_embd_norm.weight", ones(n_embd))
     w.add_tensor("token_embd_norm.bias", vector(n_embd))
     for i in range(n_layer):
@@ -135,6 +144,8 @@ def write_tiny_bert(path: Path, *, pooling: int = gguf.PoolingType.MEAN,
         w.add_tensor(f"{blk}.ffn_up.bias", vector(n_ff))
         w.add_tensor(f"{blk}.ffn_down.weight", matrix(n_embd, n_ff, n_ff ** -0.5))
         w.add_tensor(f"{blk}.ffn_down.bias", vector(n_embd))
+        if nomic:
+            w.add_tensor(f"{blk}.ffn_gate.weight", matrix(n_ff, n_embd, n_embd ** -0.5))
         w.add_tensor(f"{blk}.layer_output_norm.weight", ones(n_embd))
         w.add_tensor(f"{blk}.layer_output_norm.bias", vector(n_embd))
     if rank_head:

@@ -71,7 +71,8 @@ class Context:
         self.n_ctx = C.llama_n_ctx(ptr)
         self.n_batch = C.llama_n_batch(ptr)
         self.n_ubatch = C.llama_n_ubatch(ptr)
-        self.memory = C.llama_get_memory(ptr)
+        self.memory = C.llama_get_memory(ptr)  # NULL for an encoder (no KV cache)
+        self.pooling: int = C.llama_pooling_type(ptr)
         self._logits_row = ctypes.c_float * model.n_vocab  # one row of logits, as ctypes sees it
 
     def decode(self, batch: Batch | EmbdBatch, causal: bool = True,
@@ -143,11 +144,14 @@ class Context:
         return True
 
     def embedding(self, seq: int) -> np.ndarray:
-        """The pooled embedding of sequence `seq` after a decode (a copy)."""
+        """The pooled embedding of sequence `seq` after a decode (a copy); with rank pooling,
+        the classification head's n_cls_out outputs instead."""
         ptr = C.llama_get_embeddings_seq(self.ptr, seq)
         if not ptr:
             raise LlamaError("this context produced no pooled embedding")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,)).copy()
+        rank = self.pooling == C.LLAMA_POOLING_TYPE_RANK
+        size = self.model.n_cls_out if rank else self.model.n_embd
+        return np.ctypeslib.as_array(ptr, shape=(size,)).copy()
 
     def state_seq_get(self, seq: int) -> bytearray:
         """The state of sequence `seq` (its K/V cells with their positions) as bytes that

@@ -14,6 +14,17 @@ import numpy as np
 from llmrun.engine.llama.backends import devices_array
 from llmrun.engine.llama.lib import DEFAULT_SEED, LlamaError, init_backend, meta_str
 
+# Architectures llama.cpp builds without a KV cache (llama_model::create_memory gives them
+# none): encoders whose attention sees the whole input at once, which a generation context
+# cannot decode token by token. The GGUF's {arch}.attention.causal = false says the same of
+# converted models; the list covers files that leave the key out.
+ENCODER_ARCHS = frozenset({"bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert",
+                           "nomic-bert-moe", "neo-bert", "eurobert", "modern-bert"})
+# Rank-pooled architectures whose graph ends in a softmax over the head's labels (llama.cpp's
+# build_pooling: Qwen3-Reranker as converted, labels ["yes", "no"]): output 0 is already a
+# probability, where a one-label head (BERT, XLM-R cross-encoders) gives a logit.
+RANK_SOFTMAX_ARCHS = frozenset({"qwen3", "qwen3vl"})
+
 
 class Model:
     """Weights and vocabulary of one GGUF file."""
@@ -62,11 +73,49 @@ class Model:
         self.n_layer: int = C.llama_model_n_layer(ptr)
         self.n_head: int = C.llama_model_n_head(ptr)
         self.n_embd: int = C.llama_model_n_embd(ptr)
+        self.arch: str = self.meta("general.architecture") or ""
+        pooling = self.meta(f"{self.arch}.pooling_type")
+        # the header's pooling type (C.LLAMA_POOLING_TYPE_*), -1 when it declares none
+        self.pooling: int = int(pooling) if pooling and pooling.lstrip("-").isdigit() else -1
+        self.n_cls_out: int = C.llama_model_n_cls_out(ptr)  # outputs of a classifier head
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def meta(self, key: str) -> str | None:
         return meta_str(C.llama_model_meta_val_str, self.ptr, key, 1 << 16)
+
+    @property
+    def encoder_only(self) -> bool:
+        """Whether this model only encodes (BERT and kin): no causal attention, no KV cache,
+        nothing to generate with; it embeds, or with rank pooling scores pairs."""
+        return self.meta(f"{self.arch}.attention.causal") == "false" \
+            or self.arch in ENCODER_ARCHS
+
+    @property
+    def rank_pooling(self) -> bool:
+        """Whether the GGUF declares rank pooling: a classification head (a cross-encoder
+        reranker) whose output is the score."""
+        return self.pooling == C.LLAMA_POOLING_TYPE_RANK
+
+    @property
+    def rank_softmax(self) -> bool:
+        """With rank pooling, whether llama.cpp's graph already turned the head's outputs
+        into probabilities (see RANK_SOFTMAX_ARCHS)."""
+        return self.arch in RANK_SOFTMAX_ARCHS
+
+    def pair_tokens(self, first: list[int], second: list[int]) -> list[int]:
+        """Two token sequences (tokenized without specials) as one input of a pair
+        classifier, the way llama-server's format_prompt_rerank joins a query and a
+        document: BOS first A [EOS] [SEP] B [EOS], each special as the vocabulary's add_bos,
+        add_eos and add_sep flags ask, SEP standing in for a missing EOS."""
+        v = self.vocab
+        eos = C.llama_vocab_eos(v)
+        if eos < 0:
+            eos = C.llama_vocab_sep(v)
+        add_eos = [eos] if C.llama_vocab_get_add_eos(v) else []
+        return [*([C.llama_vocab_bos(v)] if C.llama_vocab_get_add_bos(v) else []), *first,
+                *add_eos, *([C.llama_vocab_sep(v)] if C.llama_vocab_get_add_sep(v) else []),
+                *second, *add_eos]
 
     def head_dims(self) -> tuple[int, int]:
         """The width of an attention head's keys and of its values (GGUF's key_length and
@@ -79,8 +128,10 @@ class Model:
             dims.append(int(value) if value and value.isdigit() else default)
         return dims[0], dims[1]
 
-    def chat_template(self) -> str | None:
-        raw = C.llama_model_chat_template(self.ptr, None)
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The GGUF's chat template, or its template called `name` (tokenizer.chat_template.
+        <name>: "rerank" is a reranker's prompt with {query} and {document})."""
+        raw = C.llama_model_chat_template(self.ptr, name.encode() if name else None)
         return raw.decode("utf-8", "replace") if raw else None
 
     def token_text(self, token: int) -> str:

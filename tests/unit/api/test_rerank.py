@@ -40,7 +40,7 @@ def store(tmp_path: Path) -> Store:
     store.create("far", "FROM http://far.example/v1\nPARAMETER remote_model m\n"
                         "PARAMETER rerank true\n")
     rank = write_tiny_llama(tmp_path / "rank.gguf", seed=1, pooling=4)  # llama.cpp's RANK
-    store.create("xenc", f"FROM {rank}\nPARAMETER rerank true\n")
+    store.create("xenc", f"FROM {rank}\n")  # a reranker by its GGUF, no PARAMETER needed
     return store
 
 
@@ -90,6 +90,15 @@ def test_v1_rerank_and_its_aliases_answer_sorted_in_llama_servers_shape(
     with_api(store, tmp_path, scenario)
 
 
+def test_a_cross_encoder_is_a_reranker_by_its_gguf(store: Store, tmp_path: Path) -> None:
+    async def scenario(call: Call, farm: Farm) -> None:
+        r = await call("/v1/rerank", {"model": "xenc", "query": "q", "documents": DOCS})
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in r.json()["results"]] == [0, 2, 1]
+        assert len(farm.runners) == 1
+    with_api(store, tmp_path, scenario)
+
+
 def test_top_n_and_return_documents_with_documents_as_objects(
         store: Store, tmp_path: Path) -> None:
     async def scenario(call: Call, _: Farm) -> None:
@@ -135,8 +144,6 @@ def test_v2_rerank_answers_in_cohere_shape(store: Store, tmp_path: Path) -> None
     ({"model": "nothing"}, 404, "nothing", "model"),
     ({"model": "chat"}, 400, "is not a reranker", None),
     ({"model": "far"}, 400, "served by a remote server", None),
-    ({"model": "xenc"}, 400, "is a cross-encoder reranker (its GGUF's pooling type is rank)",
-     None),
     ({"top_n": 0}, 400, "top_n", "top_n"),
     ({"query": None}, 400, "query", "query"),
 ])

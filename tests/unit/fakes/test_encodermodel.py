@@ -55,5 +55,9 @@ def test_bigger_shapes_and_seeds(tmp_path: Path) -> None:
                                                   n_layer=12))
     assert info.metadata["bert.attention.head_count"] == 12
     assert info.metadata["bert.block_count"] == 12
+    nomic = gguf.read(encodermodel.write_tiny_bert(tmp_path / "n.gguf", arch="nomic-bert"))
+    assert nomic.architecture == "nomic-bert"
+    names = {t.name for t in nomic.tensors}
+    assert "position_embd.weight" not in names and "blk.1.ffn_gate.weight" in names
     with pytest.raises(ValueError, match="multiple of 32"):
         encodermodel.write_tiny_bert(tmp_path / "e.gguf", n_embd=100)
