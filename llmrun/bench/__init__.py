@@ -44,6 +44,10 @@ second chat turn after a ~2,000-token first turn, while the other slots are busy
 noisy on small machines: compare ratios, not absolute values. Paste the printed table into
 docs/benchmarks.md.
 
+`--embedding` and `--rerank` measure embedding inputs/s and rerank documents/s instead, for
+llmrun and the `--against` servers (llama-server started with `--embedding` or `--rerank`)
+under the same fixed workload, with a raw pooled-context loop on the same file: retrieval.py.
+
 The modules: servers.py (the HTTP client and the servers), load.py (one level's load and its
 rates), scenarios.py (prefix reuse, prompt cache, stalls, drafting), baselines.py (the raw
 loops), report.py (the result and its table), measure.py (a run, and the script's command
@@ -52,12 +56,15 @@ line). Callers import from here.
 
 from __future__ import annotations
 
-from llmrun.bench.baselines import raw_batched, raw_high_level
+from llmrun.bench.baselines import raw_batched, raw_embed, raw_high_level, raw_rerank
 from llmrun.bench.load import PROMPTS, SCHEMA, decode_rate, level, union_length
 from llmrun.bench.measure import main, run, store_path
-from llmrun.bench.report import BenchResult, summary
+from llmrun.bench.report import BenchResult, RetrievalResult, summary
+from llmrun.bench.retrieval import Kind, Workload
+from llmrun.bench.retrieval import run as run_retrieval
 from llmrun.bench.servers import Api, Server, against_servers, one_request, post_lines
 
-__all__ = ["PROMPTS", "SCHEMA", "Api", "BenchResult", "Server", "against_servers",
-           "decode_rate", "level", "main", "one_request", "post_lines", "raw_batched",
-           "raw_high_level", "run", "store_path", "summary", "union_length"]
+__all__ = ["PROMPTS", "SCHEMA", "Api", "BenchResult", "Kind", "RetrievalResult", "Server",
+           "Workload", "against_servers", "decode_rate", "level", "main", "one_request",
+           "post_lines", "raw_batched", "raw_embed", "raw_high_level", "raw_rerank", "run",
+           "run_retrieval", "store_path", "summary", "union_length"]

@@ -76,3 +76,83 @@ def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> tuple[floa
     model.close()
     decode = n_seq * max(0, tokens - 1) / (t_end - t_decode) if tokens > 1 else float("nan")
     return n_seq * tokens / (t_end - t0), decode
+
+
+# The side work's sequences per decode (engine/sidework.py's n_seq; llama-server's 4 slots
+# in scripts/bench_retrieval.sh): the raw loops batch as many, so they measure the same shape.
+RAW_SEQ = 4
+
+
+def _chunks(sequences: list[list[int]]) -> list[list[list[int]]]:
+    return [sequences[i:i + RAW_SEQ] for i in range(0, len(sequences), RAW_SEQ)]
+
+
+def raw_embed(gguf: Path, inputs: list[str], threads: int) -> float:
+    """A plain pooled-context loop: the inputs RAW_SEQ to a llama_decode, in order, whatever
+    their lengths, each pooled vector read out; inputs/s (tokenizing outside the time)."""
+    from llmrun.engine.llama import Batch, Context, Model
+
+    model = Model(gguf)
+    tokenized = [model.tokenize(t, add_special=True, parse_special=False) for t in inputs]
+    n_ctx_seq = max(len(t) for t in tokenized)
+    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=RAW_SEQ, n_batch=n_ctx_seq * RAW_SEQ,
+                  n_threads=threads, embeddings=True)
+    batch = Batch(n_ctx_seq * RAW_SEQ)
+    t0 = time.perf_counter()
+    for chunk in _chunks(tokenized):
+        batch.clear()
+        for seq, tokens in enumerate(chunk):
+            ctx.seq_rm(seq, -1, -1)
+            for pos, tok in enumerate(tokens):
+                batch.add(tok, pos, seq, True)
+        ctx.decode(batch)
+        for seq in range(len(chunk)):
+            ctx.embedding(seq)
+    wall = time.perf_counter() - t0
+    batch.close()
+    ctx.close()
+    model.close()
+    return len(inputs) / wall
+
+
+def raw_rerank(gguf: Path, query: str, documents: list[str], threads: int) -> float | None:
+    """A plain loop of the LLM reranker's work (engine/rerank.py): each document's prompt
+    (the chat template over its Qwen3-Reranker turns), RAW_SEQ prompts to a llama_decode,
+    the logits of each one's last token read; documents/s (rendering and tokenizing outside
+    the time). None for a cross-encoder (a GGUF that declares rank pooling), whose score the
+    engine's adapter does not read yet."""
+    from llmrun.chat import templates
+    from llmrun.engine.llama import Batch, Context, Model
+    from llmrun.engine.rerank import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM, DEFAULT_USER, fill
+
+    model = Model(gguf)
+    if model.meta(f"{model.meta('general.architecture')}.pooling_type") == "4":  # rank
+        model.close()
+        return None
+    tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
+    prompts = [model.tokenize(templates.render(tpl, [
+        {"role": "system", "content": DEFAULT_SYSTEM},
+        {"role": "user", "content": fill(DEFAULT_USER, {
+            "query": query, "document": doc, "instruction": DEFAULT_INSTRUCTION})}]),
+        add_special=False) for doc in documents]
+    n_ctx_seq = max(len(p) for p in prompts)
+    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=RAW_SEQ, n_batch=n_ctx_seq * RAW_SEQ,
+                  n_threads=threads)
+    batch = Batch(n_ctx_seq * RAW_SEQ)
+    t0 = time.perf_counter()
+    for chunk in _chunks(prompts):
+        batch.clear()
+        rows = []
+        for seq, tokens in enumerate(chunk):
+            ctx.seq_rm(seq, -1, -1)
+            for pos, tok in enumerate(tokens):
+                row = batch.add(tok, pos, seq, pos == len(tokens) - 1)
+            rows.append(row)
+        ctx.decode(batch)
+        for row in rows:
+            ctx.logits(row)
+    wall = time.perf_counter() - t0
+    batch.close()
+    ctx.close()
+    model.close()
+    return len(documents) / wall

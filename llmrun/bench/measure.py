@@ -17,7 +17,7 @@ from llmrun.bench.baselines import raw_batched, raw_high_level
 from llmrun.bench.load import SCHEMA, level
 from llmrun.bench.report import BenchResult, summary
 from llmrun.bench.scenarios import drafting, prefix_reuse, prompt_cache, stall
-from llmrun.bench.servers import Api, Server, against_servers
+from llmrun.bench.servers import Api, Server, against_servers, turn_order
 
 T = TypeVar("T")
 # the command line's description (the package's docstring's first line)
@@ -64,11 +64,8 @@ def run(url: str, model: str, gguf: Path, levels: list[int], tokens: int, thread
         others: dict[str, list[dict[str, float]]] = {o.label: [] for o in against}
         raws: list[tuple[float, float]] = []
         for turn in range(turns):
-            # the servers take turns in alternating order, so neither always follows the
-            # raw loop (or the other) when the machine's speed drifts
-            order = [None, *against] if turn % 2 == 0 else [*against, None]
             this_turn = []
-            for other in order:
+            for other in turn_order(turn, [None, *against]):
                 if other is None:
                     plain.append(_run_async(level(url, model, n, tokens, api=api)))
                     this_turn.append(plain[-1])

@@ -36,8 +36,7 @@ class BenchResult:
         """The markdown table (and lines) that docs/benchmarks.md keeps: a row per level and
         server, each against the same level's raw loops."""
         lines = [f"model {self.model} ({self.gguf.name}), {self.tokens} tokens per request, "
-                 f"{self.threads} threads, {platform.processor() or platform.machine()}, "
-                 f"{os.cpu_count()} cores",
+                 f"{self.threads} threads, {machine()}",
                  "| concurrency | server | tok/s | decode tok/s | TTFT p50 s | TTFT p95 s "
                  "| ITL ms | raw decode tok/s | decode / raw decode | raw-N tok/s "
                  "| tok/s / raw-N | tok/s / raw-1 | with schema tok/s | schema / plain |",
@@ -99,11 +98,57 @@ def summary(runs: list[dict[str, float]]) -> dict[str, float]:
     """The run with the median throughput (its latencies come with it), with the median
     decode rate and the median of the decode rate's ratios to the raw loop of the same turn
     (a ratio within a turn cancels the machine's drift between turns)."""
-    out = dict(sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2])
+    out = median_run(runs, "tok_s")
     out["decode_tok_s"] = statistics.median(r["decode_tok_s"] for r in runs)
     if all("decode_ratio" in r for r in runs):
         out["decode_ratio"] = statistics.median(r["decode_ratio"] for r in runs)
     return out
+
+
+def median_run(runs: list[dict[str, float]], key: str) -> dict[str, float]:
+    """A copy of the run with the median `key` (its other figures come with it)."""
+    return dict(sorted(runs, key=lambda r: r[key])[len(runs) // 2])
+
+
+def machine() -> str:
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+@dataclass
+class RetrievalResult:
+    """An embedding or rerank run (bench/retrieval.py): by server label and level, the
+    median turn's figures; the raw loop's items/s by level; the servers that refused."""
+    kind: str  # "embedding" or "rerank"
+    workload: str  # what a level sends, in words
+    items: str  # "inputs" or "documents"
+    gguf: Path
+    threads: int
+    labels: list[str]  # llmrun's first
+    served: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    raw: dict[int, float] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The markdown table docs/benchmarks.md keeps: a row per level and server."""
+        first = self.labels[0]
+        lines = [f"{self.kind}: {self.gguf.name}, {self.workload}, {self.threads} threads, "
+                 f"{machine()}",
+                 f"| concurrency | server | {self.items}/s | prompt tokens/s | request p50 s "
+                 f"| request p95 s | raw {self.items}/s | / raw | {first} / this |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        levels = sorted({n for by_level in self.served.values() for n in by_level})
+        for n in levels:
+            for label in self.labels:
+                s = self.served.get(label, {}).get(n)
+                if s is None:
+                    continue
+                lines.append(
+                    f"| {n} | {label} | {s['items_s']:.1f} | {s['tokens_s']:.0f} | "
+                    f"{s['p50']:.2f} | {s['p95']:.2f} | {_num(self.raw.get(n))} | "
+                    f"{_num(s.get('raw_ratio'), 2)} | {_num(s.get('first_over'), 2)} |")
+        for label, why in self.refused.items():
+            lines.append(f"\n{label} refused this work: {why}")
+        return "\n".join(lines)
 
 
 def _num(value: float | None, digits: int = 1) -> str:

@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httptools
@@ -21,6 +21,7 @@ import httptools
 from llmrun import jsonio
 
 Api = Literal["chat", "openai"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -192,3 +193,10 @@ def against_servers(urls: list[str], model: str) -> list[Server]:
     if len(set(labels)) != len(labels):
         raise ValueError("--against: the same server twice")
     return out
+
+
+def turn_order(turn: int, servers: list[T]) -> list[T]:
+    """The order the servers take in a turn: as given in even turns, reversed in odd ones,
+    so none always follows the raw loop (or another server) while the machine's speed
+    drifts."""
+    return list(servers) if turn % 2 == 0 else list(reversed(servers))

@@ -14,7 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
         model: str = typer.Argument("smollm2", help="Model to measure"),
-        levels: str = typer.Option("1,2,4,8", help="Concurrency levels, comma-separated"),
+        levels: str = typer.Option(None, help="Concurrency levels, comma-separated (default: "
+                                              "1,2,4,8; with --embedding or --rerank 1,4)"),
         tokens: int = typer.Option(128, help="Tokens generated per request"),
         threads: int = typer.Option(os.cpu_count() or 1,
                                     help="Threads for the raw baselines (match the daemon's)"),
@@ -50,6 +51,19 @@ def register(app: typer.Typer) -> None:
         api: str = typer.Option(None, help="How llmrun is asked: chat (/api/chat) or openai "
                                            "(/v1/chat/completions; the default with --against, "
                                            "so both are measured the same way)"),
+        embedding: bool = typer.Option(False, "--embedding",
+                                       help="Measure embedding inputs/s over /v1/embeddings "
+                                            "instead of generation (the --against servers too: "
+                                            "llama-server started with --embedding)"),
+        rerank: bool = typer.Option(False, "--rerank",
+                                    help="Measure rerank documents/s over /v1/rerank instead "
+                                         "of generation (MODEL must be a reranker; "
+                                         "llama-server started with --rerank)"),
+        inputs: int = typer.Option(64, min=1, help="--embedding: inputs (~60 tokens each) "
+                                                   "per level"),
+        batch: int = typer.Option(16, min=1, help="--embedding: inputs per request"),
+        docs: int = typer.Option(32, min=1, help="--rerank: documents (~60 tokens each) per "
+                                                 "request, one query, one request per client"),
     ) -> None:
         """Measure tokens/s, decode rate, time to first token and inter-token latency at each
         concurrency level, with ratios against raw llama-cpp-python on the same file, its
@@ -57,6 +71,7 @@ def register(app: typer.Typer) -> None:
         from llmrun import bench as b
         from llmrun.store import StoreError
 
+        levels = levels or ("1,4" if embedding or rerank else "1,2,4,8")
         try:
             counts = [int(x) for x in levels.split(",") if x.strip()]
         except ValueError:
@@ -79,6 +94,25 @@ def register(app: typer.Typer) -> None:
         except StoreError as exc:
             fail(str(exc))
         client = connect()
+        if embedding or rerank:
+            kinds: list[b.Kind] = []
+            if embedding:
+                kinds.append("embedding")
+            if rerank:
+                kinds.append("rerank")
+            servers = [b.Server("llmrun /v1", client.base_url, model, "openai"), *others]
+            for kind in kinds:
+                err.print(f"[dim]measuring {kind} with {model} at "
+                          + ", ".join(s.url for s in servers)
+                          + " (the servers should be otherwise idle)...[/]")
+                work = b.Workload(kind, inputs=inputs, batch=batch, docs=docs)
+                try:
+                    table = b.run_retrieval(work, path, threads, counts, rounds, servers,
+                                            baselines=baselines).table()
+                except RuntimeError as exc:
+                    fail(f"the benchmark stopped: {exc}")
+                typer.echo(table)
+            return
         err.print(f"[dim]measuring {model} at {client.base_url}"
                   + "".join(f", and {o.url}" for o in others)
                   + " (the servers should be otherwise idle)...[/]")

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Embedding and reranking, llmrun against llama-server, in one run; prints the markdown that
+# docs/benchmarks.md keeps ("Embeddings and reranking against llama-server"):
+#   scripts/bench_retrieval.sh [-- extra `llmrun bench` options]
+# Starts an llmrun daemon (a scratch LLMRUN_HOME) and, for each section, llama-server in the
+# matching mode (`--embedding --pooling mean`, `--rerank`) on the same GGUF with the same
+# thread count and 4 slots, runs `llmrun bench MODEL --embedding|--rerank --against`, stops it.
+# Sections:
+#   SmolLM2 embeddings (mean pooling)            llmrun, llama-server, the raw loop
+#   SmolLM2 as an LLM reranker (rerank true)     llmrun and the raw loop; llama-server's
+#       --rerank scores a different prompt (query and document only, rank pooling), so it
+#       would not be the same work
+#   a BERT encoder's embeddings, and a BERT cross-encoder's reranking (bge-small's shape:
+#       12 layers, 384 wide; synthetic weights), llmrun, llama-server and the raw loop,
+#       when BERT and BERT_RANK name GGUFs or tests/fakes/encodermodel.py can write them
+# Takes about 6 minutes on a 2-core machine; run it on an otherwise idle one.
+# Environment: LLAMA_SERVER (a built llama-server; default: scripts/build_llama_server.sh),
+# THREADS (default: all cores), ROUNDS (turns per level, default 2), LEVELS (1,4),
+# INPUTS / BATCH (embedding inputs per level, per request: 32 / 8), DOCS (rerank documents
+# per request: 16), SMOLLM2, BERT, BERT_RANK (GGUF paths), LS_PORT, LR_PORT.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+SMOLLM2=${SMOLLM2:-$HOME/.cache/llmrun/test-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ "${1:-}" = "--" ]; then shift; fi
+THREADS=${THREADS:-$(nproc)}
+ROUNDS=${ROUNDS:-2}
+LEVELS=${LEVELS:-1,4}
+INPUTS=${INPUTS:-32}
+BATCH=${BATCH:-8}
+DOCS=${DOCS:-16}
+LS_PORT=${LS_PORT:-18081}
+LR_PORT=${LR_PORT:-18435}
+for port in "$LS_PORT" "$LR_PORT"; do  # a server left from an earlier run would be measured
+  if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+    echo "port $port already answers: stop that server first (or set LS_PORT / LR_PORT)" >&2
+    exit 1
+  fi
+done
+SERVER=${LLAMA_SERVER:-$("$ROOT/scripts/build_llama_server.sh")}
+WORK=$(mktemp -d)
+pids=()
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+cleanup() { for p in "${pids[@]}"; do stop "$p"; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# The BERT models: synthetic weights in bge-small's shape (what is timed is the shape, not
+# what the weights know), written by the test fakes where the caller names none.
+if [ -z "${BERT:-}" ] && [ -f "$ROOT/tests/fakes/encodermodel.py" ]; then
+  BERT=$WORK/bert-mean.gguf BERT_RANK=$WORK/bert-rank.gguf
+  (cd "$ROOT" && "$PY" - "$BERT" "$BERT_RANK" <<'EOF'
+import sys
+from pathlib import Path
+from tests.fakes.encodermodel import write_tiny_bert
+write_tiny_bert(Path(sys.argv[1]), pooling="mean", n_layer=12, n_embd=384)
+write_tiny_bert(Path(sys.argv[2]), pooling="rank", rank_head=True, n_layer=12, n_embd=384)
+EOF
+  )
+fi
+
+export LLMRUN_HOME="$WORK/home" LLMRUN_HOST="127.0.0.1:$LR_PORT" LLMRUN_NUM_THREADS="$THREADS" \
+  LLMRUN_NUM_PARALLEL=4 LLMRUN_CONTEXT_LENGTH=4096
+create() {  # create NAME GGUF [Modelfile lines]
+  local name=$1 gguf=$2; shift 2
+  { printf 'FROM %s\n' "$gguf"; for line in "$@"; do printf '%s\n' "$line"; done; } \
+    > "$WORK/Modelfile.$name"
+  "$PY" -m llmrun create "$name" -f "$WORK/Modelfile.$name" > /dev/null
+}
+create smollm2 "$SMOLLM2"
+create smollm2-rerank "$SMOLLM2" "PARAMETER rerank true"
+[ -n "${BERT:-}" ] && create bert "$BERT"
+[ -n "${BERT_RANK:-}" ] && create bert-rank "$BERT_RANK"
+"$PY" -m llmrun serve > "$WORK/llmrun.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  curl -sf "http://127.0.0.1:$LR_PORT/api/version" > /dev/null && break
+  sleep 0.2
+done
+
+bench() {  # bench KIND MODEL GGUF [llama-server mode flags]; no flags: llmrun alone
+  local kind=$1 model=$2 gguf=$3; shift 3
+  local against=() ls=""
+  if [ $# -gt 0 ]; then
+    "$SERVER" -m "$gguf" -t "$THREADS" -tb "$THREADS" -np 4 -c $((4 * 4096)) "$@" \
+      --host 127.0.0.1 --port "$LS_PORT" --no-webui > "$WORK/llama-server.log" 2>&1 &
+    ls=$!
+    pids+=("$ls")
+    for _ in $(seq 1 300); do
+      curl -sf "http://127.0.0.1:$LS_PORT/health" > /dev/null && break
+      sleep 0.2
+    done
+    against=(--against "http://127.0.0.1:$LS_PORT")
+  fi
+  "$PY" -m llmrun bench "$model" "--$kind" --gguf "$gguf" --threads "$THREADS" \
+    --levels "$LEVELS" --rounds "$ROUNDS" --inputs "$INPUTS" --batch "$BATCH" --docs "$DOCS" \
+    "${against[@]}" "${EXTRA[@]}"
+  if [ -n "$ls" ]; then stop "$ls"; fi
+}
+EXTRA=("$@")
+
+echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) vCPUs," \
+  "$THREADS threads, llmrun $(git -C "$ROOT" rev-parse --short HEAD)," \
+  "llama-server $("$SERVER" --version 2>&1 | sed -n 's/^version: //p')," \
+  "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "### SmolLM2 embeddings (mean pooling)"
+echo
+bench embedding smollm2 "$SMOLLM2" --embedding --pooling mean
+echo
+echo "### SmolLM2 as an LLM reranker (PARAMETER rerank true)"
+echo
+bench rerank smollm2-rerank "$SMOLLM2"
+if [ -n "${BERT:-}" ]; then
+  echo
+  echo "### A BERT encoder's embeddings (bge-small's shape, synthetic weights)"
+  echo
+  bench embedding bert "$BERT" --embedding --pooling mean
+fi
+if [ -n "${BERT_RANK:-}" ]; then
+  echo
+  echo "### A BERT cross-encoder's reranking (bge-small's shape, a rank head)"
+  echo
+  bench rerank bert-rank "$BERT_RANK" --rerank
+fi
+echo
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
