@@ -9,8 +9,12 @@ from __future__ import annotations
 import itertools
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmrun.bench.load import PROMPTS
+
+if TYPE_CHECKING:
+    from llmrun.engine.llama import Model
 
 
 def raw_high_level(gguf: Path, tokens: int, threads: int) -> float:
@@ -83,76 +87,72 @@ def raw_batched(gguf: Path, n_seq: int, tokens: int, threads: int) -> tuple[floa
 RAW_SEQ = 4
 
 
-def _chunks(sequences: list[list[int]]) -> list[list[list[int]]]:
-    return [sequences[i:i + RAW_SEQ] for i in range(0, len(sequences), RAW_SEQ)]
+def _side_loop(model: Model, sequences: list[list[int]], threads: int,
+               embeddings: bool) -> tuple[float, float]:
+    """The plain loop of the side work: the sequences RAW_SEQ to a llama_decode, in order,
+    whatever their lengths; each one's pooled vector read (`embeddings`), or the logits of
+    its last token. Returns (sequences/s, tokens/s)."""
+    from llmrun.engine.llama import Batch, Context
 
-
-def raw_embed(gguf: Path, inputs: list[str], threads: int) -> float:
-    """A plain pooled-context loop: the inputs RAW_SEQ to a llama_decode, in order, whatever
-    their lengths, each pooled vector read out; inputs/s (tokenizing outside the time)."""
-    from llmrun.engine.llama import Batch, Context, Model
-
-    model = Model(gguf)
-    tokenized = [model.tokenize(t, add_special=True, parse_special=False) for t in inputs]
-    n_ctx_seq = max(len(t) for t in tokenized)
+    n_ctx_seq = max(len(t) for t in sequences)
     ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=RAW_SEQ, n_batch=n_ctx_seq * RAW_SEQ,
-                  n_threads=threads, embeddings=True)
+                  n_threads=threads, embeddings=embeddings)
     batch = Batch(n_ctx_seq * RAW_SEQ)
     t0 = time.perf_counter()
-    for chunk in _chunks(tokenized):
-        batch.clear()
-        for seq, tokens in enumerate(chunk):
-            ctx.seq_rm(seq, -1, -1)
-            for pos, tok in enumerate(tokens):
-                batch.add(tok, pos, seq, True)
-        ctx.decode(batch)
-        for seq in range(len(chunk)):
-            ctx.embedding(seq)
-    wall = time.perf_counter() - t0
-    batch.close()
-    ctx.close()
-    model.close()
-    return len(inputs) / wall
-
-
-def raw_rerank(gguf: Path, query: str, documents: list[str], threads: int) -> float | None:
-    """A plain loop of the LLM reranker's work (engine/rerank.py): each document's prompt
-    (the chat template over its Qwen3-Reranker turns), RAW_SEQ prompts to a llama_decode,
-    the logits of each one's last token read; documents/s (rendering and tokenizing outside
-    the time). None for a cross-encoder (a GGUF that declares rank pooling), whose score the
-    engine's adapter does not read yet."""
-    from llmrun.chat import templates
-    from llmrun.engine.llama import Batch, Context, Model
-    from llmrun.engine.rerank import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM, DEFAULT_USER, fill
-
-    model = Model(gguf)
-    if model.meta(f"{model.meta('general.architecture')}.pooling_type") == "4":  # rank
-        model.close()
-        return None
-    tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
-    prompts = [model.tokenize(templates.render(tpl, [
-        {"role": "system", "content": DEFAULT_SYSTEM},
-        {"role": "user", "content": fill(DEFAULT_USER, {
-            "query": query, "document": doc, "instruction": DEFAULT_INSTRUCTION})}]),
-        add_special=False) for doc in documents]
-    n_ctx_seq = max(len(p) for p in prompts)
-    ctx = Context(model, n_ctx_seq=n_ctx_seq, n_seq=RAW_SEQ, n_batch=n_ctx_seq * RAW_SEQ,
-                  n_threads=threads)
-    batch = Batch(n_ctx_seq * RAW_SEQ)
-    t0 = time.perf_counter()
-    for chunk in _chunks(prompts):
+    for start in range(0, len(sequences), RAW_SEQ):
+        chunk = sequences[start:start + RAW_SEQ]
         batch.clear()
         rows = []
         for seq, tokens in enumerate(chunk):
             ctx.seq_rm(seq, -1, -1)
             for pos, tok in enumerate(tokens):
-                row = batch.add(tok, pos, seq, pos == len(tokens) - 1)
+                row = batch.add(tok, pos, seq, embeddings or pos == len(tokens) - 1)
             rows.append(row)
         ctx.decode(batch)
-        for row in rows:
-            ctx.logits(row)
+        for seq, row in enumerate(rows):
+            if embeddings:
+                ctx.embedding(seq)
+            else:
+                ctx.logits(row)
     wall = time.perf_counter() - t0
     batch.close()
     ctx.close()
-    model.close()
-    return len(documents) / wall
+    return len(sequences) / wall, sum(map(len, sequences)) / wall
+
+
+def raw_embed(gguf: Path, inputs: list[str], threads: int) -> tuple[float, float]:
+    """Embedding `inputs` in a plain pooled-context loop: (inputs/s, tokens/s), tokenizing
+    outside the time."""
+    from llmrun.engine.llama import Model
+
+    model = Model(gguf)
+    try:
+        return _side_loop(model, [model.tokenize(t, add_special=True, parse_special=False)
+                                  for t in inputs], threads, embeddings=True)
+    finally:
+        model.close()
+
+
+def raw_rerank(gguf: Path, query: str, documents: list[str],
+               threads: int) -> tuple[float, float] | None:
+    """The LLM reranker's work (engine/rerank.py) in a plain loop: each document's prompt
+    (the chat template over its Qwen3-Reranker turns), the logits of its last token read;
+    (documents/s, tokens/s), rendering and tokenizing outside the time. None for a
+    cross-encoder (a GGUF that declares rank pooling), whose score the engine's adapter
+    does not read yet."""
+    from llmrun.chat import templates
+    from llmrun.engine.llama import Model
+    from llmrun.engine.rerank import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM, DEFAULT_USER, fill
+
+    model = Model(gguf)
+    try:
+        if model.meta(f"{model.meta('general.architecture')}.pooling_type") == "4":  # rank
+            return None
+        tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
+        return _side_loop(model, [model.tokenize(templates.render(tpl, [
+            {"role": "system", "content": DEFAULT_SYSTEM},
+            {"role": "user", "content": fill(DEFAULT_USER, {
+                "query": query, "document": doc, "instruction": DEFAULT_INSTRUCTION})}]),
+            add_special=False) for doc in documents], threads, embeddings=False)
+    finally:
+        model.close()

@@ -125,7 +125,7 @@ class RetrievalResult:
     threads: int
     labels: list[str]  # llmrun's first
     served: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
-    raw: dict[int, float] = field(default_factory=dict)
+    raw: dict[int, tuple[float, float]] = field(default_factory=dict)  # items/s, tokens/s
     refused: dict[str, str] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -134,17 +134,20 @@ class RetrievalResult:
         lines = [f"{self.kind}: {self.gguf.name}, {self.workload}, {self.threads} threads, "
                  f"{machine()}",
                  f"| concurrency | server | {self.items}/s | prompt tokens/s | request p50 s "
-                 f"| request p95 s | raw {self.items}/s | / raw | {first} / this |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+                 f"| request p95 s | raw {self.items}/s | raw tokens/s | / raw "
+                 f"| {first} / this |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         levels = sorted({n for by_level in self.served.values() for n in by_level})
         for n in levels:
             for label in self.labels:
                 s = self.served.get(label, {}).get(n)
                 if s is None:
                     continue
+                raw = self.raw.get(n)
                 lines.append(
                     f"| {n} | {label} | {s['items_s']:.1f} | {s['tokens_s']:.0f} | "
-                    f"{s['p50']:.2f} | {s['p95']:.2f} | {_num(self.raw.get(n))} | "
+                    f"{s['p50']:.2f} | {s['p95']:.2f} | {_num(raw[0] if raw else None)} | "
+                    f"{_num(raw[1] if raw else None, 0)} | "
                     f"{_num(s.get('raw_ratio'), 2)} | {_num(s.get('first_over'), 2)} |")
         for label, why in self.refused.items():
             lines.append(f"\n{label} refused this work: {why}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,17 +47,18 @@ _SENTENCES = [
     "The river flooded every spring until the town built a levee along its banks.",
     "Owls hunt at night and hear a mouse move under the snow from far away.",
 ]
+_runs = itertools.count(1)
 QUERY = "How do plants and animals depend on the seasons and the weather?"
 
 
-def texts(n: int) -> list[str]:
+def texts(n: int, tag: str = "") -> list[str]:
     """`n` inputs, three or four sentences each (about 50 to 75 tokens, ~60 on average), every
-    one different (its number and its choice of sentences)."""
+    one different (its number and its choice of sentences), each opening with `tag`."""
     out = []
     for i in range(n):
         count = 3 + i % 2
         picked = [_SENTENCES[(i * 5 + k * 7) % len(_SENTENCES)] for k in range(count)]
-        out.append(f"Passage {i}. " + " ".join(picked))
+        out.append(f"{tag}Passage {i}. " + " ".join(picked))
     return out
 
 
@@ -70,14 +72,20 @@ class Workload:
     docs: int = 200  # rerank: documents per request
 
     def bodies(self, model: str, concurrency: int) -> list[tuple[str, dict[str, Any], int]]:
-        """(path, JSON body, items in it) for each request of a level at `concurrency`."""
+        """(path, JSON body, items in it) for each request of a level at `concurrency`; the
+        texts of each level, and of each rerank request, open with a tag of their own, so
+        that no server answers from a prompt cache what an earlier request read."""
         if self.kind == "embedding":
-            inputs = texts(self.inputs)
+            inputs = texts(self.inputs, f"Run {next(_runs)}. ")
             return [("/v1/embeddings", {"model": model, "input": inputs[i:i + self.batch]},
                      len(inputs[i:i + self.batch]))
                     for i in range(0, len(inputs), self.batch)]
-        body = {"model": model, "query": QUERY, "documents": texts(self.docs)}
-        return [("/v1/rerank", body, self.docs)] * concurrency
+        out = []
+        for _ in range(concurrency):
+            tag = f"Run {next(_runs)}. "
+            out.append(("/v1/rerank", {"model": model, "query": tag + QUERY,
+                                       "documents": texts(self.docs, tag)}, self.docs))
+        return out
 
     def items(self) -> str:
         return "inputs" if self.kind == "embedding" else "documents"
@@ -164,7 +172,7 @@ def run(work: Workload, gguf: Path, threads: int, levels: list[int], rounds: int
             result.refused[server.label] = reason
     runs: dict[tuple[str, int], list[dict[str, float]]] = {
         (s.label, n): [] for s in live for n in levels}
-    raws: list[float] = []
+    raws: list[tuple[float, float]] = []  # items/s, tokens/s
     for turn in range(max(1, rounds)):
         this_turn = []
         for n in levels:
@@ -179,13 +187,14 @@ def run(work: Workload, gguf: Path, threads: int, levels: list[int], rounds: int
                 continue
             raws.append(rate)
             for r in this_turn:
-                r["raw_ratio"] = r["items_s"] / rate
+                r["raw_ratio"] = r["items_s"] / rate[0]
     first = servers[0].label
     for (label, n), by_turn in runs.items():
         s = result.served.setdefault(label, {})[n] = median_run(by_turn, "items_s")
         s["items_s"] = statistics.median(r["items_s"] for r in by_turn)
         if raws:
-            result.raw[n] = statistics.median(raws)
+            result.raw[n] = (statistics.median(r[0] for r in raws),
+                             statistics.median(r[1] for r in raws))
             s["raw_ratio"] = statistics.median(r["raw_ratio"] for r in by_turn)
         if label != first and (first, n) in runs:
             # the direct comparison: turn by turn, the two servers a minute apart at most
