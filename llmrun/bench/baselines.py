@@ -88,10 +88,10 @@ RAW_SEQ = 4
 
 
 def _side_loop(model: Model, sequences: list[list[int]], threads: int,
-               embeddings: bool) -> tuple[float, float]:
+               embeddings: bool, read: bool = True) -> tuple[float, float]:
     """The plain loop of the side work: the sequences RAW_SEQ to a llama_decode, in order,
     whatever their lengths; each one's pooled vector read (`embeddings`), or the logits of
-    its last token. Returns (sequences/s, tokens/s)."""
+    its last token (`read` False: neither). Returns (sequences/s, tokens/s)."""
     from llmrun.engine.llama import Batch, Context
 
     n_ctx_seq = max(len(t) for t in sequences)
@@ -109,7 +109,7 @@ def _side_loop(model: Model, sequences: list[list[int]], threads: int,
                 row = batch.add(tok, pos, seq, embeddings or pos == len(tokens) - 1)
             rows.append(row)
         ctx.decode(batch)
-        for seq, row in enumerate(rows):
+        for seq, row in enumerate(rows if read else []):
             if embeddings:
                 ctx.embedding(seq)
             else:
@@ -134,12 +134,14 @@ def raw_embed(gguf: Path, inputs: list[str], threads: int) -> tuple[float, float
 
 
 def raw_rerank(gguf: Path, query: str, documents: list[str],
-               threads: int) -> tuple[float, float] | None:
-    """The LLM reranker's work (engine/rerank.py) in a plain loop: each document's prompt
-    (the chat template over its Qwen3-Reranker turns), the logits of its last token read;
-    (documents/s, tokens/s), rendering and tokenizing outside the time. None for a
-    cross-encoder (a GGUF that declares rank pooling), whose score the engine's adapter
-    does not read yet."""
+               threads: int) -> tuple[float, float]:
+    """Reranking in a plain loop: (documents/s, tokens/s), preparing the prompts outside the
+    time. A cross-encoder (a GGUF that declares rank pooling) reads each pair as BERT's
+    `[CLS] query [SEP] document [SEP]` in a pooled context, as llama-server does; its score
+    is not read (llama.cpp pools it in the decode; the engine's adapter reads a sequence's
+    whole vector, longer than a score). An LLM reranker (engine/rerank.py) reads each
+    document's prompt, the chat template over its Qwen3-Reranker turns, and the logits of
+    its last token."""
     from llmrun.chat import templates
     from llmrun.engine.llama import Model
     from llmrun.engine.rerank import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM, DEFAULT_USER, fill
@@ -147,7 +149,10 @@ def raw_rerank(gguf: Path, query: str, documents: list[str],
     model = Model(gguf)
     try:
         if model.meta(f"{model.meta('general.architecture')}.pooling_type") == "4":  # rank
-            return None
+            first = model.tokenize(query, add_special=True, parse_special=False)
+            return _side_loop(model, [
+                first + model.tokenize(doc, add_special=True, parse_special=False)[1:]
+                for doc in documents], threads, embeddings=True, read=False)
         tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
         return _side_loop(model, [model.tokenize(templates.render(tpl, [
             {"role": "system", "content": DEFAULT_SYSTEM},
