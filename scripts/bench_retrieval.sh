@@ -17,7 +17,7 @@
 # Environment: LLAMA_SERVER (a built llama-server; default: scripts/build_llama_server.sh),
 # THREADS (default: all cores), ROUNDS (turns per level, default 2), LEVELS (1,4),
 # INPUTS / BATCH (embedding inputs per level, per request: 32 / 8), DOCS (rerank documents
-# per request: 16), SMOLLM2, BERT, BERT_RANK (GGUF paths), LS_PORT, LR_PORT.
+# per request: 12), SMOLLM2, BERT, BERT_RANK (GGUF paths), LS_PORT, LR_PORT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -28,7 +28,7 @@ ROUNDS=${ROUNDS:-2}
 LEVELS=${LEVELS:-1,4}
 INPUTS=${INPUTS:-32}
 BATCH=${BATCH:-8}
-DOCS=${DOCS:-16}
+DOCS=${DOCS:-12}
 LS_PORT=${LS_PORT:-18081}
 LR_PORT=${LR_PORT:-18435}
 for port in "$LS_PORT" "$LR_PORT"; do  # a server left from an earlier run would be measured
@@ -52,8 +52,8 @@ if [ -z "${BERT:-}" ] && [ -f "$ROOT/tests/fakes/encodermodel.py" ]; then
 import sys
 from pathlib import Path
 from tests.fakes.encodermodel import write_tiny_bert
-write_tiny_bert(Path(sys.argv[1]), pooling="mean", n_layer=12, n_embd=384)
-write_tiny_bert(Path(sys.argv[2]), pooling="rank", rank_head=True, n_layer=12, n_embd=384)
+write_tiny_bert(Path(sys.argv[1]), n_layer=12, n_embd=384)  # mean pooling
+write_tiny_bert(Path(sys.argv[2]), rank_head=True, n_layer=12, n_embd=384)
 EOF
   )
 fi
