@@ -98,9 +98,10 @@ bench() {  # bench KIND MODEL GGUF [llama-server mode flags]; no flags: llmrun a
 }
 EXTRA=("$@")
 
-echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) vCPUs," \
+avx512=$(grep -qw avx512f /proc/cpuinfo && echo " (AVX-512)" || true)
+echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p')$avx512, $(nproc) vCPUs," \
   "$THREADS threads, llmrun $(git -C "$ROOT" rev-parse --short HEAD)," \
-  "llama-server $("$SERVER" --version 2>&1 | sed -n 's/^version: //p')," \
+  "llama-server $("$SERVER" --version 2>&1 | sed -n 's/^version: //p') at 127.0.0.1:$LS_PORT," \
   "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "### SmolLM2 embeddings (mean pooling)"

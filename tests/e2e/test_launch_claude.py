@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from llmrun.engine.draft import common_prefix
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
 from llmrun.request import ChatRequest
+from tests.fakes.httpserve import serving
 
 CLAUDE_CODE = "2.1.332"
 
@@ -92,14 +92,8 @@ def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def test_two_turns_of_claude_code_share_all_but_the_last_message(

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from llmrun.bench import retrieval
 from llmrun.bench.report import RetrievalResult, median_run
 from llmrun.bench.servers import Server, turn_order
+from tests.fakes.httpserve import serving
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -56,15 +56,8 @@ class _Fake(BaseHTTPRequestHandler):
 
 def _serve(**behaviour: Any) -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
     seen: list[tuple[str, dict[str, Any]]] = []
-    handler = type("Handler", (_Fake,), {"seen": seen, **behaviour})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(type("Handler", (_Fake,), {"seen": seen, **behaviour})) as url:
+        yield url, seen
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from llmrun import config
 from llmrun.store import names
 from llmrun.store.manifests import Layer, Manifest, Manifests
+from tests.fakes.httpserve import serving
 
 # Never on the way of these commands: the HTTP client library, Jinja and the Go templates,
 # the Hub, llama.cpp and its grammar engine, the daemon's web stack, the REPL's line editor.
@@ -135,15 +135,8 @@ def fake_daemon(_isolated_home: Path) -> Iterator[list[dict[str, str]]]:
             pass
 
     host, port = os.environ["LLMRUN_HOST"].split(":")
-    server = http.server.HTTPServer((host, int(port)), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, host, int(port), threaded=False):
         yield seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def test_ps_asks_the_daemon_without_httpx_or_the_store(
