@@ -94,28 +94,25 @@ def register(app: typer.Typer) -> None:
         except StoreError as exc:
             fail(str(exc))
         client = connect()
-        if embedding or rerank:
-            kinds: list[b.Kind] = []
-            if embedding:
-                kinds.append("embedding")
-            if rerank:
-                kinds.append("rerank")
+        kinds: list[b.Kind] = []
+        if embedding:
+            kinds.append("embedding")
+        if rerank:
+            kinds.append("rerank")
+        err.print(f"[dim]measuring {' and '.join(kinds) or 'generation'} with {model} at "
+                  + ", ".join([client.base_url, *(o.url for o in others)])
+                  + " (the servers should be otherwise idle)...[/]")
+        if kinds:
             servers = [b.Server("llmrun /v1", client.base_url, model, "openai"), *others]
-            for kind in kinds:
-                err.print(f"[dim]measuring {kind} with {model} at "
-                          + ", ".join(s.url for s in servers)
-                          + " (the servers should be otherwise idle)...[/]")
+            for i, kind in enumerate(kinds):
                 work = b.Workload(kind, inputs=inputs, batch=batch, docs=docs)
                 try:
                     table = b.run_retrieval(work, path, threads, counts, rounds, servers,
                                             baselines=baselines).table()
                 except RuntimeError as exc:
                     fail(f"the benchmark stopped: {exc}")
-                typer.echo(table)
+                typer.echo(("\n" if i else "") + table)  # (markdown: a blank line between)
             return
-        err.print(f"[dim]measuring {model} at {client.base_url}"
-                  + "".join(f", and {o.url}" for o in others)
-                  + " (the servers should be otherwise idle)...[/]")
         try:
             result = b.run(client.base_url, model, path, counts, tokens, threads,
                            baselines=baselines, prefix=prefix, constrained=with_schema,

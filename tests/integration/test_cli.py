@@ -263,6 +263,36 @@ def test_bench_prints_ratios_against_raw_llama_cpp(home_with_model: Path) -> Non
     assert bad.returncode == 1 and "--api" in bad.stderr
 
 
+def test_bench_embedding_and_rerank_tables(home_with_model: Path, smollm2_path: Path) -> None:
+    """--embedding and --rerank end to end on a workload of a few items: llmrun against its
+    own /v1 (as against llama-server), the raw loops beside; every figure there, none
+    judged (a busy machine makes any number)."""
+    from llmrun.store import Store
+
+    Store(home_with_model).create("ranker", f"FROM {smollm2_path}\nPARAMETER rerank true\n")
+    host = os.environ["LLMRUN_HOST"]
+    r = llmrun("bench", "ranker", "--embedding", "--rerank", "--levels", "1", "--rounds", "1",
+               "--inputs", "2", "--batch", "1", "--docs", "1", "--threads", "1",
+               "--against", f"http://{host}/v1")
+    assert r.returncode == 0, r.stderr
+    tables = [t for t in r.stdout.split("\n\n") if "| concurrency |" in t]
+    assert [t.split(":")[0] for t in tables] == ["embedding", "rerank"]
+    for table, items in zip(tables, ("inputs/s", "documents/s"), strict=True):
+        header, *rows = [[c.strip() for c in line.split("|")[1:-1]]
+                            for line in table.splitlines() if line.startswith("| ")]
+        col = {name: i for i, name in enumerate(header)}
+        assert [row[col["server"]] for row in rows] == ["llmrun /v1", f"{host} /v1"]
+        for row in rows:
+            for name in (items, "prompt tokens/s", f"raw {items}", "raw tokens/s", "/ raw"):
+                assert float(row[col[name]]) > 0, (name, row)
+        assert float(rows[1][col["llmrun /v1 / this"]]) > 0
+    # a model that is not a reranker: the run says why instead of stopping
+    r = llmrun("bench", "smollm2", "--rerank", "--levels", "1", "--rounds", "1", "--docs", "1",
+               "--no-baselines")
+    assert r.returncode == 0, r.stderr
+    assert "llmrun /v1 refused this work" in r.stdout and "not a reranker" in r.stdout
+
+
 def _stream_of(api: str, pieces: list[str], count: int) -> bytes:
     """A streamed answer as /api/chat (NDJSON) or /v1/chat/completions (SSE) sends it."""
     if api == "chat":
