@@ -129,7 +129,8 @@ class RetrievalResult:
     refused: dict[str, str] = field(default_factory=dict)
 
     def table(self) -> str:
-        """The markdown table docs/benchmarks.md keeps: a row per level and server."""
+        """The markdown table docs/benchmarks.md keeps: a row per level and server (items/s
+        to two places: a large model on a small machine embeds a few inputs a second)."""
         first = self.labels[0]
         lines = [f"{self.kind}: {self.gguf.name}, {self.workload}, {self.threads} threads, "
                  f"{machine()}",
@@ -145,8 +146,8 @@ class RetrievalResult:
                     continue
                 raw = self.raw.get(n)
                 lines.append(
-                    f"| {n} | {label} | {s['items_s']:.1f} | {s['tokens_s']:.0f} | "
-                    f"{s['p50']:.2f} | {s['p95']:.2f} | {_num(raw[0] if raw else None)} | "
+                    f"| {n} | {label} | {s['items_s']:.2f} | {s['tokens_s']:.0f} | "
+                    f"{s['p50']:.2f} | {s['p95']:.2f} | {_num(raw[0] if raw else None, 2)} | "
                     f"{_num(raw[1] if raw else None, 0)} | "
                     f"{_num(s.get('raw_ratio'), 2)} | {_num(s.get('first_over'), 2)} |")
         for label, why in self.refused.items():

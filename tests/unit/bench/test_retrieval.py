@@ -172,7 +172,7 @@ def test_table_marks_what_was_not_measured() -> None:
     header = [c.strip() for c in lines[1].split("|")[1:-1]]
     assert header[2] == "inputs/s" and header[-1] == "llmrun /v1 / this"
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[3:]]
-    assert rows[0] == ["1", "llmrun /v1", "12.3", "740", "0.50", "0.90", "13.0", "780", "0.95",
+    assert rows[0] == ["1", "llmrun /v1", "12.34", "740", "0.50", "0.90", "13.00", "780", "0.95",
                        "-"]
     assert rows[1][-2:] == ["-", "1.10"]
 
