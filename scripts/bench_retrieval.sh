@@ -19,6 +19,9 @@
 # INPUTS / BATCH (embedding inputs per level, per request: 32 / 8), DOCS (rerank documents
 # per request: 12), SMOLLM2, BERT, BERT_RANK (GGUF paths), LS_PORT, LR_PORT.
 set -euo pipefail
+# (the whole script in one block: bash reads a block before it runs any of it, so editing the
+# file during a run does not change what the run does)
+{
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 SMOLLM2=${SMOLLM2:-$HOME/.cache/llmrun/test-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -125,3 +128,5 @@ if [ -n "${BERT_RANK:-}" ]; then
 fi
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+exit
+}

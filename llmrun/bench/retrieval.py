@@ -151,7 +151,7 @@ async def probe(server: Server, work: Workload) -> str | None:
     try:
         _count(work.kind, await post_json(server.url, path, small), min(n, 2))
     except RuntimeError as exc:
-        return str(exc)[:160]
+        return str(exc)[:300]
     return None
 
 
