@@ -34,18 +34,8 @@ BATCH=${BATCH:-8}
 DOCS=${DOCS:-12}
 LS_PORT=${LS_PORT:-18081}
 LR_PORT=${LR_PORT:-18435}
-for port in "$LS_PORT" "$LR_PORT"; do  # a server left from an earlier run would be measured
-  if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
-    echo "port $port already answers: stop that server first (or set LS_PORT / LR_PORT)" >&2
-    exit 1
-  fi
-done
 SERVER=${LLAMA_SERVER:-$("$ROOT/scripts/build_llama_server.sh")}
-WORK=$(mktemp -d)
-pids=()
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
-cleanup() { for p in "${pids[@]}"; do stop "$p"; done; rm -rf "$WORK"; }
-trap cleanup EXIT
+. "$ROOT/scripts/bench-lib.sh"
 
 # The BERT models: synthetic weights in bge-small's shape (what is timed is the shape, not
 # what the weights know), written by the test fakes where the caller names none.
@@ -61,37 +51,18 @@ EOF
   )
 fi
 
-export LLMRUN_HOME="$WORK/home" LLMRUN_HOST="127.0.0.1:$LR_PORT" LLMRUN_NUM_THREADS="$THREADS" \
-  LLMRUN_NUM_PARALLEL=4 LLMRUN_CONTEXT_LENGTH=4096
-create() {  # create NAME GGUF [Modelfile lines]
-  local name=$1 gguf=$2; shift 2
-  { printf 'FROM %s\n' "$gguf"; for line in "$@"; do printf '%s\n' "$line"; done; } \
-    > "$WORK/Modelfile.$name"
-  "$PY" -m llmrun create "$name" -f "$WORK/Modelfile.$name" > /dev/null
-}
-create smollm2 "$SMOLLM2"
-create smollm2-rerank "$SMOLLM2" "PARAMETER rerank true"
-[ -n "${BERT:-}" ] && create bert "$BERT"
-[ -n "${BERT_RANK:-}" ] && create bert-rank "$BERT_RANK"
-"$PY" -m llmrun serve > "$WORK/llmrun.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$LR_PORT/api/version" > /dev/null && break
-  sleep 0.2
-done
+create_model smollm2 "$SMOLLM2"
+create_model smollm2-rerank "$SMOLLM2" "PARAMETER rerank true"
+[ -n "${BERT:-}" ] && create_model bert "$BERT"
+[ -n "${BERT_RANK:-}" ] && create_model bert-rank "$BERT_RANK"
+start_llmrun
 
 bench() {  # bench KIND MODEL GGUF [llama-server mode flags]; no flags: llmrun alone
   local kind=$1 model=$2 gguf=$3; shift 3
   local against=() ls=""
   if [ $# -gt 0 ]; then
-    "$SERVER" -m "$gguf" -t "$THREADS" -tb "$THREADS" -np 4 -c $((4 * 4096)) "$@" \
-      --host 127.0.0.1 --port "$LS_PORT" --no-webui > "$WORK/llama-server.log" 2>&1 &
-    ls=$!
-    pids+=("$ls")
-    for _ in $(seq 1 300); do
-      curl -sf "http://127.0.0.1:$LS_PORT/health" > /dev/null && break
-      sleep 0.2
-    done
+    start_llama_server "$SERVER" "$gguf" "$@"
+    ls=$LS_PID
     against=(--against "http://127.0.0.1:$LS_PORT")
   fi
   "$PY" -m llmrun bench "$model" "--$kind" --gguf "$gguf" --threads "$THREADS" \
