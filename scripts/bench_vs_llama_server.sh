@@ -7,6 +7,7 @@
 # Run it on an otherwise idle machine; paste the table into docs/benchmarks.md.
 # STOCK=1 measures a llama-server built without llmrun's llama.cpp patches
 # (build_llama_server.sh --stock); by default it carries them, as the engine does.
+# LLAMA_SERVER=path: a llama-server already built (no build step).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -16,7 +17,7 @@ if [ "${1:-}" = "--" ]; then shift; fi
 THREADS=${THREADS:-$(nproc)}
 LS_PORT=${LS_PORT:-18080}
 LR_PORT=${LR_PORT:-18434}
-SERVER=$("$ROOT/scripts/build_llama_server.sh" ${STOCK:+--stock})
+SERVER=${LLAMA_SERVER:-$("$ROOT/scripts/build_llama_server.sh" ${STOCK:+--stock})}
 . "$ROOT/scripts/bench-lib.sh"
 
 start_llama_server "$SERVER" "$GGUF" -b 512 -fa on
