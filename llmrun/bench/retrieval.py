@@ -189,8 +189,11 @@ def run(work: Workload, gguf: Path, threads: int, levels: list[int], rounds: int
                 r["raw_ratio"] = r["items_s"] / rate[0]
     first = servers[0].label
     for (label, n), by_turn in runs.items():
+        # the rates are each the median over the turns (with an even count, the mean of the
+        # middle two: both rates then come from the same turns); latencies, the median run's
         s = result.served.setdefault(label, {})[n] = median_run(by_turn, "items_s")
-        s["items_s"] = statistics.median(r["items_s"] for r in by_turn)
+        for rate in ("items_s", "tokens_s"):
+            s[rate] = statistics.median(r[rate] for r in by_turn)
         if raws:
             result.raw[n] = (statistics.median(r[0] for r in raws),
                              statistics.median(r[1] for r in raws))
