@@ -143,6 +143,10 @@ def test_a_run_alternates_the_servers_and_pairs_their_turns(
     assert order == ["m", "n", "n", "m", "n", "m", "m", "n", "m", "n", "n", "m"]
     assert set(result.served) == {"llmrun /v1", "b /v1"}
     assert "first_over" in result.served["b /v1"][2]
+    # both rates over the same turns: their quotient is the tokens (here words) per input
+    words = sum(len(t.split()) for t in retrieval.texts(4, "Day 1. ")) / 4
+    b = result.served["b /v1"][1]
+    assert b["tokens_s"] / b["items_s"] == pytest.approx(words)
     assert "first_over" not in result.served["llmrun /v1"][2]
     assert result.raw == {}
     table = result.table()
