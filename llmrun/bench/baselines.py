@@ -88,10 +88,10 @@ RAW_SEQ = 4
 
 
 def _side_loop(model: Model, sequences: list[list[int]], threads: int,
-               embeddings: bool, read: bool = True) -> tuple[float, float]:
+               embeddings: bool) -> tuple[float, float]:
     """The plain loop of the side work: the sequences RAW_SEQ to a llama_decode, in order,
-    whatever their lengths; each one's pooled vector read (`embeddings`), or the logits of
-    its last token (`read` False: neither). Returns (sequences/s, tokens/s)."""
+    whatever their lengths; each one's pooled vector (or rank score) read (`embeddings`), or
+    the logits of its last token. Returns (sequences/s, tokens/s)."""
     from llmrun.engine.llama import Batch, Context
 
     n_ctx_seq = max(len(t) for t in sequences)
@@ -109,7 +109,7 @@ def _side_loop(model: Model, sequences: list[list[int]], threads: int,
                 row = batch.add(tok, pos, seq, embeddings or pos == len(tokens) - 1)
             rows.append(row)
         ctx.decode(batch)
-        for seq, row in enumerate(rows if read else []):
+        for seq, row in enumerate(rows):
             if embeddings:
                 ctx.embedding(seq)
             else:
@@ -137,9 +137,8 @@ def raw_rerank(gguf: Path, query: str, documents: list[str],
                threads: int) -> tuple[float, float]:
     """Reranking in a plain loop: (documents/s, tokens/s), preparing the prompts outside the
     time. A cross-encoder (a GGUF that declares rank pooling) reads each pair as BERT's
-    `[CLS] query [SEP] document [SEP]` in a pooled context, as llama-server does; its score
-    is not read (llama.cpp pools it in the decode; the engine's adapter reads a sequence's
-    whole vector, longer than a score). An LLM reranker (engine/rerank.py) reads each
+    `[CLS] query [SEP] document [SEP]` in a rank-pooled context, as llama-server does, and
+    its score is read. An LLM reranker (engine/rerank.py) reads each
     document's prompt, the chat template over its Qwen3-Reranker turns, and the logits of
     its last token."""
     from llmrun.chat import templates
@@ -152,7 +151,7 @@ def raw_rerank(gguf: Path, query: str, documents: list[str],
             first = model.tokenize(query, add_special=True, parse_special=False)
             return _side_loop(model, [
                 first + model.tokenize(doc, add_special=True, parse_special=False)[1:]
-                for doc in documents], threads, embeddings=True, read=False)
+                for doc in documents], threads, embeddings=True)
         tpl = model.chat_template() or templates.FALLBACK_TEMPLATE
         return _side_loop(model, [model.tokenize(templates.render(tpl, [
             {"role": "system", "content": DEFAULT_SYSTEM},

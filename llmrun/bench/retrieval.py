@@ -192,8 +192,8 @@ def run(work: Workload, gguf: Path, threads: int, levels: list[int], rounds: int
         # the rates are each the median over the turns (with an even count, the mean of the
         # middle two: both rates then come from the same turns); latencies, the median run's
         s = result.served.setdefault(label, {})[n] = median_run(by_turn, "items_s")
-        for rate in ("items_s", "tokens_s"):
-            s[rate] = statistics.median(r[rate] for r in by_turn)
+        for key in ("items_s", "tokens_s"):
+            s[key] = statistics.median(r[key] for r in by_turn)
         if raws:
             result.raw[n] = (statistics.median(r[0] for r in raws),
                              statistics.median(r[1] for r in raws))
