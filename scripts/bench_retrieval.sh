@@ -13,7 +13,8 @@
 #   a BERT encoder's embeddings, and a BERT cross-encoder's reranking (bge-small's shape:
 #       12 layers, 384 wide; synthetic weights), llmrun, llama-server and the raw loop,
 #       when BERT and BERT_RANK name GGUFs or tests/fakes/encodermodel.py can write them
-# Takes about 6 minutes on a 2-core machine; run it on an otherwise idle one.
+# About 5 minutes on an idle 2-core machine (10 beside a load average of 5); run it on an
+# otherwise idle one.
 # Environment: LLAMA_SERVER (a built llama-server; default: scripts/build_llama_server.sh),
 # THREADS (default: all cores), ROUNDS (turns per level, default 2), LEVELS (1,4),
 # INPUTS / BATCH (embedding inputs per level, per request: 32 / 8), DOCS (rerank documents

@@ -133,7 +133,7 @@ class RetrievalResult:
         to two places: a large model on a small machine embeds a few inputs a second)."""
         first = self.labels[0]
         lines = [f"{self.kind}: {self.gguf.name}, {self.workload}, {self.threads} threads, "
-                 f"{machine()}",
+                 f"{machine()}", "",
                  f"| concurrency | server | {self.items}/s | prompt tokens/s | request p50 s "
                  f"| request p95 s | raw {self.items}/s | raw tokens/s | / raw "
                  f"| {first} / this |",

@@ -67,7 +67,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure tokens/s, decode rate, time to first token and inter-token latency at each
         concurrency level, with ratios against raw llama-cpp-python on the same file, its
-        decode-only loop the reference (docs/benchmarks.md)."""
+        decode-only loop the reference (docs/benchmarks.md). With --embedding or --rerank:
+        embedding inputs/s or rerank documents/s instead, against a raw pooled-context loop
+        (scripts/bench_retrieval.sh runs them against llama-server)."""
         from llmrun import bench as b
         from llmrun.store import StoreError
 

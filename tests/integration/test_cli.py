@@ -275,8 +275,10 @@ def test_bench_embedding_and_rerank_tables(home_with_model: Path, smollm2_path: 
                "--inputs", "2", "--batch", "1", "--docs", "1", "--threads", "1",
                "--against", f"http://{host}/v1")
     assert r.returncode == 0, r.stderr
-    tables = [t for t in r.stdout.split("\n\n") if "| concurrency |" in t]
-    assert [t.split(":")[0] for t in tables] == ["embedding", "rerank"]
+    assert [line.split(":")[0] for line in r.stdout.splitlines()
+            if line.startswith(("embedding:", "rerank:"))] == ["embedding", "rerank"]
+    tables = [t for t in r.stdout.split("\n\n") if t.startswith("| concurrency |")]
+    assert len(tables) == 2
     for table, items in zip(tables, ("inputs/s", "documents/s"), strict=True):
         header, *rows = [[c.strip() for c in line.split("|")[1:-1]]
                             for line in table.splitlines() if line.startswith("| ")]

@@ -173,9 +173,10 @@ def test_table_marks_what_was_not_measured() -> None:
                              raw={1: (13.0, 780.0)})
     lines = result.table().splitlines()
     assert lines[0].startswith("embedding: bert.gguf, 8 inputs, 2 threads")
-    header = [c.strip() for c in lines[1].split("|")[1:-1]]
+    assert lines[1] == ""  # (markdown: a table after a paragraph needs a blank line)
+    header = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert header[2] == "inputs/s" and header[-1] == "llmrun /v1 / this"
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[3:]]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[4:]]
     assert rows[0] == ["1", "llmrun /v1", "12.34", "740", "0.50", "0.90", "13.00", "780", "0.95",
                        "-"]
     assert rows[1][-2:] == ["-", "1.10"]
