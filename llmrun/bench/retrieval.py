@@ -9,8 +9,9 @@ embedding level sends them in requests of `batch` inputs over /v1/embeddings; a 
 sends one query with `docs` documents over /v1/rerank (llama-server's and Jina's shape, which
 llmrun serves too). At concurrency c, c clients drain the level's requests (an embedding
 level: inputs / batch requests; a rerank level: c of them, one per client), so every level
-embeds the same inputs and each rerank client ranks the same documents. The rate is items
-(inputs, documents) over the level's wall time."""
+embeds as many inputs and each rerank client ranks as many documents, alike but for the tag
+each level (and rerank request) opens its texts with. The rate is items (inputs, documents)
+over the level's wall time."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Any, Literal
 from llmrun import jsonio
 from llmrun.bench.baselines import raw_embed, raw_rerank
 from llmrun.bench.load import pct
+from llmrun.bench.measure import _run_async
 from llmrun.bench.report import RetrievalResult, median_run
 from llmrun.bench.servers import Server, post_lines, turn_order
 
@@ -161,8 +163,6 @@ def run(work: Workload, gguf: Path, threads: int, levels: list[int], rounds: int
     alternating order, then the raw loop once on `gguf` with the servers idle (its rate
     does not depend on the level; a pass of it costs as much as a server's). The first
     server is llmrun, whose rate is compared with each other's turn by turn."""
-    from llmrun.bench.measure import _run_async
-
     result = RetrievalResult(work.kind, work.describe(), work.items(), gguf, threads,
                              [s.label for s in servers])
     live = []
