@@ -187,23 +187,39 @@ def check_images_count(messages: list[Message]) -> None:
         raise _refuse(f"too many images: {count}, the limit is {limit} (LLMRUN_MAX_IMAGES)")
 
 
+def check_audio_size(size: int, where: str) -> None:
+    limit = config.max_audio_size()
+    if size > limit:
+        raise _refuse(f"{where}: sound file too large: {size} bytes, the limit is {limit} "
+                      "bytes (LLMRUN_MAX_AUDIO_SIZE)")
+
+
 def check_images(messages: list[Message]) -> None:
-    """At most LLMRUN_MAX_IMAGES images, each at most LLMRUN_MAX_IMAGE_SIZE decoded, all
-    within one runner message. The dialects checked each image as they read it (naming their
-    own field); this holds for every request, however it was built. An entry that is not
-    canonical base64 (an image URL never fetched) is refused, never sent to the runner."""
-    if not any(m.images for m in messages):
+    """At most LLMRUN_MAX_IMAGES images and LLMRUN_MAX_AUDIO sound files, each within its
+    size limit decoded (LLMRUN_MAX_IMAGE_SIZE, LLMRUN_MAX_AUDIO_SIZE), all within one runner
+    message. The dialects checked each one as they read it (naming their own field); this
+    holds for every request, however it was built. An entry that is not canonical base64 (an
+    image URL never fetched) is refused, never sent to the runner. A sound's duration and
+    sample rate are read from its header by the runner, before it is decoded
+    (engine/sound.py)."""
+    if not any(m.images or m.audio for m in messages):
         return
     check_images_count(messages)
+    n_audio = sum(len(m.audio) for m in messages)
+    if n_audio > config.max_audio():
+        raise _refuse(f"too many sound files: {n_audio}, the limit is {config.max_audio()} "
+                      "(LLMRUN_MAX_AUDIO)")
     total = 0
     for i, m in enumerate(messages):
-        for j, data in enumerate(m.images):
-            where = f"messages[{i}].images[{j}]"
-            if len(data) % 4 or ":" in data[:16]:
-                raise _refuse(f"{where}: not base64 image data")
-            size = image_bytes(data)
-            check_image_size(size, where)
-            total += size
+        for field, items, check in (("images", m.images, check_image_size),
+                                    ("audio", m.audio, check_audio_size)):
+            for j, data in enumerate(items):
+                where = f"messages[{i}].{field}[{j}]"
+                if len(data) % 4 or ":" in data[:16]:
+                    raise _refuse(f"{where}: not base64 data")
+                size = image_bytes(data)
+                check(size, where)
+                total += size
     check_images_total(total)
 
 

@@ -193,6 +193,16 @@ def wav_long_header(hours: float = 2.0) -> bytes:
     return _header(SAMPLE_RATE, declared) + pcm16(noise(1.0, seed=5))
 
 
+def mp3_bomb(seconds: float = 1500.0) -> bytes:
+    """A valid MP3 stream of the smallest frames there are (MPEG-2.5 layer III, 8 kbit/s,
+    8 kHz mono: 72 bytes for 72 ms) adding up to `seconds`: about a megabyte that decodes
+    to 25 minutes (48 MB of float samples at 16 kHz). Only walking the frames' headers
+    before decoding finds how long it is; MP3 has no header for the whole file."""
+    header = bytes((0xFF, 0xE3, 0x18, 0xC0))  # sync, 2.5, layer III, no CRC; 8 kbps, 8 kHz
+    frame = header + bytes(72 - len(header))
+    return frame * int(seconds / 0.072 + 1)
+
+
 def not_audio() -> bytes:
     """Bytes no audio decoder recognises."""
     return b"this is not a sound, just some text\x00\x01\x02 that no decoder knows\n" * 8

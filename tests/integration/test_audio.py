@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,12 +18,22 @@ import pytest
 from llmrun.engine.llama import ImageChunk, LlamaError, Model, Projector
 from tests.fakes.audio import (
     SAMPLE_RATE,
+    mp3_bomb,
     n_positions,
     noise,
+    not_audio,
     silence,
     sine,
+    truncated_wav,
+    wav,
+    wav_384khz,
+    wav_long_header,
     write_projector,
 )
+from tests.fakes.vision import image
+from tests.fakes.vision import write_projector as write_vision_projector
+from tests.integration.test_isolation import assert_serving
+from tests.integration.test_vision import Host
 
 
 def b64(data: bytes) -> str:
@@ -86,3 +97,60 @@ def test_encoding_is_deterministic_and_hears_the_difference(projector: Projector
 def test_projector_of_another_width_is_refused(model: Model, tmp_path: Path) -> None:
     with pytest.raises(LlamaError, match="width"):
         Projector(write_projector(tmp_path / "wide.gguf", n_embd=64), model, 1)
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def host(model: Model, mmproj: Path) -> Iterator[Host]:
+    h = Host(model, mmproj)
+    yield h
+    h.close()
+
+
+def hear(*sounds: bytes, text: str = "What do you hear?") -> dict[str, Any]:
+    return {"role": "user", "content": text, "audio": [b64(s) for s in sounds]}
+
+
+def test_same_sound_same_answer_other_sound_other_answer(host: Host) -> None:
+    answers = {}
+    for name, data in (("tone", wav(sine(440.0, 1.0))), ("again", wav(sine(440.0, 1.0))),
+                       ("noise", wav(noise(1.0))), ("48k", wav(sine(440.0, 1.0, 48_000),
+                                                                48_000))):
+        kind, payload, text = host.ask([hear(data)], num_predict=8)
+        assert kind == "done", payload
+        answers[name] = text
+        assert host.started(host.last)["prompt_tokens"] > n_positions(1.0)
+    assert answers["tone"] == answers["again"]
+    assert answers["noise"] != answers["tone"]
+    # the same tone at 48 kHz, resampled to the projector's 16 kHz, is not silence or noise
+    assert answers["48k"] != answers["noise"]
+
+
+@pytest.mark.parametrize("bad, words", [
+    (truncated_wav(), "truncated"),
+    (wav_long_header(), "declares 7200 s"),
+    (wav_384khz(), "384000 Hz"),
+    (mp3_bomb(), "declares"),
+    (not_audio(), "not a sound file"),
+])
+def test_hostile_sounds_fail_alone(host: Host, bad: bytes, words: str) -> None:
+    stream = host.send([{"role": "user", "content": "Tell me a story."}], num_predict=40)
+    kind, err, _ = host.ask([hear(wav(sine(440.0, 0.5)), bad)])
+    assert kind == "error" and err["code"] == "invalid_request" and words in err["message"], err
+    assert host.frames.final(stream)[0] == "done"  # the neighbour was not touched
+    assert host.encodes == 0  # refused before anything was encoded
+    assert_serving(host.r, host.frames)
+
+
+def test_a_model_without_an_audio_projector_refuses_sound(host: Host, model: Model,
+                                                          tmp_path: Path) -> None:
+    seeing = Host(model, write_vision_projector(tmp_path / "mmproj.gguf"))
+    try:
+        kind, err, _ = seeing.ask([hear(wav(sine(440.0, 0.5)))])
+        assert kind == "error" and "no audio projector" in err["message"], err
+    finally:
+        seeing.close()
+    kind, err, _ = host.ask([{"role": "user", "content": "hi", "images": [b64(image(1))]}])
+    assert kind == "error" and "no vision projector" in err["message"], err

@@ -84,6 +84,7 @@ class Host:
     def send(self, messages: list[dict[str, Any]], num_predict: int = 12, **fields: Any) -> str:
         self._n += 1
         rid = f"v{self._n}"
+        self.last = rid
         options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
         self.r.generate(rid, ChatRequest(model="t", messages=messages, options=options,
                                          **fields).model_dump())

@@ -163,6 +163,26 @@ class Projector:
                 M.mtmd_bitmap_free(bitmap)
             M.mtmd_input_chunks_free(chunks)
 
+    def decode_sound(self, data: bytes) -> np.ndarray:
+        """A sound file (WAV, MP3, FLAC) as mono float32 samples at `sample_rate`, decoded
+        by libmtmd's helper (miniaudio). Only for files whose header was read and bounded
+        first (engine/sound.py): the helper reads a whole file in one go, whatever length
+        its frames add up to, and takes anything it does not know for an image."""
+        M = self._m
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = M.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False)
+        if not bitmap:
+            raise ValueError("a sound file could not be decoded")
+        try:
+            if not M.mtmd_bitmap_is_audio(bitmap):
+                raise ValueError("not a sound file")
+            n = M.mtmd_bitmap_get_n_bytes(bitmap) // 4
+            ptr = ctypes.cast(M.mtmd_bitmap_get_data(bitmap), ctypes.POINTER(ctypes.c_float))
+            return np.ctypeslib.as_array(ptr, shape=(n,)).copy() if n else \
+                np.zeros(0, dtype=np.float32)
+        finally:
+            M.mtmd_bitmap_free(bitmap)
+
     def encode(self, chunk: ImageChunk) -> np.ndarray:
         """The embeddings of an image or audio chunk: one row of the model's width per
         position (a copy). Runs the encoder: the slow part, kept off the engine's thread."""
