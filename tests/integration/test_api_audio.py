@@ -1,0 +1,114 @@
+"""Sound in chat, through the real daemon and the official SDKs.
+
+A model made of SmolLM2 and tests/fakes/audio.py's tiny random audio projector (two FROM
+lines, as a vision model is made): the store tells it by its GGUF (`show` lists `audio`), the
+same sound gives the same greedy answer and another sound another, its positions count in the
+usage, and what cannot be heard is a 400 naming why, while the runner goes on serving.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Daemon, make_home
+from tests.fakes.audio import (
+    mp3_bomb,
+    n_positions,
+    noise,
+    not_audio,
+    sine,
+    truncated_wav,
+    wav,
+    wav_384khz,
+    wav_long_header,
+    write_projector,
+)
+
+GREEDY = {"temperature": 0.0, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def audio_daemon(tmp_path_factory: pytest.TempPathFactory,
+                 smollm2_path: Path) -> Iterator[Daemon]:
+    from llmrun.store import Store
+
+    home = make_home(tmp_path_factory.mktemp("audio-home"), smollm2_path)
+    mmproj = write_projector(home / "mmproj-audio.gguf")
+    Store(home).create("ears", f"FROM {smollm2_path}\nFROM {mmproj}\n")
+    d = Daemon(home).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def oa(audio_daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=audio_daemon.url + "/v1", api_key="x", max_retries=0,
+                       timeout=120) as c:
+        yield c
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def ask_openai(oa: openai.OpenAI, sound: bytes, fmt: str = "wav",
+               model: str = "ears") -> tuple[str, int]:
+    r = oa.chat.completions.create(
+        model=model, max_tokens=8, **GREEDY,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What do you hear?"},
+            {"type": "input_audio", "input_audio": {"data": b64(sound), "format": fmt}}]}])
+    assert r.usage is not None
+    return r.choices[0].message.content or "", r.usage.prompt_tokens
+
+
+def test_openai_input_audio_reaches_the_model(oa: openai.OpenAI) -> None:
+    tone, n_tone = ask_openai(oa, wav(sine(440.0, 1.0)))
+    again, _ = ask_openai(oa, wav(sine(440.0, 1.0)))
+    other, n_other = ask_openai(oa, wav(noise(2.0)))
+    assert tone == again and other != tone
+    # the sound's positions are in the prompt: 2 s take more of them than 1 s
+    assert n_other - n_tone == n_positions(2.0) - n_positions(1.0)
+
+
+def test_show_lists_audio_not_vision(audio_daemon: Daemon) -> None:
+    caps = httpx.post(audio_daemon.url + "/api/show", json={"model": "ears"}).json()
+    assert "audio" in caps["capabilities"] and "vision" not in caps["capabilities"]
+    caps = httpx.post(audio_daemon.url + "/api/show", json={"model": "smollm2"}).json()
+    assert "audio" not in caps["capabilities"]
+
+
+def test_sound_to_a_model_that_cannot_hear_is_400_naming_it(oa: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"smollm2.*no audio projector"):
+        ask_openai(oa, wav(sine(440.0, 0.5)), model="smollm2")
+    with pytest.raises(openai.BadRequestError, match="format"):
+        ask_openai(oa, wav(sine(440.0, 0.5)), fmt="ogg")
+
+
+def test_anthropic_has_no_audio_blocks(audio_daemon: Daemon) -> None:
+    with anthropic.Anthropic(base_url=audio_daemon.url, api_key="x", max_retries=0) as an, \
+            pytest.raises(anthropic.BadRequestError, match="no audio blocks"):
+        an.messages.create(model="ears", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "audio", "source": {"type": "base64", "data": b64(wav(sine(1.0, 0.5)))}},
+        ]}])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bad, words", [
+    (truncated_wav(), "truncated"),
+    (wav_long_header(), "7200 s"),
+    (wav_384khz(), "384000 Hz"),
+    (mp3_bomb(), "declares"),
+    (not_audio(), "not a sound file"),
+])
+def test_hostile_sounds_are_400_and_the_runner_serves_on(oa: openai.OpenAI, bad: bytes,
+                                                         words: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=words):
+        ask_openai(oa, bad, fmt="mp3" if bad == mp3_bomb() else "wav")
+    assert ask_openai(oa, wav(sine(440.0, 1.0)))[0]  # the same runner answers
