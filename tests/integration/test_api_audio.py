@@ -112,3 +112,20 @@ def test_hostile_sounds_are_400_and_the_runner_serves_on(oa: openai.OpenAI, bad:
     with pytest.raises(openai.BadRequestError, match=words):
         ask_openai(oa, bad, fmt="mp3" if bad == mp3_bomb() else "wav")
     assert ask_openai(oa, wav(sine(440.0, 1.0)))[0]  # the same runner answers
+
+
+def test_responses_and_ollama_carry_sound_as_chat_completions_does(
+        audio_daemon: Daemon, oa: openai.OpenAI) -> None:
+    tone = wav(sine(440.0, 1.0))
+    expected, _ = ask_openai(oa, tone)
+    r = oa.responses.create(model="ears", max_output_tokens=8, temperature=0.0, input=[{
+        "role": "user", "content": [
+            {"type": "input_text", "text": "What do you hear?"},
+            {"type": "input_audio", "input_audio": {"data": b64(tone), "format": "wav"}}]}],
+    )  # type: ignore[list-item]
+    assert r.output_text == expected
+    body = {"model": "ears", "stream": False, "options": {**GREEDY, "num_predict": 8},
+            "messages": [{"role": "user", "content": "What do you hear?",
+                          "audio": [b64(tone)]}]}
+    out = httpx.post(audio_daemon.url + "/api/chat", json=body, timeout=120).json()
+    assert out["message"]["content"] == expected
