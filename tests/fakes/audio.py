@@ -200,7 +200,7 @@ def mp3_bomb(seconds: float = 1500.0) -> bytes:
     before decoding finds how long it is; MP3 has no header for the whole file."""
     header = bytes((0xFF, 0xE3, 0x18, 0xC0))  # sync, 2.5, layer III, no CRC; 8 kbps, 8 kHz
     frame = header + bytes(72 - len(header))
-    return frame * int(seconds / 0.072 + 1)
+    return frame * max(1, round(seconds / 0.072))
 
 
 def not_audio() -> bytes:
