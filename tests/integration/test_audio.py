@@ -8,12 +8,14 @@ projector). First the adapter (engine/llama/vision.py's Projector) alone, then t
 from __future__ import annotations
 
 import base64
+import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from llama_cpp import mtmd_cpp as M
 
 from llmrun.engine.llama import ImageChunk, LlamaError, Model, Projector
 from tests.fakes.audio import (
@@ -33,7 +35,7 @@ from tests.fakes.audio import (
 from tests.fakes.vision import image
 from tests.fakes.vision import write_projector as write_vision_projector
 from tests.integration.test_isolation import assert_serving
-from tests.integration.test_vision import Host
+from tests.integration.test_vision import Host, assert_first_token_as_plain
 
 
 def b64(data: bytes) -> str:
@@ -154,3 +156,16 @@ def test_a_model_without_an_audio_projector_refuses_sound(host: Host, model: Mod
         seeing.close()
     kind, err, _ = host.ask([{"role": "user", "content": "hi", "images": [b64(image(1))]}])
     assert kind == "error" and "no vision projector" in err["message"], err
+
+
+def test_first_token_matches_plain_llama_cpp_python(host: Host, model: Model,
+                                                     mmproj: Path) -> None:
+    """libmtmd's own path: its helper decodes the same WAV file (miniaudio) into a bitmap
+    and evaluates the chunks itself."""
+    data = wav(sine(440.0, 1.5))
+
+    def bitmap_of(mctx: Any) -> Any:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return M.mtmd_helper_bitmap_init_from_buf(mctx, buf, len(data), False)
+
+    assert_first_token_as_plain(host, model, mmproj, hear(data), bitmap_of)
