@@ -89,6 +89,7 @@ def from_audio(data: Any, fmt: Any, where: str) -> str:
         raise _invalid(f"{where}.data: invalid base64 audio data") from None
     if not raw:
         raise _invalid(f"{where}.data: the sound file is empty")
+    bounds.check_sound_header(raw, where)  # duration, rate, truncation: before any runner
     return base64.b64encode(raw).decode("ascii")
 
 
