@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -129,3 +130,84 @@ def test_responses_and_ollama_carry_sound_as_chat_completions_does(
                           "audio": [b64(tone)]}]}
     out = httpx.post(audio_daemon.url + "/api/chat", json=body, timeout=120).json()
     assert out["message"]["content"] == expected
+
+
+# -- /v1/audio/transcriptions and /v1/audio/translations ------------------------------------
+
+
+def transcribe(oa: openai.OpenAI, sound: bytes, name: str = "tone.wav", **kw: Any) -> Any:
+    return oa.audio.transcriptions.create(model="ears", file=(name, sound), **kw)
+
+
+def test_transcription_is_the_model_hearing_the_file(oa: openai.OpenAI) -> None:
+    tone, other = wav(sine(440.0, 1.0)), wav(noise(1.0))
+    first = transcribe(oa, tone)
+    assert first.text and first.text == transcribe(oa, tone).text
+    assert transcribe(oa, other).text != first.text
+    assert first.usage.type == "tokens" and first.usage.input_tokens > n_positions(1.0)
+    # a translation asks the model something else about the same sound
+    translated = oa.audio.translations.create(model="ears", file=("tone.wav", tone))
+    assert translated.text and translated.text != first.text
+
+
+def test_every_response_format_has_its_shape(oa: openai.OpenAI) -> None:
+    tone = wav(sine(440.0, 1.5))
+    text = transcribe(oa, tone).text
+    assert transcribe(oa, tone, response_format="text") == text + "\n"
+    assert transcribe(oa, tone, response_format="srt") == \
+        f"1\n00:00:00,000 --> 00:00:01,500\n{text}\n\n"
+    assert transcribe(oa, tone, response_format="vtt") == \
+        f"WEBVTT\n\n00:00:00.000 --> 00:00:01.500\n{text}\n\n"
+    verbose = transcribe(oa, tone, response_format="verbose_json", language="en")
+    # (the language is in the instruction: compare with the same request's json answer)
+    assert (verbose.text, verbose.duration, verbose.language) == \
+        (transcribe(oa, tone, language="en").text, 1.5, "en")
+    assert verbose.segments is not None and len(verbose.segments) == 1
+    assert (verbose.segments[0].start, verbose.segments[0].end) == (0.0, 1.5)
+
+
+def test_streamed_transcription_adds_up_to_the_whole(oa: openai.OpenAI) -> None:
+    tone = wav(sine(440.0, 1.0))
+    whole = transcribe(oa, tone).text
+    events = list(transcribe(oa, tone, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
+    assert events[-1].text == whole
+    assert "".join(e.delta for e in events[:-1]).strip() == whole
+
+
+def test_transcription_form_errors_name_the_field(audio_daemon: Daemon,
+                                                  oa: openai.OpenAI) -> None:
+    tone = wav(sine(440.0, 0.5))
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        transcribe(oa, tone, response_format="docx")
+    with pytest.raises(openai.BadRequestError, match="json or text"):
+        transcribe(oa, tone, response_format="srt", stream=True)
+    with pytest.raises(openai.BadRequestError, match="no audio projector"):
+        oa.audio.transcriptions.create(model="smollm2", file=("t.wav", tone))
+    url = audio_daemon.url + "/v1/audio/transcriptions"
+    r = httpx.post(url, data={"model": "ears"})  # a urlencoded form
+    assert r.status_code == 400 and "multipart/form-data" in r.json()["error"]["message"]
+    r = httpx.post(url, files={"model": (None, "ears")})  # a form without its file
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+
+
+@pytest.mark.parametrize("bad, words", [
+    (truncated_wav(), "truncated"),
+    (wav_long_header(), "7200 s"),
+    (wav_384khz(), "384000 Hz"),
+    (mp3_bomb(), "declares"),
+    (not_audio(), "not a sound file"),
+])
+def test_hostile_files_are_400_beside_an_untouched_stream(oa: openai.OpenAI, bad: bytes,
+                                                          words: str) -> None:
+    stream = oa.chat.completions.create(
+        model="ears", max_tokens=24, stream=True, **GREEDY,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "Tell me a story."}])
+    chunks = iter(stream)
+    first = next(chunks)
+    with pytest.raises(openai.BadRequestError, match=words):
+        transcribe(oa, bad, name="bad.wav")
+    rest = list(chunks)
+    assert [c.choices[0].finish_reason for c in [first, *rest] if c.choices][-1] == "length"
+    assert transcribe(oa, wav(sine(440.0, 1.0))).text  # the runner serves on
