@@ -9,6 +9,9 @@ usage, and what cannot be heard is a 400 naming why, while the runner goes on se
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,3 +214,26 @@ def test_hostile_files_are_400_beside_an_untouched_stream(oa: openai.OpenAI, bad
     rest = list(chunks)
     assert [c.choices[0].finish_reason for c in [first, *rest] if c.choices][-1] == "length"
     assert transcribe(oa, wav(sine(440.0, 1.0))).text  # the runner serves on
+
+
+def test_the_cli_prints_the_transcript(audio_daemon: Daemon, oa: openai.OpenAI,
+                                       tmp_path: Path) -> None:
+    tone = wav(sine(440.0, 1.5))
+    (tmp_path / "tone.wav").write_bytes(tone)
+    env = {**os.environ, "LLMRUN_HOME": str(audio_daemon.home),
+           "LLMRUN_HOST": f"127.0.0.1:{audio_daemon.port}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "llmrun", "transcribe", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    text = transcribe(oa, tone).text
+    out = cli("ears", str(tmp_path / "tone.wav"))
+    assert out.returncode == 0 and out.stdout == text + "\n", out.stderr
+    out = cli("ears", str(tmp_path / "tone.wav"), "--format", "srt")
+    assert out.stdout == f"1\n00:00:00,000 --> 00:00:01,500\n{text}\n\n", out.stderr
+    (tmp_path / "notes.txt").write_bytes(not_audio())
+    bad = cli("ears", str(tmp_path / "notes.txt"))
+    assert bad.returncode == 1 and "not a sound file" in bad.stderr and not bad.stdout
+    bad = cli("smollm2", str(tmp_path / "tone.wav"))
+    assert bad.returncode == 1 and "no audio projector" in bad.stderr
