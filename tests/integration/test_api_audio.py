@@ -9,6 +9,8 @@ usage, and what cannot be heard is a 400 naming why, while the runner goes on se
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from tests.fakes.audio import (
     n_positions,
     noise,
     not_audio,
+    pcm16,
+    silence,
     sine,
     truncated_wav,
     wav,
@@ -237,3 +241,135 @@ def test_the_cli_prints_the_transcript(audio_daemon: Daemon, oa: openai.OpenAI,
     assert bad.returncode == 1 and "not a sound file" in bad.stderr and not bad.stdout
     bad = cli("smollm2", str(tmp_path / "tone.wav"))
     assert bad.returncode == 1 and "no audio projector" in bad.stderr
+
+
+# -- the realtime transcription session (WebSocket) ---------------------------------------------
+
+RT_RATE = 24_000  # OpenAI's pcm16
+
+
+def realtime(d: Daemon, **headers: str) -> Any:
+    from websockets.sync.client import connect
+
+    return connect(d.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription",
+                   additional_headers=headers, open_timeout=30, max_size=None)
+
+
+def send(ws: Any, kind: str, **fields: Any) -> None:
+    ws.send(json.dumps({"type": kind, **fields}))
+
+
+def until(ws: Any, kind: str) -> list[dict[str, Any]]:
+    """Every event up to and including the first of type `kind`."""
+    out: list[dict[str, Any]] = []
+    while not out or out[-1]["type"] != kind:
+        out.append(json.loads(ws.recv(timeout=120)))
+        assert out[-1]["type"] != "error" or kind == "error", out[-1]
+    return out
+
+
+def chunks(pcm: bytes, sizes: list[int]) -> list[bytes]:
+    """`pcm` cut into pieces of the given sample counts (the last takes the rest)."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(pcm[at:at + 2 * n])
+        at += 2 * n
+    return [*out, pcm[at:]]
+
+
+@contextlib.contextmanager
+def open_session(d: Daemon, vad: dict[str, Any] | None = None) -> Iterator[Any]:
+    with realtime(d) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "transcription_session.created"
+        send(ws, "transcription_session.update", session={
+            "input_audio_format": "pcm16", "turn_detection": vad,
+            "input_audio_transcription": {"model": "ears"}})
+        assert until(ws, "transcription_session.updated")[-1]["session"][
+            "input_audio_transcription"]["model"] == "ears"
+        yield ws
+
+
+def test_ten_chunks_of_any_size_transcribe_as_the_whole_file(audio_daemon: Daemon,
+                                                             oa: openai.OpenAI) -> None:
+    samples = sine(440.0, 1.6, RT_RATE)
+    pieces = chunks(pcm16(samples), [1, 480, 2400, 7, 9600, 333, 4800, 12, 8000])
+    assert len(pieces) == 10 and b"".join(pieces) == pcm16(samples)
+    with open_session(audio_daemon) as ws:
+        for piece in pieces:
+            send(ws, "input_audio_buffer.append", audio=b64(piece))
+        send(ws, "input_audio_buffer.commit")
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    deltas = [e["delta"] for e in events
+              if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    done = events[-1]
+    assert len(committed) == 1 and done["item_id"] == committed[0]["item_id"]
+    assert "".join(deltas).strip() == done["transcript"]
+    whole = transcribe(oa, wav(samples, RT_RATE)).text  # the same sound as one file
+    assert done["transcript"] == whole
+
+
+def test_each_commit_is_an_utterance_transcribed_in_order(audio_daemon: Daemon) -> None:
+    with open_session(audio_daemon) as ws:
+        for seconds in (1.0, 2.0):  # the second is sent while the first is transcribed
+            send(ws, "input_audio_buffer.append",
+                 audio=b64(pcm16(noise(seconds, rate=RT_RATE))))
+            send(ws, "input_audio_buffer.commit")
+        first = until(ws, "conversation.item.input_audio_transcription.completed")
+        second = until(ws, "conversation.item.input_audio_transcription.completed")
+    items = [e for e in first + second if e["type"] == "input_audio_buffer.committed"]
+    assert len(items) == 2 and items[1]["previous_item_id"] == items[0]["item_id"]
+    assert first[-1]["item_id"] == items[0]["item_id"]
+    assert second[-1]["item_id"] == items[1]["item_id"]
+    assert first[-1]["transcript"] != second[-1]["transcript"]
+
+
+def test_a_silence_ends_an_utterance_with_server_vad(audio_daemon: Daemon) -> None:
+    vad = {"type": "server_vad", "threshold": 0.05, "silence_duration_ms": 300}
+    with open_session(audio_daemon, vad) as ws:
+        send(ws, "input_audio_buffer.append", audio=b64(pcm16(sine(440.0, 1.0, RT_RATE))))
+        send(ws, "input_audio_buffer.append", audio=b64(pcm16(silence(0.2, RT_RATE))))
+        send(ws, "input_audio_buffer.append", audio=b64(pcm16(silence(0.2, RT_RATE))))
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_stopped") \
+        < kinds.index("input_audio_buffer.committed")
+
+
+def test_session_errors_are_events_and_bounds_close_it(audio_daemon: Daemon) -> None:
+    with open_session(audio_daemon) as ws:
+        send(ws, "input_audio_buffer.commit")
+        assert "empty" in until(ws, "error")[-1]["error"]["message"]
+        send(ws, "input_audio_buffer.append", audio="%%%")
+        assert "base64" in until(ws, "error")[-1]["error"]["message"]
+        send(ws, "response.create")
+        assert "unknown event" in until(ws, "error")[-1]["error"]["message"]
+        send(ws, "transcription_session.update", session={"input_audio_format": "g711_ulaw"})
+        assert "pcm16" in until(ws, "error")[-1]["error"]["message"]
+        # 21 minutes of sound in one utterance: refused, and the session ends
+        minute = b64(bytes(2 * RT_RATE * 60))
+        for _ in range(21):
+            send(ws, "input_audio_buffer.append", audio=minute)
+        assert "at most" in until(ws, "error")[-1]["error"]["message"]
+        from websockets.exceptions import ConnectionClosed
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+
+
+def test_a_foreign_origin_cannot_open_a_session(audio_daemon: Daemon) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused, \
+            realtime(audio_daemon, Origin="https://evil.example"):
+        pass
+    assert refused.value.response.status_code == 403
+
+
+def test_a_dropped_session_leaves_the_runner_serving(audio_daemon: Daemon,
+                                                     oa: openai.OpenAI) -> None:
+    with open_session(audio_daemon) as ws:
+        send(ws, "input_audio_buffer.append", audio=b64(pcm16(noise(2.0, rate=RT_RATE))))
+        send(ws, "input_audio_buffer.commit")
+        until(ws, "input_audio_buffer.committed")
+        ws.close()  # while its utterance is being transcribed
+    assert transcribe(oa, wav(sine(440.0, 1.0))).text

@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError, api_error, error, invalid_value
+from llmrun.api.openai.realtime import session as realtime_session
 from llmrun.api.openai.stream import (
     Choices,
     chat_collect,
@@ -121,6 +122,11 @@ def router(service: Service) -> APIRouter:
         except ApiError as exc:
             return api_error(exc)
         return await unless_disconnected(request, answer(service, t))
+
+    @api.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        """OpenAI's Realtime API, its transcription intent only (realtime.py)."""
+        await realtime_session(ws, service)
 
     @api.post("/v1/audio/transcriptions", response_model=None)
     async def transcriptions(request: Request) -> Response:

@@ -122,12 +122,18 @@ def parse(task: Task, content_type: str, body: bytes) -> Transcription:
     except EngineError as exc:
         raise ApiError(http_status(exc), exc.message, "file") from None
     prompt = fields.get("prompt", "").strip() or None
-    request = ChatRequest(
-        model=model, stream=streaming,
+    request = chat_request(task, model, sound, language, prompt, temperature, streaming)
+    return Transcription(task, request, fmt, seconds, language)
+
+
+def chat_request(task: Task, model: str, sound: str, language: str | None,
+                 prompt: str | None, temperature: float, stream: bool) -> ChatRequest:
+    """The chat turn that transcribes (or translates) `sound`, a checked base64 file."""
+    return ChatRequest(
+        model=model, stream=stream,
         messages=[Message(role="user", content=instruction(task, language, prompt),
                           audio=[sound])],
         options=Options(temperature=temperature, num_predict=MAX_TRANSCRIPT_TOKENS))
-    return Transcription(task, request, fmt, seconds, language)
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -192,19 +198,30 @@ async def answer(service: Service, t: Transcription) -> Response:
     return render(t, "".join(parts).strip(), stats)
 
 
+async def deltas(choices: Choices) -> AsyncIterator[str | Done]:
+    """A transcript's text as it comes, then its Done. The first words lose their leading
+    space, as the whole text is stripped: the deltas add up to the whole."""
+    heard = False
+    async for _, event in choices.events():
+        if isinstance(event, Done):
+            yield event
+            return
+        delta = event.text if heard else event.text.lstrip()
+        heard = heard or bool(delta)
+        if delta:
+            yield delta
+
+
 async def _events(choices: Choices) -> AsyncIterator[bytes]:
     parts: list[str] = []
     try:
-        async for _, event in choices.events():
-            if isinstance(event, Done):
+        async for delta in deltas(choices):
+            if isinstance(delta, Done):
                 yield sse({"type": "transcript.text.done", "text": "".join(parts).strip(),
-                           "usage": _usage(event.stats)})
-            elif event.text:
-                # the first words lose their leading space, as the whole text is stripped
-                delta = event.text if parts and "".join(parts).strip() else event.text.lstrip()
-                parts.append(event.text)
-                if delta:
-                    yield sse({"type": "transcript.text.delta", "delta": delta})
+                           "usage": _usage(delta.stats)})
+            else:
+                parts.append(delta)
+                yield sse({"type": "transcript.text.delta", "delta": delta})
     except EngineError as exc:
         status, message, param, code, _ = engine_error_fields(exc)
         yield sse(error_body(status, message, param, code))
