@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 
+from llmrun.api.openai.transcribe import MAX_TRANSCRIPT_TOKENS, instruction
 from tests.conftest import Daemon, make_home
 from tests.fakes.audio import (
     mp3_bomb,
@@ -289,10 +290,13 @@ def open_session(d: Daemon, vad: dict[str, Any] | None = None) -> Iterator[Any]:
         yield ws
 
 
-def test_ten_chunks_of_any_size_transcribe_as_the_whole_file(audio_daemon: Daemon,
-                                                             oa: openai.OpenAI) -> None:
-    samples = sine(440.0, 1.6, RT_RATE)
-    pieces = chunks(pcm16(samples), [1, 480, 2400, 7, 9600, 333, 4800, 12, 8000])
+def test_ten_chunks_of_any_size_are_read_as_they_come(audio_daemon: Daemon,
+                                                     oa: openai.OpenAI) -> None:
+    """The session reads each second of sound into the model as it arrives (a piece, a WAV
+    of its own): at the commit the model already holds every whole second, and the answer
+    is the one for the same pieces sent at once, greedily."""
+    samples = sine(440.0, 3.5, RT_RATE)
+    pieces = chunks(pcm16(samples), [1, 480, 24000, 7, 9600, 333, 24000, 12, 8000])
     assert len(pieces) == 10 and b"".join(pieces) == pcm16(samples)
     with open_session(audio_daemon) as ws:
         for piece in pieces:
@@ -305,8 +309,20 @@ def test_ten_chunks_of_any_size_transcribe_as_the_whole_file(audio_daemon: Daemo
     done = events[-1]
     assert len(committed) == 1 and done["item_id"] == committed[0]["item_id"]
     assert "".join(deltas).strip() == done["transcript"]
-    whole = transcribe(oa, wav(samples, RT_RATE)).text  # the same sound as one file
-    assert done["transcript"] == whole
+    # read before the commit: the three whole seconds (the instruction and the last half
+    # second are what the commit adds)
+    read = done["usage"]["input_token_details"]["cached_tokens"]
+    assert read >= 3 * n_positions(1.0)
+    assert done["usage"]["input_tokens"] - read < n_positions(1.0) + 60
+    at_once = oa.chat.completions.create(
+        model="ears", temperature=0.0, max_tokens=MAX_TRANSCRIPT_TOKENS,
+        messages=[{"role": "user", "content": [
+            *({"type": "input_audio", "input_audio": {"data": b64(wav(samples[i:i + RT_RATE],
+                                                                      RT_RATE)),
+                                                      "format": "wav"}}
+              for i in range(0, len(samples), RT_RATE)),
+            {"type": "text", "text": instruction("transcribe", None, None)}]}])
+    assert done["transcript"] == (at_once.choices[0].message.content or "").strip()
 
 
 def test_each_commit_is_an_utterance_transcribed_in_order(audio_daemon: Daemon) -> None:
@@ -346,11 +362,9 @@ def test_session_errors_are_events_and_bounds_close_it(audio_daemon: Daemon) -> 
         assert "unknown event" in until(ws, "error")[-1]["error"]["message"]
         send(ws, "transcription_session.update", session={"input_audio_format": "g711_ulaw"})
         assert "pcm16" in until(ws, "error")[-1]["error"]["message"]
-        # 21 minutes of sound in one utterance: refused, and the session ends
-        minute = b64(bytes(2 * RT_RATE * 60))
-        for _ in range(21):
-            send(ws, "input_audio_buffer.append", audio=minute)
-        assert "at most" in until(ws, "error")[-1]["error"]["message"]
+        # 31 s of sound in one utterance: refused, and the session ends
+        send(ws, "input_audio_buffer.append", audio=b64(bytes(2 * RT_RATE * 31)))
+        assert "at most 30 s" in until(ws, "error")[-1]["error"]["message"]
         from websockets.exceptions import ConnectionClosed
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)

@@ -6,12 +6,20 @@ The client streams base64 PCM16 (mono, 24 kHz: OpenAI's `pcm16`) in
 `input_audio_buffer.commit`, or lets a silence end it (`turn_detection` `server_vad`). Each
 utterance is transcribed as it is committed, its text streamed back in
 `conversation.item.input_audio_transcription.delta` events and one `.completed`, while the
-client may go on sending the next one. An utterance is one chat turn on the session's model
-(transcribe.py's, with the session's language and prompt), so its transcript is exactly what
-`/v1/audio/transcriptions` gives for the same sound as one WAV file.
+client may go on sending the next one.
 
-Bounded: at most MAX_SESSIONS at once, MAX_SOUND_SECONDS (bounds.py) of sound in one
-utterance, IDLE_SECONDS without a message; a session that breaks a bound gets an `error`
+The sound is not kept until the commit: every PIECE_SECONDS of it becomes a piece (a WAV
+file of its own), and the utterance's pieces so far are read into the model at once, by a
+request that generates nothing (num_predict 0). The runner keeps each piece's embeddings by
+content hash and the slot's memory by prefix, so the next read (and the commit's) finds
+the earlier pieces there: each piece is encoded once and read once, and the commit only adds
+the last piece, the instruction and the answer. An utterance is one chat turn on the
+session's model (transcribe.py's, with the session's language and prompt) whose sounds are
+its pieces: its transcript is what the same pieces sent at once give (not one WAV of the
+whole: an encoder normalises over what it is given, as Whisper-style ones do).
+
+Bounded: at most MAX_SESSIONS at once, MAX_UTTERANCE_SECONDS of sound in one utterance,
+IDLE_SECONDS without a message; a session that breaks a bound gets an `error`
 event and is closed. A dropped connection cancels the utterance being transcribed, which
 frees its slot in the runner.
 """
@@ -34,16 +42,22 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
-from llmrun import bounds
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.stream import start_choices
-from llmrun.api.openai.transcribe import chat_request, deltas
-from llmrun.request import Done, EngineError
+from llmrun.api.openai.transcribe import MAX_TRANSCRIPT_TOKENS, chat_request, deltas, usage
+from llmrun.request import Done, EngineError, Stats
 from llmrun.server.service import Service
 
 log = logging.getLogger(__name__)
 
 RATE = 24_000  # OpenAI's pcm16: 16-bit little-endian mono at 24 kHz
+# Sound read into the model as it arrives, in pieces of this length (shorter ones would each
+# take an encoder chunk's positions whatever their length: Qwen3-ASR's are 1 s)
+PIECE_SECONDS = 1.0
+PIECE_BYTES = int(PIECE_SECONDS * RATE) * 2
+# One utterance's sound: a VAD-ended turn of speech is seconds long; its pieces all travel in
+# the commit's request (LLMRUN_MAX_AUDIO sound files)
+MAX_UTTERANCE_SECONDS = 30
 MAX_SESSIONS = 8  # sessions open at once (each holds a model's slot while it transcribes)
 IDLE_SECONDS = 120.0  # a session that sends nothing this long is closed
 # Server VAD, as OpenAI's defaults: a frame is speech above THRESHOLD of full scale (RMS);
@@ -53,6 +67,9 @@ VAD_SILENCE_MS = 500
 VAD_FRAME_MS = 20
 
 _open = 0  # sessions open now (one event loop: no lock needed)
+# The session's jobs, in order: (None, pieces) reads the utterance's pieces so far into the
+# model; (item id, pieces) transcribes a committed utterance; None ends
+Work = asyncio.Queue[tuple[str | None, list[str]] | None]
 
 
 @dataclass
@@ -63,7 +80,9 @@ class Session:
     vad: bool = False
     silence_ms: int = VAD_SILENCE_MS
     threshold: float = VAD_THRESHOLD
-    pcm: bytearray = field(default_factory=bytearray)
+    pcm: bytearray = field(default_factory=bytearray)  # sound not yet made a piece
+    pieces: list[str] = field(default_factory=list)  # the utterance's pieces (base64 WAV)
+    seconds: float = 0.0  # the utterance's sound so far
     heard: bool = False  # speech in the buffer since its start (server VAD)
     quiet_ms: int = 0  # trailing silence (server VAD)
     last_item: str | None = None
@@ -106,11 +125,21 @@ class Session:
         if len(pcm) % 2:
             raise ApiError(400, "PCM16 audio must be a whole number of 2-byte samples",
                            "audio")
-        if (len(self.pcm) + len(pcm)) / 2 / RATE > bounds.MAX_SOUND_SECONDS:
-            raise ApiError(400, f"an utterance may hold at most {bounds.MAX_SOUND_SECONDS} s of "
+        if self.seconds + len(pcm) / 2 / RATE > MAX_UTTERANCE_SECONDS:
+            raise ApiError(400, f"an utterance may hold at most {MAX_UTTERANCE_SECONDS} s of "
                                 "sound; commit it first", "audio")
+        self.seconds += len(pcm) / 2 / RATE
         self.pcm += pcm
         return self.vad and self._speech_ended(pcm)
+
+    def cut(self) -> bool:
+        """Make whole pieces of the buffered sound; True if one was made."""
+        made = False
+        while len(self.pcm) >= PIECE_BYTES:
+            self.pieces.append(_wav(bytes(self.pcm[:PIECE_BYTES])))
+            del self.pcm[:PIECE_BYTES]
+            made = True
+        return made
 
     def _speech_ended(self, pcm: bytes) -> bool:
         """Server VAD over the new chunk, in 20 ms frames: speech, then enough silence."""
@@ -125,17 +154,25 @@ class Session:
                 self.quiet_ms += VAD_FRAME_MS * len(frame) // n
         return self.heard and self.quiet_ms >= self.silence_ms
 
-    def take(self) -> bytes:
-        """The buffered utterance as a WAV file; the buffer starts again."""
-        out = io.BytesIO()
-        with wave.open(out, "wb") as f:
-            f.setnchannels(1)
-            f.setsampwidth(2)
-            f.setframerate(RATE)
-            f.writeframes(bytes(self.pcm))
-        self.pcm.clear()
+    def take(self) -> list[str]:
+        """The utterance's pieces, the last one what is left; the buffer starts again."""
+        if self.pcm:
+            self.pieces.append(_wav(bytes(self.pcm)))
+        pieces = self.pieces
+        self.pcm, self.pieces, self.seconds = bytearray(), [], 0.0
         self.heard, self.quiet_ms = False, 0
-        return out.getvalue()
+        return pieces
+
+
+def _wav(pcm: bytes) -> str:
+    """PCM16 at RATE as a base64 WAV file (what the runner reads, header first)."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(RATE)
+        f.writeframes(pcm)
+    return base64.b64encode(out.getvalue()).decode("ascii")
 
 
 def _error(message: str, param: str | None = None, code: str = "invalid_request") -> dict[str, Any]:
@@ -161,7 +198,7 @@ async def session(ws: WebSocket, service: Service) -> None:
     s = Session(model=ws.query_params.get("model", ""))
     inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     reader = asyncio.create_task(_read(ws, inbox))
-    work: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+    work: Work = asyncio.Queue()
     writer = asyncio.create_task(_transcribe_each(ws, service, s, work))
     try:
         await ws.send_json({"type": "transcription_session.created", "event_id": _id("event"),
@@ -206,17 +243,20 @@ async def _read(ws: WebSocket, inbox: asyncio.Queue[dict[str, Any] | None]) -> N
 
 
 async def _handle(ws: WebSocket, s: Session, msg: dict[str, Any],
-                  work: asyncio.Queue[tuple[str, bytes] | None]) -> None:
+                  work: Work) -> None:
     kind = msg.get("type")
     if kind in ("transcription_session.update", "session.update"):
         s.update(msg.get("session"))
         await ws.send_json({"type": "transcription_session.updated", "event_id": _id("event"),
                             "session": s.config()})
     elif kind == "input_audio_buffer.append":
-        if s.append(msg.get("audio")):
+        ended = s.append(msg.get("audio"))
+        if ended:
             await ws.send_json({"type": "input_audio_buffer.speech_stopped",
                                 "event_id": _id("event")})
             await _commit(ws, s, work)
+        elif s.model and s.cut():  # read what was heard so far into the model now
+            await work.put((None, list(s.pieces)))
     elif kind == "input_audio_buffer.commit":
         await _commit(ws, s, work)
     elif kind == "input_audio_buffer.clear":
@@ -226,8 +266,8 @@ async def _handle(ws: WebSocket, s: Session, msg: dict[str, Any],
         raise ApiError(400, f"unknown event type {str(kind)[:60]!r}", "type")
 
 
-async def _commit(ws: WebSocket, s: Session, work: asyncio.Queue[tuple[str, bytes] | None]) -> None:
-    if not s.pcm:
+async def _commit(ws: WebSocket, s: Session, work: Work) -> None:
+    if not (s.pcm or s.pieces):
         raise ApiError(400, "the input audio buffer is empty: nothing to commit",
                        "input_audio_buffer")
     if not s.model:
@@ -241,15 +281,17 @@ async def _commit(ws: WebSocket, s: Session, work: asyncio.Queue[tuple[str, byte
 
 
 async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
-                           work: asyncio.Queue[tuple[str, bytes] | None]) -> None:
-    """Transcribe the committed utterances in order, streaming each one's text."""
+                           work: Work) -> None:
+    """Read the pieces into the model as they come, and transcribe the committed
+    utterances, in order, streaming each one's text."""
     while (job := await work.get()) is not None:
-        item, data = job
+        # every read runs, in order (each adds only its new piece: the earlier ones are in
+        # the slot), so the commit always finds the whole seconds read
+        item, pieces = job
         base = {"item_id": item, "content_index": 0}
         try:
-            sound = base64.b64encode(data).decode("ascii")
-            bounds.check_sound_header(data, "utterance")
-            req = chat_request("transcribe", s.model, sound, s.language, s.prompt, 0.0, True)
+            req = chat_request("transcribe", s.model, pieces, s.language, s.prompt, 0.0, True,
+                               num_predict=0 if item is None else MAX_TRANSCRIPT_TOKENS)
             started = await start_choices(service, [req])
             if isinstance(started, Response):  # refused before it started: its message
                 body = json.loads(bytes(started.body) or b"{}")
@@ -257,9 +299,11 @@ async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
                 await ws.send_json({**_error(message), **base})
                 continue
             parts: list[str] = []
+            stats: Stats | None = None
             try:
                 async for delta in deltas(started):
                     if isinstance(delta, Done):
+                        stats = delta.stats
                         break
                     parts.append(delta)
                     await ws.send_json({
@@ -267,8 +311,10 @@ async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
                         "event_id": _id("event"), **base, "delta": delta})
             finally:
                 await started.close()
+            if item is None:
+                continue  # a read: nothing to say
             await ws.send_json({"type": "conversation.item.input_audio_transcription.completed",
                                 "event_id": _id("event"), **base,
-                                "transcript": "".join(parts).strip()})
+                                "transcript": "".join(parts).strip(), "usage": usage(stats)})
         except EngineError as exc:
             await ws.send_json({**_error(exc.message), **base})

@@ -122,28 +122,33 @@ def parse(task: Task, content_type: str, body: bytes) -> Transcription:
     except EngineError as exc:
         raise ApiError(http_status(exc), exc.message, "file") from None
     prompt = fields.get("prompt", "").strip() or None
-    request = chat_request(task, model, sound, language, prompt, temperature, streaming)
+    request = chat_request(task, model, [sound], language, prompt, temperature, streaming)
     return Transcription(task, request, fmt, seconds, language)
 
 
-def chat_request(task: Task, model: str, sound: str, language: str | None,
-                 prompt: str | None, temperature: float, stream: bool) -> ChatRequest:
-    """The chat turn that transcribes (or translates) `sound`, a checked base64 file."""
+def chat_request(task: Task, model: str, sounds: list[str], language: str | None,
+                 prompt: str | None, temperature: float, stream: bool,
+                 num_predict: int = MAX_TRANSCRIPT_TOKENS) -> ChatRequest:
+    """The chat turn that transcribes (or translates) `sounds`, checked base64 files heard
+    one after the other (num_predict 0: only read them into the model's memory)."""
     return ChatRequest(
         model=model, stream=stream,
         messages=[Message(role="user", content=instruction(task, language, prompt),
-                          audio=[sound])],
-        options=Options(temperature=temperature, num_predict=MAX_TRANSCRIPT_TOKENS))
+                          audio=sounds)],
+        options=Options(temperature=temperature, num_predict=num_predict))
 
 
 # -- answers ----------------------------------------------------------------------------------
 
 
-def _usage(stats: Stats | None) -> dict[str, Any]:
+def usage(stats: Stats | None) -> dict[str, Any]:
+    """OpenAI's token usage; `cached_tokens`: the prompt's part the model already held
+    (a realtime session's pieces read before the commit)."""
     prompt = stats.prompt_tokens if stats else 0
     output = stats.completion_tokens if stats else 0
     return {"type": "tokens", "input_tokens": prompt, "output_tokens": output,
-            "total_tokens": prompt + output}
+            "total_tokens": prompt + output,
+            "input_token_details": {"cached_tokens": stats.cached_tokens if stats else 0}}
 
 
 def _clock(seconds: float, sep: str) -> str:
@@ -172,7 +177,7 @@ def render(t: Transcription, text: str, stats: Stats | None) -> Response:
                              "duration": t.seconds, "text": text, "segments": [segment],
                              "usage": {"type": "duration",
                                        "seconds": math.ceil(t.seconds)}})
-    return JSONResponse({"text": text, "usage": _usage(stats)})
+    return JSONResponse({"text": text, "usage": usage(stats)})
 
 
 async def answer(service: Service, t: Transcription) -> Response:
@@ -218,7 +223,7 @@ async def _events(choices: Choices) -> AsyncIterator[bytes]:
         async for delta in deltas(choices):
             if isinstance(delta, Done):
                 yield sse({"type": "transcript.text.done", "text": "".join(parts).strip(),
-                           "usage": _usage(delta.stats)})
+                           "usage": usage(delta.stats)})
             else:
                 parts.append(delta)
                 yield sse({"type": "transcript.text.delta", "delta": delta})
