@@ -8,7 +8,11 @@ utterances of 2.5 s, sent in 10 chunks of varying size as 24 kHz PCM16 over
 `/v1/realtime?intent=transcription`, times commit -> first `.delta` and -> `.completed`.
 A second round does the same while a client streams a story (ignore_eos) on the same model.
 
-    python scripts/realtime_latency.py [TURNS]
+    python scripts/realtime_latency.py [TURNS] [--burst]
+
+Chunks are sent at the pace they are heard (a microphone's), so each second has been read
+into the model before the commit; --burst sends them all at once, then the commit, which
+then waits for the reads queued before it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tests.fakes.audio import noise, pcm16, write_projector
 
 RATE = 24_000
 SIZES = [1, 480, 24000, 7, 9600, 333, 12000, 12, 8000]  # samples; the 10th takes the rest
+PACED = "--burst" not in sys.argv  # --burst: every chunk at once, then the commit
 
 
 def utterances(ws: object, turns: int) -> list[tuple[float, float]]:
@@ -47,6 +52,8 @@ def utterances(ws: object, turns: int) -> list[tuple[float, float]]:
         for piece in pieces:
             ws.send(json.dumps({"type": "input_audio_buffer.append",  # type: ignore[attr-defined]
                                 "audio": base64.b64encode(piece).decode()}))
+            if PACED:  # as a microphone sends it: each chunk once it has been heard
+                time.sleep(len(piece) / 2 / RATE)
         t0 = time.perf_counter()
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # type: ignore[attr-defined]
         first = None
@@ -87,7 +94,8 @@ def report(name: str, rows: list[tuple[float, float]]) -> None:
 def main() -> None:
     from websockets.sync.client import connect
 
-    turns = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    turns = int(args[0]) if args else 10
     home = Path(tempfile.mkdtemp(prefix="llmrun-rt-"))
     from llmrun.store import Store
 
