@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,24 +188,158 @@ def check_images_count(messages: list[Message]) -> None:
         raise _refuse(f"too many images: {count}, the limit is {limit} (LLMRUN_MAX_IMAGES)")
 
 
+def check_audio_size(size: int, where: str) -> None:
+    limit = config.max_audio_size()
+    if size > limit:
+        raise _refuse(f"{where}: sound file too large: {size} bytes, the limit is {limit} "
+                      "bytes (LLMRUN_MAX_AUDIO_SIZE)")
+
+
 def check_images(messages: list[Message]) -> None:
-    """At most LLMRUN_MAX_IMAGES images, each at most LLMRUN_MAX_IMAGE_SIZE decoded, all
-    within one runner message. The dialects checked each image as they read it (naming their
-    own field); this holds for every request, however it was built. An entry that is not
-    canonical base64 (an image URL never fetched) is refused, never sent to the runner."""
-    if not any(m.images for m in messages):
+    """At most LLMRUN_MAX_IMAGES images and LLMRUN_MAX_AUDIO sound files, each within its
+    size limit decoded (LLMRUN_MAX_IMAGE_SIZE, LLMRUN_MAX_AUDIO_SIZE), all within one runner
+    message. The dialects checked each one as they read it (naming their own field); this
+    holds for every request, however it was built. An entry that is not canonical base64 (an
+    image URL never fetched) is refused, never sent to the runner. A sound's duration and
+    sample rate are read from its header by the runner, before it is decoded
+    (engine/sound.py)."""
+    if not any(m.images or m.audio for m in messages):
         return
     check_images_count(messages)
+    n_audio = sum(len(m.audio) for m in messages)
+    if n_audio > config.max_audio():
+        raise _refuse(f"too many sound files: {n_audio}, the limit is {config.max_audio()} "
+                      "(LLMRUN_MAX_AUDIO)")
     total = 0
     for i, m in enumerate(messages):
-        for j, data in enumerate(m.images):
-            where = f"messages[{i}].images[{j}]"
-            if len(data) % 4 or ":" in data[:16]:
-                raise _refuse(f"{where}: not base64 image data")
-            size = image_bytes(data)
-            check_image_size(size, where)
-            total += size
+        for field, items, check in (("images", m.images, check_image_size),
+                                    ("audio", m.audio, check_audio_size)):
+            for j, data in enumerate(items):
+                where = f"messages[{i}].{field}[{j}]"
+                if len(data) % 4 or ":" in data[:16]:
+                    raise _refuse(f"{where}: not base64 data")
+                size = image_bytes(data)
+                check(size, where)
+                total += size
     check_images_total(total)
+
+
+# -- sound -----------------------------------------------------------------------------------
+# What a sound file declares, read from its headers alone (no sample is decoded): the daemon
+# refuses with it before a runner is leased, the runner again before its decoder runs
+# (engine/sound.py). An MP3 has no header for the whole file: its frames are walked (their
+# 4-byte headers only), so a bomb (a megabyte of minimal frames that decode to hours) is
+# measured, not decoded.
+
+MAX_SOUND_SECONDS = 20 * 60  # a sound's declared duration (OpenAI transcribes 25 MB: ~25 min mp3)
+MIN_RATE, MAX_RATE = 8_000, 48_000  # sample rates taken (telephone to studio)
+MAX_CHANNELS = 8
+SOUND_FORMATS = ("WAV", "MP3")
+
+# MPEG audio frame headers (ISO 11172-3, 13818-3): kbit/s by [version is MPEG-1][layer],
+# sample rates by version; layer is 1, 2 or 3
+_BITRATES = {
+    (True, 1): (0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
+    (True, 2): (0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
+    (True, 3): (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    (False, 1): (0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
+    (False, 2): (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+    (False, 3): (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+}
+_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+
+def check_sound_header(data: bytes, where: str = "a sound file") -> float:
+    """The seconds the sound file `data` declares; 400 naming `where` for another format, a
+    rate or channel count out of bounds, a truncated file or more than MAX_SOUND_SECONDS."""
+    try:
+        seconds = sound_seconds(data)
+    except ValueError as exc:
+        raise _refuse(f"{where}: {exc}") from None
+    if seconds > MAX_SOUND_SECONDS:
+        raise _refuse(f"{where}: the sound declares {seconds:.0f} s of audio; at most "
+                      f"{MAX_SOUND_SECONDS} s are accepted")
+    return seconds
+
+
+def sound_seconds(data: bytes) -> float:
+    """The seconds a WAV or MP3 file declares, read from its headers alone; ValueError for
+    another format, a rate or channel count out of bounds, or a truncated file."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return _wav_seconds(data)
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return _mp3_seconds(data)
+    raise ValueError(f"not a sound file in a supported format ({', '.join(SOUND_FORMATS)})")
+
+
+def _check_rate(rate: int) -> None:
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise ValueError(f"a sound file's sample rate is {rate} Hz; {MIN_RATE} to {MAX_RATE} "
+                         "Hz are accepted")
+
+
+def _wav_seconds(data: bytes) -> float:
+    pos, fmt = 12, None
+    while pos + 8 <= len(data):
+        kind, size = data[pos:pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        body = pos + 8
+        if kind == b"fmt ":
+            if size < 16 or body + 16 > len(data):
+                raise ValueError("a WAV file's format chunk is truncated")
+            fmt = struct.unpack_from("<HHIIHH", data, body)
+        elif kind == b"data":
+            if fmt is None:
+                raise ValueError("a WAV file's samples come before its format")
+            _tag, channels, rate, _byte_rate, block, _bits = fmt
+            _check_rate(rate)
+            if not 1 <= channels <= MAX_CHANNELS or block < 1:
+                raise ValueError(f"a WAV file with {channels} channels; 1 to {MAX_CHANNELS} "
+                                 "are accepted")
+            seconds: float = size / block / rate
+            if seconds <= MAX_SOUND_SECONDS and body + size > len(data):
+                raise ValueError(f"a WAV file is truncated: it declares {size} bytes of "
+                                 f"samples and holds {len(data) - body}")
+            return seconds
+        pos = body + size + (size & 1)  # chunks are padded to an even size
+    raise ValueError("a WAV file without samples (no data chunk)")
+
+
+def _mp3_seconds(data: bytes) -> float:
+    pos = 0
+    if data[:3] == b"ID3" and len(data) >= 10:  # an ID3v2 tag: its size is 4 x 7 bits
+        size = 0
+        for b in data[6:10]:
+            size = size << 7 | (b & 0x7F)
+        pos = 10 + size
+    seconds, frames = 0.0, 0
+    while pos + 4 <= len(data):
+        h = struct.unpack_from(">I", data, pos)[0]
+        if h >> 21 != 0x7FF:
+            break  # trailing tags (ID3v1, APE) or junk: the frames ended
+        version, layer = h >> 19 & 3, 4 - (h >> 17 & 3)
+        bitrate_index, rate_index, padding = h >> 12 & 15, h >> 10 & 3, h >> 9 & 1
+        if version == 1 or layer == 4 or rate_index == 3 or bitrate_index == 15:
+            raise ValueError("an MP3 file with an invalid frame header")
+        if bitrate_index == 0:  # free format: a frame's length is not in its header
+            raise ValueError("free-format MP3 is not accepted")
+        mpeg1 = version == 3
+        rate = _RATES[version][rate_index]
+        _check_rate(rate)
+        kbps = _BITRATES[(mpeg1, layer)][bitrate_index]
+        if layer == 1:
+            length, samples = (12 * kbps * 1000 // rate + padding) * 4, 384
+        else:
+            per = 144 if layer == 2 or mpeg1 else 72
+            length, samples = per * kbps * 1000 // rate + padding, 1152 if per == 144 else 576
+        seconds += samples / rate
+        frames += 1
+        if seconds > MAX_SOUND_SECONDS:
+            return seconds  # enough to refuse it
+        pos += length
+    if not frames:
+        raise ValueError("an MP3 file without audio frames")
+    return seconds
 
 
 # -- JSON schemas ----------------------------------------------------------------------------

@@ -243,6 +243,19 @@ class Client:
         self._raise_for(r)
         return dict(r.json())
 
+    def transcribe(self, model: str, filename: str, data: bytes, fmt: str = "text",
+                   language: str | None = None, prompt: str | None = None,
+                   translate: bool = False) -> str:
+        """/v1/audio/transcriptions (or translations): the transcript in `fmt` (text, srt,
+        vtt, json, verbose_json) as the daemon wrote it."""
+        fields = {"model": model, "response_format": fmt,
+                  **({"language": language} if language else {}),
+                  **({"prompt": prompt} if prompt else {})}
+        path = "/v1/audio/translations" if translate else "/v1/audio/transcriptions"
+        r = self.http.post(path, data=fields, files={"file": (filename, data)}, timeout=None)
+        self._raise_for(r)
+        return r.text
+
     def embed(self, model: str, inputs: list[str],
               dimensions: int | None = None) -> list[list[float]]:
         """/api/embed: one vector per input, in order (normalised, as Ollama's)."""

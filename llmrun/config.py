@@ -56,6 +56,10 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_MAX_STOP", "16", "Most stop strings in one request"),
     Setting("LLMRUN_MAX_IMAGES", "16", "Most images in one request"),
     Setting("LLMRUN_MAX_IMAGE_SIZE", "20MiB", "Largest image in a request (its file, decoded)"),
+    Setting("LLMRUN_MAX_AUDIO", "32",
+            "Most sound files in one request (a realtime utterance sends one a second)"),
+    Setting("LLMRUN_MAX_AUDIO_SIZE", "25MiB",
+            "Largest sound file in a request (decoded from base64; OpenAI's limit)"),
     Setting("LLMRUN_IMAGE_URLS", "0",
             "Fetch images that requests name by http(s) URL (1); off, only inline images "
             "(base64, data: URLs) are taken, so no request can make the daemon connect to "
@@ -406,6 +410,14 @@ def max_images() -> int:
 
 def max_image_size() -> int:
     return _parsed("LLMRUN_MAX_IMAGE_SIZE", parse_size)
+
+
+def max_audio() -> int:
+    return _parsed("LLMRUN_MAX_AUDIO", _positive_int)
+
+
+def max_audio_size() -> int:
+    return _parsed("LLMRUN_MAX_AUDIO_SIZE", parse_size)
 
 
 def debug() -> bool:

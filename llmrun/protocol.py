@@ -193,6 +193,7 @@ class Info(TypedDict):
     n_ctx_train: int
     has_template: bool
     vision: bool
+    audio: NotRequired[bool]  # its projector encodes sound (absent: a runner before audio)
     size: int
     # the confinement layers that hold (sandbox.Confinement.info); absent in tests' hosts
     sandbox: NotRequired[list[str]]

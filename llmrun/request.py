@@ -177,6 +177,9 @@ class Message(BaseModel):
     # image files (PNG, JPEG, ...), base64 as the dialects carry them, in order; a model
     # with a vision projector reads them before the message's text (as Ollama places them)
     images: list[str] = Field(default_factory=list)
+    # sound files (WAV, MP3), base64, in order; a model whose projector encodes audio hears
+    # them after the message's images and before its text
+    audio: list[str] = Field(default_factory=list)
 
 
 # Thinking: None leaves it to the model's template; an effort level implies on.

@@ -67,6 +67,32 @@ def from_base64(text: Any, where: str) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
+AUDIO_FORMATS = ("wav", "mp3")  # what OpenAI's input_audio names; the runner reads the header
+
+
+def from_audio(data: Any, fmt: Any, where: str) -> str:
+    """A sound file's base64 (OpenAI's `input_audio`: {data, format}), checked and made
+    canonical as an image's is, against the sound file limit (LLMRUN_MAX_AUDIO_SIZE). Its
+    duration and rate are the runner's to read, from the header, before decoding."""
+    if fmt is not None and fmt not in AUDIO_FORMATS:
+        raise _invalid(f"{where}.format: expected one of {', '.join(AUDIO_FORMATS)}, got "
+                       f"{_short(str(fmt), 40)!r}")
+    if not isinstance(data, str):
+        raise _invalid(f"{where}.data: a sound file must be a base64 string")
+    data = "".join(data.split())
+    if len(data) % 4 in (2, 3):
+        data += "=" * (4 - len(data) % 4)
+    bounds.check_audio_size(bounds.image_bytes(data), where)
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(f"{where}.data: invalid base64 audio data") from None
+    if not raw:
+        raise _invalid(f"{where}.data: the sound file is empty")
+    bounds.check_sound_header(raw, where)  # duration, rate, truncation: before any runner
+    return base64.b64encode(raw).decode("ascii")
+
+
 def from_data_url(url: str, where: str) -> str:
     """The base64 of a `data:image/...;base64,...` URL. A data URL of another media type, or
     without `;base64`, is refused: its text would not be an image."""

@@ -7,7 +7,7 @@ import os
 import typer
 
 from llmrun import __version__
-from llmrun.cli import bench, daemon, launch, models, retrieval, run, serve
+from llmrun.cli import audio, bench, daemon, launch, models, retrieval, run, serve
 
 app = typer.Typer(
     name="llmrun",
@@ -42,6 +42,7 @@ daemon.register(app)
 launch.register(app)
 bench.register(app)
 retrieval.register(app)
+audio.register(app)
 
 
 def main() -> None:

@@ -64,14 +64,15 @@ def identity_header(_: Scope, message: Message) -> None:
 
 class JSONBodies:
     """Treat request bodies as JSON whatever their Content-Type says: Ollama's own docs use
-    `curl -d '{...}'`, which sends application/x-www-form-urlencoded."""
+    `curl -d '{...}'`, which sends application/x-www-form-urlencoded. Not blob uploads, nor
+    OpenAI's audio routes, whose bodies are multipart forms."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "DELETE") \
-                and not scope["path"].startswith("/api/blobs/"):
+                and not scope["path"].startswith(("/api/blobs/", "/v1/audio/")):
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)

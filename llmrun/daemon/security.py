@@ -111,6 +111,9 @@ class Security:
         return key_valid(supplied_key(headers), self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -149,6 +152,24 @@ class Security:
             await send(message)
 
         await self.app(scope, receive, with_cors)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The same checks for a WebSocket handshake (the realtime transcription session):
+        a browser opens one to any address with any Origin and no preflight, so a page on
+        another site could otherwise stream a microphone's worth of requests to the daemon.
+        A refused handshake is closed before it is accepted (an HTTP 403 to the client)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope["headers"]}
+        origin = headers.get("origin") or None
+        refused = (not self.host_allowed(headers.get("host", ""))
+                   or (origin is not None and not self.origin_allowed(origin))
+                   or self.cross_site_refused(headers)
+                   or (bool(self.keys) and not self.key_ok(headers)))
+        if refused:
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await self.app(scope, receive, send)
 
     async def _preflight(self, send: Send, origin: str, headers: dict[str, str]) -> None:
         allow = headers.get("access-control-request-headers", "*") or "*"

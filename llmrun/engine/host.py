@@ -199,7 +199,8 @@ class ModelHost:
             "n_slots": self.n_slots,
             "n_ctx_train": self.model.n_ctx_train,
             "has_template": self.prompt.template is not None,
-            "vision": self.projector is not None,
+            "vision": self.projector is not None and self.projector.vision,
+            "audio": self.projector is not None and self.projector.audio,
             "size": self.model.size,
             **self.sandbox_info,  # which confinement layers hold (engine/boot.py sets it)
         })

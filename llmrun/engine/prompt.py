@@ -1,4 +1,5 @@
-"""A request's prompt: its chat template rendered and tokenized, images in their places, the
+"""A request's prompt: its chat template rendered and tokenized, images and sounds in their
+places, the
 oldest turns dropped to fit the context, where its shared head ends (for the prompt cache), and
 fill-in-the-middle. What ModelHost (engine/host.py) hands the engine as tokens."""
 
@@ -7,17 +8,18 @@ from __future__ import annotations
 import logging
 
 from llmrun.chat import templates, thinking, tools
-from llmrun.engine import pixels
+from llmrun.engine import pixels, sound
 from llmrun.engine.batcher import image_ids
 from llmrun.engine.draft import common_prefix
 from llmrun.engine.llama import ImageChunk, Model, Projector
-from llmrun.request import ChatRequest
+from llmrun.engine.llama.vision import Picture, Sound
+from llmrun.request import ChatRequest, Message
 
 log = logging.getLogger("llmrun.runner")
 
 
 class Prompter:
-    """Renders requests for one model: its template, vocabulary and vision projector."""
+    """Renders requests for one model: its template, vocabulary and projector."""
 
     def __init__(self, model: Model, n_ctx_seq: int, n_image_rows: int,
                  projector: Projector | None = None) -> None:
@@ -43,11 +45,14 @@ class Prompter:
         when the caller has it already). Images in the messages take their positions as
         image_ids; each one's chunk, with the index of its first position, goes to `media`
         when it is given."""
-        pictures = [img for m in req.messages for img in m.images]
+        pictures = [item for m in req.messages for item in media_of(m)]
         if pictures and (req.prompt is not None or req.suffix is not None):
-            raise ValueError("images need the chat template: a raw prompt cannot carry them")
-        if pictures and self.projector is None:
+            raise ValueError("images and sounds need the chat template: a raw prompt cannot "
+                             "carry them")
+        if any(m.images for m in req.messages) and not (self.projector and self.projector.vision):
             raise ValueError("this model has no vision projector: it cannot read images")
+        if any(m.audio for m in req.messages) and not (self.projector and self.projector.audio):
+            raise ValueError("this model has no audio projector: it cannot hear sound")
         if req.suffix is not None:
             return self._fill_in_the_middle(req.prompt or "", req.suffix), ""
         if req.prompt is not None:
@@ -57,8 +62,9 @@ class Prompter:
             source = self.source(req)
             if plan is None:
                 plan = tools.plan(req, source)
-            marked = [m.model_copy(update={"content": self._with_markers(m.content, m.images)})
-                      if m.images else m for m in req.messages]
+            marked = [m.model_copy(update={"content": self._with_markers(m.content,
+                                                                         media_of(m))})
+                      if m.images or m.audio else m for m in req.messages]
             messages, extra = tools.chat_inputs(marked, req.system, source, plan)
             if thinking.markers(source):
                 extra.update(thinking.template_vars(req.think))
@@ -77,26 +83,31 @@ class Prompter:
             tokens = self._after_context(req.context, tokens)
         return tokens, text
 
-    def _with_markers(self, content: str, pictures: list[str]) -> str:
-        """A message's text with its images before it, as Ollama places them: one marker
-        each (the projector's own, which no client can write) on a line of its own."""
+    def _with_markers(self, content: str, pictures: list[tuple[str, str]]) -> str:
+        """A message's text with its images and sounds before it, as Ollama places images:
+        one marker each (the projector's own, which no client can write), then a line."""
         assert self.projector is not None
         marks = "".join(self.projector.marker for _ in pictures)
         return f"{marks}\n{content}" if content else marks
 
-    def _tokenize_images(self, text: str, pictures: list[str], add_bos: bool,
+    def _tokenize_images(self, text: str, pictures: list[tuple[str, str]], add_bos: bool,
                          media: list[tuple[int, ImageChunk]] | None) -> list[int]:
-        """`text` (with a marker per image) as tokens and image positions. The images are
-        decoded here, in the sandbox, each bounded before a pixel is read (engine/pixels.py)."""
-        assert self.projector is not None
-        if text.count(self.projector.marker) != len(pictures):
+        """`text` (with a marker per image or sound) as tokens and media positions. They are
+        decoded here, in the sandbox, each bounded before a pixel or sample is read
+        (engine/pixels.py, engine/sound.py)."""
+        projector = self.projector
+        assert projector is not None
+        if text.count(projector.marker) != len(pictures):
             raise ValueError("the chat template dropped or repeated an image's place")
-        decoded = [pixels.decode(b64) for b64 in pictures]
+        decoded: list[Picture | Sound] = [
+            pixels.decode(b64) if kind == "image" else sound.decode(b64, projector.decode_sound)
+            for kind, b64 in pictures]
         tokens: list[int] = []
-        for part in self.projector.tokenize(text, decoded, add_bos):
+        for part in projector.tokenize(text, decoded, add_bos):
             if isinstance(part, ImageChunk):
                 if part.n_tokens > self.n_image_rows:
-                    raise ValueError(f"an image takes {part.n_tokens} positions; this model "
+                    raise ValueError(f"an image or a piece of sound takes {part.n_tokens} "
+                                     f"positions; this model "
                                      f"was loaded for at most {self.n_image_rows} (num_batch)")
                 if media is not None:
                     media.append((len(tokens), part))
@@ -104,7 +115,8 @@ class Prompter:
             else:
                 tokens += part
         if tokens and tokens[-1] < 0:
-            raise ValueError("a prompt cannot end with an image: text must follow it")
+            raise ValueError("a prompt cannot end with an image or sound: text must follow "
+                             "it")
         return tokens
 
     def truncate(self, req: ChatRequest, plan: tools.ToolPlan | None, prompt: list[int],
@@ -200,3 +212,8 @@ class Prompter:
                     self._control_pieces[toks[0]] = marker.encode()
         return self._control_pieces
 
+
+
+def media_of(m: Message) -> list[tuple[str, str]]:
+    """A message's images, then its sounds, as (kind, base64): the order of their markers."""
+    return [*(("image", b) for b in m.images), *(("audio", b) for b in m.audio)]

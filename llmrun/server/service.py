@@ -177,8 +177,8 @@ class Service:
             self.check(req)
             raise
         self.check(req)
-        if any(m.images for m in req.messages):
-            self._check_vision(req, target)
+        if any(m.images or m.audio for m in req.messages):
+            self._check_media(req, target)
         return target
 
     async def prepare_chat(self, req: ChatRequest) -> Target:
@@ -194,17 +194,21 @@ class Service:
         """The bounds a request is held to whatever its model (llmrun/bounds.py)."""
         bounds.check_request(req)
 
-    @staticmethod
-    def _check_vision(req: ChatRequest, target: Target) -> None:
-        """Images go only to a model with a vision projector: any other answers 400 here,
-        before it is loaded for nothing."""
+    def _check_media(self, req: ChatRequest, target: Target) -> None:
+        """Images go only to a model whose projector encodes them, sound only to one whose
+        projector hears (what its GGUF says): any other answers 400 here, before it is
+        loaded for nothing."""
         if target.upstream is not None:
-            raise EngineError(f"model '{req.model}' is served by a remote server; images are "
-                              "not forwarded to remote models", code="invalid_request")
-        if target.manifest.projector is None:
-            raise EngineError(f"model '{req.model}' does not accept images: it has no vision "
-                              "projector (a Modelfile's second FROM names one)",
+            raise EngineError(f"model '{req.model}' is served by a remote server; images and "
+                              "sound are not forwarded to remote models",
                               code="invalid_request")
+        modalities = self.store.projector_modalities(target.manifest)
+        for kind, noun, sent in (("vision", "images", any(m.images for m in req.messages)),
+                                 ("audio", "audio", any(m.audio for m in req.messages))):
+            if sent and kind not in modalities:
+                raise EngineError(f"model '{req.model}' does not accept {noun}: it has no "
+                                  f"{kind} projector (a Modelfile's second FROM names one)",
+                                  code="invalid_request")
 
     @contextlib.asynccontextmanager
     async def _hold(self, req: ChatRequest, target: Target,

@@ -70,6 +70,12 @@ def model_info(store: Store, manifest: Manifest) -> dict[str, object]:
     return _scalar_info(gguf.read(store.model_path(manifest)))
 
 
+def projector_modalities(store: Store, manifest: Manifest) -> list[str]:
+    """What the model's projector encodes ("vision", "audio"); none without one."""
+    path = store.projector_path(manifest)
+    return gguf.read(path).modalities if path is not None else []
+
+
 def projector_info(store: Store, manifest: Manifest) -> dict[str, object] | None:
     """The vision projector's metadata, as model_info (Ollama's `projector_info`)."""
     path = store.projector_path(manifest)
@@ -113,7 +119,7 @@ def embedding_only(info: Mapping[str, object]) -> bool:
 
 
 def capabilities(template: str, info: Mapping[str, object], vision: bool = False,
-                 rerank: bool = False) -> list[str]:
+                 rerank: bool = False, audio: bool = False) -> list[str]:
     """Every chat model takes tools here: a template without tool support gets them in a
     system preamble. `vision` is having a projector: images need one, whatever the template
     says. `rerank`: the Modelfile makes a chat model a reranker (PARAMETER rerank...); it
@@ -132,6 +138,8 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
         out.append("thinking")
     if vision:
         out.append("vision")
+    if audio:  # its projector encodes sound
+        out.append("audio")
     if rerank:
         out.append("rerank")
     return out

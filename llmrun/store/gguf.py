@@ -94,6 +94,18 @@ class GGUFInfo:
         the model it serves, the architecture `clip`; a file's name proves nothing."""
         return self.architecture == PROJECTOR_ARCHITECTURE
 
+    @property
+    def modalities(self) -> list[str]:
+        """What a projector encodes, as its GGUF says (`clip.has_vision_encoder`,
+        `clip.has_audio_encoder`): "vision", "audio" or both. A projector that says
+        neither is a LLaVA-era vision one (written before the keys existed)."""
+        if not self.is_projector:
+            return []
+        out = [kind for kind, key in (("vision", "clip.has_vision_encoder"),
+                                      ("audio", "clip.has_audio_encoder"))
+               if self.metadata.get(key)]
+        return out or ["vision"]
+
     def arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 

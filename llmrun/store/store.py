@@ -158,9 +158,14 @@ class Store:
                      info: Mapping[str, object] | None = None) -> builtins.list[str]:
         """What clients may ask of the model (`show`; Open WebUI and VS Code read it)."""
         info = self.model_info(manifest) if info is None else info
+        modalities = self.projector_modalities(manifest)
         return capabilities(self.template_of(manifest), info,
-                            vision=manifest.projector is not None,
+                            vision="vision" in modalities, audio="audio" in modalities,
                             rerank=manifest.options().reranks())
+
+    def projector_modalities(self, manifest: Manifest) -> builtins.list[str]:
+        """What the model's projector encodes ("vision", "audio"), from its GGUF."""
+        return describe.projector_modalities(self, manifest)
 
     # -- upkeep ---------------------------------------------------------------------------
 

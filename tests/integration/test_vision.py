@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class Host:
     def send(self, messages: list[dict[str, Any]], num_predict: int = 12, **fields: Any) -> str:
         self._n += 1
         rid = f"v{self._n}"
+        self.last = rid
         options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
         self.r.generate(rid, ChatRequest(model="t", messages=messages, options=options,
                                          **fields).model_dump())
@@ -214,9 +215,19 @@ def test_images_beside_each_other_and_text_answer_as_alone(model: Model, mmproj:
         h.close()
 
 
-def reference_first_logits(model: Model, mmproj: Path, prompt: str, png: bytes) -> np.ndarray:
-    """The next-token logits after `prompt` (with libmtmd's default marker for the image),
-    evaluated by plain llama-cpp-python: mtmd_tokenize and mtmd_helper_eval_chunks."""
+def png_bitmap(png: bytes) -> Callable[[Any], Any]:
+    """An mtmd bitmap of `png`'s pixels, made when a libmtmd context is at hand."""
+    def make(_: Any) -> Any:
+        w, h, rgb, _digest = pixels.decode(b64(png))
+        return M.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb))
+    return make
+
+
+def reference_first_logits(model: Model, mmproj: Path, prompt: str,
+                           bitmap_of: Callable[[Any], Any]) -> np.ndarray:
+    """The next-token logits after `prompt` (with libmtmd's default marker for the image or
+    sound that `bitmap_of(mtmd context)` makes), evaluated by plain llama-cpp-python:
+    mtmd_tokenize and mtmd_helper_eval_chunks."""
     params = C.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch = 1024, 512, 512
     params.n_threads = params.n_threads_batch = 1
@@ -225,8 +236,7 @@ def reference_first_logits(model: Model, mmproj: Path, prompt: str, png: bytes) 
     mp.use_gpu, mp.n_threads, mp.warmup = False, 1, False
     mctx = M.mtmd_init_from_file(str(mmproj).encode(), model.ptr, mp)
     try:
-        w, h, rgb, _ = pixels.decode(b64(png))
-        bitmap = M.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb))
+        bitmap = bitmap_of(mctx)
         chunks = M.mtmd_input_chunks_init()
         raw = prompt.encode()
         text = M.mtmd_input_text(raw, len(raw), model.add_bos, True)
@@ -248,7 +258,14 @@ def reference_first_logits(model: Model, mmproj: Path, prompt: str, png: bytes) 
 def test_first_token_matches_plain_llama_cpp_python(host: Host, model: Model,
                                                      mmproj: Path) -> None:
     png = image(7)
-    rid = host.send([user(png)], num_predict=1, logprobs=5)
+    assert_first_token_as_plain(host, model, mmproj, user(png), png_bitmap(png))
+
+
+def assert_first_token_as_plain(host: Host, model: Model, mmproj: Path,
+                                message: dict[str, Any], bitmap_of: Callable[[Any], Any]) -> None:
+    """The runner's first token for `message` (one image or sound, then its text) has the
+    top 5 and their log-probabilities that plain llama-cpp-python gives."""
+    rid = host.send([message], num_predict=1, logprobs=5)
     kind, _ = host.frames.final(rid)
     assert kind == "done"
     (ours,) = [e for k, p in host.frames.events[rid] if k == "chunk"
@@ -256,8 +273,8 @@ def test_first_token_matches_plain_llama_cpp_python(host: Host, model: Model,
     source = model.chat_template() or ""
     prompt = templates.render(source, [{"role": "user",
                                         "content": M.mtmd_default_marker().decode() + "\n"
-                                        + QUESTION}], add_generation_prompt=True)
-    logits = reference_first_logits(model, mmproj, prompt, png)
+                                        + message["content"]}], add_generation_prompt=True)
+    logits = reference_first_logits(model, mmproj, prompt, bitmap_of)
     log_z = float(np.log(np.exp(logits.astype(np.float64) - logits.max()).sum()) + logits.max())
     ranked = np.argsort(-logits)[:5]
     assert [model.piece(int(t)).decode() for t in ranked] == [t for t, _ in ours["top"]]

@@ -127,6 +127,10 @@ def _block_text(block: dict[str, Any], where: str, model: str,
         parts = [block.get("title"), block.get("source")]
         parts += [b.get("text") for b in block.get("content") or [] if isinstance(b, dict)]
         return _join([p for p in parts if isinstance(p, str)])
+    if kind in ("audio", "input_audio", "sound"):
+        raise _invalid(f"{where}: the Messages API has no audio blocks; send sound to "
+                       "/v1/chat/completions (an input_audio part) or to "
+                       "/v1/audio/transcriptions")
     raise _invalid(f"{where}: content blocks of type {kind!r} are not supported here")
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, ValidationError
 
-from llmrun.api.images import from_base64, from_data_url
+from llmrun.api.images import from_audio, from_base64, from_data_url
 from llmrun.request import (
     ChatRequest,
     EngineError,
@@ -31,6 +31,9 @@ class OllamaMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
+    # sound files, base64 (WAV, MP3), as `images` carries pictures. Ollama's API documents
+    # no audio field (its docs name `images` alone); `audio` is llmrun's choice
+    audio: list[str] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     thinking: str | None = None
     tool_name: str | None = None
@@ -256,6 +259,8 @@ def _message(m: OllamaMessage, at: int) -> Message:
                               arguments=args if isinstance(args, dict) else {"value": args}))
     return Message(role=m.role, content=m.content, tool_calls=calls,
                    images=_images(m.images, f"messages[{at}].images"),
+                   audio=[from_audio(x, None, f"messages[{at}].audio[{k}]")
+                          for k, x in enumerate(m.audio or [])],
                    name=m.tool_name if m.role == "tool" else None,
                    thinking=m.thinking if m.role == "assistant" else None)
 

@@ -1,4 +1,5 @@
-"""OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`;
+"""OpenAI's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`,
+`/v1/audio/transcriptions` and `/v1/audio/translations` (transcribe.py);
 and reranking, which OpenAI lacks, in the shapes its clients' neighbours use: llama-server's
 and Jina's `/v1/rerank` (also `/rerank`, `/v1/reranking`), Cohere's `/v2/rerank`."""
 
@@ -13,13 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError, api_error, error, invalid_value
+from llmrun.api.openai.realtime import session as realtime_session
 from llmrun.api.openai.stream import (
     Choices,
     chat_collect,
@@ -28,6 +30,7 @@ from llmrun.api.openai.stream import (
     completion_stream,
     start_choices,
 )
+from llmrun.api.openai.transcribe import Task, answer, parse
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody, RerankBody
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
@@ -112,6 +115,26 @@ def router(service: Service) -> APIRouter:
         return await _answer(request, service, reqs, "chatcmpl",
                              partial(chat_collect, body, reqs),
                              partial(chat_stream, body, reqs))
+
+    async def speech(request: Request, task: Task) -> Response:
+        try:
+            t = parse(task, request.headers.get("content-type", ""), await request.body())
+        except ApiError as exc:
+            return api_error(exc)
+        return await unless_disconnected(request, answer(service, t))
+
+    @api.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        """OpenAI's Realtime API, its transcription intent only (realtime.py)."""
+        await realtime_session(ws, service)
+
+    @api.post("/v1/audio/transcriptions", response_model=None)
+    async def transcriptions(request: Request) -> Response:
+        return await speech(request, "transcribe")
+
+    @api.post("/v1/audio/translations", response_model=None)
+    async def translations(request: Request) -> Response:
+        return await speech(request, "translate")
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, request: Request) -> Response:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun.api.dialect import http_status
-from llmrun.api.images import from_url
+from llmrun.api.images import from_audio, from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.request import (
     ChatRequest,
@@ -61,6 +61,7 @@ class ContentPart(Body):
     type: str
     text: str | None = None
     image_url: dict[str, Any] | str | None = None  # {"url": ..., "detail": ...}
+    input_audio: dict[str, Any] | None = None  # {"data": base64, "format": "wav" | "mp3"}
 
 
 class FunctionCall(Body):
@@ -228,13 +229,15 @@ def _options(body: ChatCompletionBody | CompletionBody, max_tokens: int | None) 
 
 
 def _content(content: str | list[ContentPart] | None, param: str,
-             role: str) -> tuple[str, list[str]]:
-    """A message's text (its text parts joined) and images (its `image_url` parts, in order).
-    Only user messages carry images, as at OpenAI: elsewhere one is a 400, never dropped."""
+             role: str) -> tuple[str, list[str], list[str]]:
+    """A message's text (its text parts joined), images (its `image_url` parts, in order)
+    and sound files (its `input_audio` parts). Only user messages carry them, as at OpenAI:
+    elsewhere one is a 400, never dropped."""
     if content is None or isinstance(content, str):
-        return content or "", []
+        return content or "", [], []
     texts: list[str] = []
     pictures: list[str] = []
+    sounds: list[str] = []
     for j, part in enumerate(content):
         if part.type == "text":
             texts.append(part.text or "")
@@ -244,10 +247,20 @@ def _content(content: str | list[ContentPart] | None, param: str,
                                     f"'user', but this message with role '{role}' contains "
                                     "an image URL.", f"{param}[{j}]")
             pictures.append(_image(part, f"{param}[{j}].image_url"))
+        elif part.type == "input_audio":
+            where = f"{param}[{j}].input_audio"
+            if role != "user":
+                raise ApiError(400, "Audio content parts are only allowed for messages with "
+                                    f"role 'user', not '{role}'", where)
+            audio = part.input_audio if isinstance(part.input_audio, dict) else {}
+            try:
+                sounds.append(from_audio(audio.get("data"), audio.get("format"), where))
+            except EngineError as exc:
+                raise ApiError(http_status(exc), exc.message, where) from None
         elif part.type != "refusal":
             raise ApiError(400, f"content parts of type '{part.type}' are not supported",
                            f"{param}[{j}].type")
-    return "\n".join(texts), pictures
+    return "\n".join(texts), pictures, sounds
 
 
 def _image(part: ContentPart, param: str) -> str:
@@ -281,11 +294,11 @@ def _messages(body: ChatCompletionBody) -> list[Message]:
     names: dict[str, str] = {}  # tool call id -> function name, to name tool results
     for i, m in enumerate(body.messages):
         param = f"messages[{i}].content"
-        text, pictures = _content(m.content, param, m.role)
+        text, pictures, sounds = _content(m.content, param, m.role)
         if m.role in ("system", "developer"):
             out.append(Message(role="system", content=text))
         elif m.role == "user":
-            out.append(Message(role="user", content=text, images=pictures))
+            out.append(Message(role="user", content=text, images=pictures, audio=sounds))
         elif m.role == "assistant":
             calls = []
             for j, c in enumerate(m.tool_calls or []):

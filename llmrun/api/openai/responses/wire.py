@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from llmrun.api.dialect import http_status
-from llmrun.api.images import from_url
+from llmrun.api.images import from_audio, from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import LlamaExtras, tool_arguments
 from llmrun.request import (
@@ -97,11 +97,11 @@ class ToolMap:
         return item
 
 
-def _part_text(part: Any, where: str, model: str,
-               images: list[str] | None = None) -> str | None:
-    """A part's text; None for a refusal and for an image, which goes to `images` (None
-    where images may not be: instructions, system and developer text, the model's own
-    turns)."""
+def _part_text(part: Any, where: str, model: str, images: list[str] | None = None,
+               sounds: list[str] | None = None) -> str | None:
+    """A part's text; None for a refusal, for an image, which goes to `images`, and for a
+    sound, which goes to `sounds` (None where they may not be: instructions, system and
+    developer text, the model's own turns; sounds only in user messages)."""
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
@@ -116,7 +116,18 @@ def _part_text(part: Any, where: str, model: str,
                                 "tool call outputs", where)
         images.append(_image(part, where))
         return None
-    if kind in ("input_file", "input_audio"):
+    if kind == "input_audio" and sounds is not None:
+        audio = part.get("input_audio")
+        audio = audio if isinstance(audio, dict) else {}
+        try:
+            sounds.append(from_audio(audio.get("data"), audio.get("format"),
+                                     f"{where}.input_audio"))
+        except EngineError as exc:
+            raise ApiError(http_status(exc), exc.message, f"{where}.input_audio") from None
+        return None
+    if kind == "input_audio":
+        raise ApiError(400, "input_audio parts are allowed only in user messages", where)
+    if kind == "input_file":
         raise ApiError(400, f"model '{model}' does not support {kind} parts (it is "
                             "text-only)", where)
     if kind == "refusal":
@@ -141,12 +152,14 @@ def _image(part: dict[str, Any], where: str) -> str:
         raise ApiError(http_status(exc), exc.message, f"{where}.image_url") from None
 
 
-def _content(content: Any, where: str, model: str, images: list[str] | None = None) -> str:
+def _content(content: Any, where: str, model: str, images: list[str] | None = None,
+             sounds: list[str] | None = None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise ApiError(400, "'content' must be a string or a list of parts", where)
-    texts = [_part_text(p, f"{where}[{j}]", model, images) for j, p in enumerate(content)]
+    texts = [_part_text(p, f"{where}[{j}]", model, images, sounds)
+             for j, p in enumerate(content)]
     return "\n".join(t for t in texts if t is not None)
 
 
@@ -173,12 +186,14 @@ def to_messages(body: ResponsesBody, earlier: list[dict[str, Any]],
         if kind == "message":
             role = item.get("role")
             pictures: list[str] = []
+            sounds: list[str] = []
+            user = role == "user"
             text = _content(item.get("content"), f"{where}.content", body.model,
-                            pictures if role == "user" else None)
+                            pictures if user else None, sounds if user else None)
             if role in ("system", "developer"):
                 system.append(text)
             elif role in ("user", "assistant"):
-                out.append(Message(role=role, content=text, images=pictures))
+                out.append(Message(role=role, content=text, images=pictures, audio=sounds))
             else:
                 raise ApiError(400, f"unknown message role {role!r}", f"{where}.role")
         elif kind in ("function_call", "custom_tool_call"):
@@ -226,7 +241,8 @@ def _merged(messages: list[Message]) -> list[Message]:
         if out and m.role == "user" and out[-1].role == "user":
             out[-1] = out[-1].model_copy(
                 update={"content": "\n\n".join(t for t in (out[-1].content, m.content) if t),
-                        "images": [*out[-1].images, *m.images]})
+                        "images": [*out[-1].images, *m.images],
+                        "audio": [*out[-1].audio, *m.audio]})
         else:
             out.append(m)
     return out
