@@ -7,7 +7,8 @@ decode (`Job.read`) and a reply made of those values (`Job.finish`). The worker 
 queued when it is free and packs their sequences into the same decodes under one rule
 (`_groups`: same length, up to n_seq per decode), so several small requests share decodes,
 and each request's numbers are those it gets alone, to the bit. (An encoder-only model
-decodes one sequence at a time: for it the rule does not keep that promise; see __init__.)
+packs each request's inputs apart from the others': for it the rule does not keep that
+promise; see __init__.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from llmrun.engine.llama import Batch, Context, LlamaError, Model
 from llmrun.request import error_event
 
 HEARTBEAT_SECONDS = 1.0  # while a job runs (see batcher.HEARTBEAT_SECONDS)
+# an encoder's inputs per decode at most (llama-cpp-python's Llama.embed allows up to
+# llama.cpp's parallel sequences, 256; inputs of 8 tokens fill a 512-token batch at 64)
+ENCODER_SEQ = 64
 
 # (context, the sequence's index in its decode, its last token's batch row) -> its value
 Read = Callable[[Context, int, int], Any]
@@ -59,16 +63,19 @@ class SideWorker:
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.n_threads = n_threads
-        if model.encoder_only:
-            # One sequence per decode. An encoder has no KV cache: llama.cpp reads a whole
-            # decode as one ubatch whose attention spans every row (masked per sequence), and
-            # a sequence's numbers then depend on how many rows and sequences share it, even
-            # of one length. Measured on the synthetic BERT (tests/fakes/encodermodel.py),
-            # one sequence beside 1-3 others of its length moved by up to 8e-4 (without flash
-            # attention: at 21 of 44 lengths from 2 to 128 tokens) or 2e-3 (with it: from 64
-            # rows in all, its tiled path); in the same shape its place and neighbours did
-            # not matter. Alone, each input gets the same numbers whatever else is queued.
-            self.n_seq = 1
+        # An encoder has no KV cache: llama.cpp reads a whole decode as one ubatch whose
+        # attention spans every row (masked per sequence), so a sequence's numbers depend on
+        # the rows beside it, even of its own length (on the synthetic BERT of
+        # tests/fakes/encodermodel.py, by up to 8e-4 without flash attention and 2e-3 with
+        # it). Its inputs are therefore packed within one request only, in order, as plain
+        # llama-cpp-python's Llama.embed packs a list (up to a batch of tokens): a request
+        # gets the same numbers whatever else is queued, and the numbers llama-cpp-python
+        # gives for the same list. One input per decode instead cost a third of the speed
+        # (a bge-small-shaped BERT: 25 inputs/s against llama-server's 35, inputs of ~60
+        # tokens, 2 threads).
+        self.by_request = model.encoder_only
+        if self.by_request:
+            self.n_seq = ENCODER_SEQ
         self.reply = reply
         self.heartbeat = heartbeat
         self._ctx: Context | None = None
@@ -151,7 +158,7 @@ class SideWorker:
         batch = Batch(self.n_ctx_seq)
         last_beat = time.monotonic()
         try:
-            for group in self._groups(sequences):
+            for group in self._groups(sequences, [id(job) for job, _ in flat]):
                 last_beat = self._beat(last_beat)
                 batch.clear()
                 rows = []
@@ -189,7 +196,8 @@ class SideWorker:
                                 embeddings=self.embeddings)
         return self._ctx
 
-    def _groups(self, sequences: list[list[int]]) -> list[list[int]]:
+    def _groups(self, sequences: list[list[int]],
+                owners: list[int] | None = None) -> list[list[int]]:
         """Indices of the token sequences to decode together: up to n_seq of the same length
         and n_ctx_seq tokens in all (one input may fill a whole batch on its own). Same
         length, because llama.cpp splits sequences of unequal length across micro-batches,
@@ -199,7 +207,9 @@ class SideWorker:
         own, went through other kernels (its score moved by up to 0.03 on SmolLM2 Q4_1, also
         when the decodes were sliced by hand so every micro-batch held equal parts).
         Sequences of one length decoded together come out the same to the bit as each
-        alone."""
+        alone. For an encoder (`by_request`), the groups of `_packed` instead."""
+        if self.by_request:
+            return self._packed(sequences, owners or [0] * len(sequences))
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         groups: list[list[int]] = []
         for i in order:
@@ -210,6 +220,22 @@ class SideWorker:
                 last.append(i)
             else:
                 groups.append([i])
+        return groups
+
+    def _packed(self, sequences: list[list[int]], owners: list[int]) -> list[list[int]]:
+        """An encoder's groups: each request's (`owners`) sequences in order, as many to a
+        decode as fit n_ctx_seq tokens and n_seq sequences, never two requests in one."""
+        groups: list[list[int]] = []
+        tokens = 0
+        for i, seq in enumerate(sequences):
+            last = groups[-1] if groups else None
+            if last is not None and owners[last[0]] == owners[i] and len(last) < self.n_seq \
+                    and tokens + len(seq) <= self.n_ctx_seq:
+                last.append(i)
+                tokens += len(seq)
+            else:
+                groups.append([i])
+                tokens = len(seq)
         return groups
 
     def _beat(self, last: float) -> float:

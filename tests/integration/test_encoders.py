@@ -31,18 +31,19 @@ SENTENCES = ["The cat sat on the mat.", "Paris is the capital of France!",
 
 
 def plain_embeddings(path: Path, pooling: int, texts: list[str]) -> np.ndarray:
-    """What llama-cpp-python's own high-level API gives: normalised, one row per text, each
-    text embedded on its own (as one request's input is, whatever else it is decoded with:
-    engine/sidework.py's groups)."""
+    """What llama-cpp-python's own high-level API gives for the list: normalised, one row
+    per text, the texts packed into decodes in order as its Llama.embed packs them (and as
+    the engine packs one request's inputs for an encoder: engine/sidework.py's _packed)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=pooling, n_threads=1,
                           flash_attn=FLASH_ATTN, verbose=False)
-    return np.array([llm.embed(t, normalize=True) for t in texts], dtype=np.float64)
+    return np.array(llm.embed(texts, normalize=True), dtype=np.float64)
 
 
 def plain_rank_logits(path: Path, pairs: list[tuple[str, str]]) -> list[float]:
-    """The head's output for each (query, document), one pair per decode, with the pair
+    """The head's output for each (query, document), all pairs in one decode (sequences
+    0, 1, ... in order, as the engine packs one request's pairs for an encoder), each pair
     built as llama-server's format_prompt_rerank builds it for this vocabulary (add_bos,
     add_sep, no add_eos): [CLS] query [SEP] document. Written out here, not taken from
     llmrun, so a change to the engine's pair shows as a mismatch."""
@@ -50,16 +51,14 @@ def plain_rank_logits(path: Path, pairs: list[tuple[str, str]]) -> list[float]:
 
     llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK,
                           n_threads=1, flash_attn=FLASH_ATTN, verbose=False)
-    out = []
-    for query, doc in pairs:
+    llm._batch.reset()
+    for seq, (query, doc) in enumerate(pairs):
         tokens = [llm.token_bos(), *llm.tokenize(query.encode(), add_bos=False), SEP,
                   *llm.tokenize(doc.encode(), add_bos=False)]
-        llm._batch.reset()
-        llm._batch.add_sequence(tokens, 0, True)
-        llm._ctx.decode(llm._batch)
-        out.append(float(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[0]))
-        llm._ctx.kv_cache_clear()
-    return out
+        llm._batch.add_sequence(tokens, seq, True)
+    llm._ctx.decode(llm._batch)
+    return [float(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, seq)[0])
+            for seq in range(len(pairs))]
 
 
 def sigmoid(x: float) -> float:

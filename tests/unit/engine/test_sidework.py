@@ -138,15 +138,17 @@ def test_a_bad_job_or_a_failed_decode_answers_errors_and_the_worker_serves_on() 
     assert w.replies["after"] == ("values", {"values": [(6, 1)]})
 
 
-def test_an_encoder_decodes_each_sequence_alone() -> None:
+def test_an_encoder_packs_each_request_apart_in_order() -> None:
     w = Worker(encoder=True)
     w.queue("block", [[0]])
     assert w.entered.wait(30)
-    w.queue("a", [[1, 2], [3, 4]])
+    w.queue("a", [[1, 2], [3, 4, 5], [6]])
     w.queue("b", [[101, 102]])
     w.gate.set()
     w.wait(3)
     w.stop()
-    assert w.replies["a"] == ("values", {"values": [(3, 2), (7, 2)]})
+    assert w.replies["a"] == ("values", {"values": [(3, 2), (12, 3), (6, 1)]})
     assert w.replies["b"] == ("values", {"values": [(203, 2)]})
-    assert [len({seq for seq, _, _ in rows}) for rows in w.ctx.decodes] == [1, 1, 1, 1]
+    # the block alone; a's three inputs of unequal lengths together, in order; b apart
+    assert [sorted({seq for seq, _, _ in rows}) for rows in w.ctx.decodes] == \
+        [[0], [0, 1, 2], [0]]
