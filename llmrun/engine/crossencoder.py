@@ -6,8 +6,9 @@ head's output is the document's score.
 The pair is built as llama-server builds it for /v1/rerank (format_prompt_rerank): the GGUF's
 "rerank" template with {query} and {document} when it has one, else BOS query [EOS] [SEP]
 document [EOS] as the vocabulary's flags ask (Model.pair_tokens). It is decoded on a pooled
-context with rank pooling by the side worker's loop (engine/sidework.py): one pair to a
-decode for an encoder (BERT, XLM-R), several of one length for a causal model (Qwen3).
+context with rank pooling by the side worker's loop (engine/sidework.py): for an encoder
+(BERT, XLM-R) one request's pairs in order, as many to a decode as fit; for a causal model
+(Qwen3) several of one length, from any request.
 
 The score is sigmoid(head output) for a one-label head, so relevance_score lies in [0, 1]
 like the LLM reranker's p(yes) / (p(yes) + p(no)), and is what sentence-transformers'
