@@ -23,6 +23,7 @@ import asyncio
 import base64
 import binascii
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from llmrun import bounds, config
@@ -47,22 +48,34 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
+def _decoded(text: Any, where: str, check_size: Callable[[int], None], *, a: str,
+             kind: str, the: str) -> bytes:
+    """Base64 `text` decoded, for an image or a sound file (`a`, `kind`, `the`: how the
+    messages name it): whitespace dropped (encoders wrap lines: MIME every 76 characters)
+    and padding restored (some encoders drop it), its size checked (`check_size`, with the
+    decoded size read from the length) before decoding; 400 naming `where` if it is not
+    base64 or is empty."""
+    if not isinstance(text, str):
+        raise _invalid(f"{where}: {a} must be a base64 string")
+    data = "".join(text.split())
+    if len(data) % 4 in (2, 3):
+        data += "=" * (4 - len(data) % 4)
+    check_size(bounds.image_bytes(data))
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(f"{where}: invalid base64 {kind} data") from None
+    if not raw:
+        raise _invalid(f"{where}: {the} is empty")
+    return raw
+
+
 def from_base64(text: Any, where: str) -> str:
     """Base64 `text` checked and made canonical (no whitespace, padded), so that the bounds
     can read an image's size from its length. 400 naming `where` if it is not base64, is
     empty or decodes to more than the image size limit (checked before decoding)."""
-    if not isinstance(text, str):
-        raise _invalid(f"{where}: an image must be a base64 string")
-    data = "".join(text.split())  # encoders wrap lines (MIME: every 76 characters)
-    if len(data) % 4 in (2, 3):  # some encoders drop the padding
-        data += "=" * (4 - len(data) % 4)
-    bounds.check_image_size(bounds.image_bytes(data), where)
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise _invalid(f"{where}: invalid base64 image data") from None
-    if not raw:
-        raise _invalid(f"{where}: the image is empty")
+    raw = _decoded(text, where, lambda n: bounds.check_image_size(n, where),
+                   a="an image", kind="image", the="the image")
     # re-encoded: the same text unless the input had stray bits in its last character
     return base64.b64encode(raw).decode("ascii")
 
@@ -77,18 +90,8 @@ def from_audio(data: Any, fmt: Any, where: str) -> str:
     if fmt is not None and fmt not in AUDIO_FORMATS:
         raise _invalid(f"{where}.format: expected one of {', '.join(AUDIO_FORMATS)}, got "
                        f"{_short(str(fmt), 40)!r}")
-    if not isinstance(data, str):
-        raise _invalid(f"{where}.data: a sound file must be a base64 string")
-    data = "".join(data.split())
-    if len(data) % 4 in (2, 3):
-        data += "=" * (4 - len(data) % 4)
-    bounds.check_audio_size(bounds.image_bytes(data), where)
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise _invalid(f"{where}.data: invalid base64 audio data") from None
-    if not raw:
-        raise _invalid(f"{where}.data: the sound file is empty")
+    raw = _decoded(data, f"{where}.data", lambda n: bounds.check_audio_size(n, where),
+                   a="a sound file", kind="audio", the="the sound file")
     bounds.check_sound_header(raw, where)  # duration, rate, truncation: before any runner
     return base64.b64encode(raw).decode("ascii")
 
