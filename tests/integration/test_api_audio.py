@@ -109,13 +109,17 @@ def test_anthropic_has_no_audio_blocks(audio_daemon: Daemon) -> None:
         ]}])  # type: ignore[list-item]
 
 
-@pytest.mark.parametrize("bad, words", [
+# each hostile file and the words its 400 must hold: in chat and in the transcription form
+HOSTILE_SOUNDS = [
     (truncated_wav(), "truncated"),
     (wav_long_header(), "7200 s"),
     (wav_384khz(), "384000 Hz"),
     (mp3_bomb(), "declares"),
     (not_audio(), "not a sound file"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", HOSTILE_SOUNDS)
 def test_hostile_sounds_are_400_and_the_runner_serves_on(oa: openai.OpenAI, bad: bytes,
                                                          words: str) -> None:
     with pytest.raises(openai.BadRequestError, match=words):
@@ -200,13 +204,7 @@ def test_transcription_form_errors_name_the_field(audio_daemon: Daemon,
     assert r.status_code == 400 and r.json()["error"]["param"] == "file"
 
 
-@pytest.mark.parametrize("bad, words", [
-    (truncated_wav(), "truncated"),
-    (wav_long_header(), "7200 s"),
-    (wav_384khz(), "384000 Hz"),
-    (mp3_bomb(), "declares"),
-    (not_audio(), "not a sound file"),
-])
+@pytest.mark.parametrize("bad, words", HOSTILE_SOUNDS)
 def test_hostile_files_are_400_beside_an_untouched_stream(oa: openai.OpenAI, bad: bytes,
                                                           words: str) -> None:
     stream = oa.chat.completions.create(
