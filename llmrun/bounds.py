@@ -235,6 +235,22 @@ MAX_SOUND_SECONDS = 20 * 60  # a sound's declared duration (OpenAI transcribes 2
 MIN_RATE, MAX_RATE = 8_000, 48_000  # sample rates taken (telephone to studio)
 MAX_CHANNELS = 8
 SOUND_FORMATS = ("WAV", "MP3")
+# The length of sound a projector encodes on its own, by its type (`clip.projector_type`):
+# a sound is read as consecutive pieces of it, each encoded once, so a stream's pieces can
+# be read as they arrive and give what the whole file gives. Qwen3-ASR's encoder (qwen3a)
+# convolves chunks of 100 mel frames (10 ms each) and normalises over what it is given, so a
+# piece's rows depend on nothing outside it; n samples give n / 160 + 1 frames at 16 kHz, so
+# 0.98 s (99 frames, with room for the sample a resampler may add) fills one chunk, where
+# 1 s (101 frames) would take two and twice the positions. Whisper-style encoders pad every
+# input to 30 s (a short piece would cost a 30 s pass and its positions): they, and types
+# not listed, read a sound whole.
+SOUND_PIECE_SECONDS = {"qwen3a": 0.98}
+
+
+def piece_frames(seconds: float, rate: int) -> int:
+    """Sample frames in a piece of `seconds` at `rate` (rounded: 0.98 * 24000 is
+    23519.99... in floating point)."""
+    return max(1, round(seconds * rate))
 
 # MPEG audio frame headers (ISO 11172-3, 13818-3): kbit/s by [version is MPEG-1][layer],
 # sample rates by version; layer is 1, 2 or 3
@@ -267,7 +283,7 @@ def sound_seconds(data: bytes) -> float:
     """The seconds a WAV or MP3 file declares, read from its headers alone; ValueError for
     another format, a rate or channel count out of bounds, or a truncated file."""
     if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
-        return _wav_seconds(data)
+        return wav_layout(data).seconds
     if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
         return _mp3_seconds(data)
     raise ValueError(f"not a sound file in a supported format ({', '.join(SOUND_FORMATS)})")
@@ -279,7 +295,25 @@ def _check_rate(rate: int) -> None:
                          "Hz are accepted")
 
 
-def _wav_seconds(data: bytes) -> float:
+@dataclass(frozen=True)
+class WavLayout:
+    """Where a WAV file's samples are and how they are laid out, from its chunks' headers."""
+
+    fmt: bytes  # the format chunk's body, as the file has it
+    channels: int
+    rate: int
+    block: int  # bytes of one frame (a sample of every channel)
+    start: int  # the samples' first byte
+    size: int  # the samples' bytes, as the data chunk declares them
+
+    @property
+    def seconds(self) -> float:
+        return self.size / self.block / self.rate
+
+
+def wav_layout(data: bytes) -> WavLayout:
+    """A WAV file's layout; ValueError for a rate or channel count out of bounds, or a
+    truncated file (one declaring no more than MAX_SOUND_SECONDS, which is refused anyway)."""
     pos, fmt = 12, None
     while pos + 8 <= len(data):
         kind, size = data[pos:pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
@@ -287,20 +321,20 @@ def _wav_seconds(data: bytes) -> float:
         if kind == b"fmt ":
             if size < 16 or body + 16 > len(data):
                 raise ValueError("a WAV file's format chunk is truncated")
-            fmt = struct.unpack_from("<HHIIHH", data, body)
+            fmt = data[body:body + size]
         elif kind == b"data":
             if fmt is None:
                 raise ValueError("a WAV file's samples come before its format")
-            _tag, channels, rate, _byte_rate, block, _bits = fmt
+            _tag, channels, rate, _byte_rate, block, _bits = struct.unpack_from("<HHIIHH", fmt)
             _check_rate(rate)
             if not 1 <= channels <= MAX_CHANNELS or block < 1:
                 raise ValueError(f"a WAV file with {channels} channels; 1 to {MAX_CHANNELS} "
                                  "are accepted")
-            seconds: float = size / block / rate
-            if seconds <= MAX_SOUND_SECONDS and body + size > len(data):
+            layout = WavLayout(fmt, channels, rate, block, body, size)
+            if layout.seconds <= MAX_SOUND_SECONDS and body + size > len(data):
                 raise ValueError(f"a WAV file is truncated: it declares {size} bytes of "
                                  f"samples and holds {len(data) - body}")
-            return seconds
+            return layout
         pos = body + size + (size & 1)  # chunks are padded to an even size
     raise ValueError("a WAV file without samples (no data chunk)")
 

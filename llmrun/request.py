@@ -223,6 +223,10 @@ class ChatRequest(BaseModel):
     # the model's default system prompt (Modelfile SYSTEM): set by the service when it merges
     # the model's defaults in, used by the template when the messages bring no system turn
     system: str | None = None
+    # a realtime session's id (set by the daemon, never by a client): the runner keeps the
+    # session's sequence in one slot between its requests, so each reads only what is new
+    # (engine/slots.py)
+    session: str | None = None
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema

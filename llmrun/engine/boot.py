@@ -209,7 +209,8 @@ def boot(chan: SyncChannel, load: Load,
             ctx.set_loras(loras, [lora.scale for lora in load.lora])
             log.info("applied LoRA adapters: %s",
                      ", ".join(f"{Path(lora.path).name} x{lora.scale:g}" for lora in load.lora))
-        projector = Projector(mmproj, model, load.threads) if mmproj else None
+        projector = Projector(mmproj, model, load.threads,
+                              load.sound_piece_seconds) if mmproj else None
         drafter = _drafter(load, model, n_ctx_seq) if load.draft_model else None
     except LlamaError as exc:
         chan.send(Fatal(error=str(exc)))

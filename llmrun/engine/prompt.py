@@ -97,23 +97,44 @@ class Prompter:
         (engine/pixels.py, engine/sound.py)."""
         projector = self.projector
         assert projector is not None
-        if text.count(projector.marker) != len(pictures):
+        marker = projector.marker
+        between = text.split(marker)
+        if len(between) != len(pictures) + 1:
             raise ValueError("the chat template dropped or repeated an image's place")
-        decoded: list[Picture | Sound] = [
-            pixels.decode(b64) if kind == "image" else sound.decode(b64, projector.decode_sound)
-            for kind, b64 in pictures]
+        # a sound may be read as several pieces (engine/sound.py): a marker for each
+        decoded: list[Picture | Sound] = []
+        continues: list[bool] = []  # each item: a sound's second or later piece
+        text = between[0]
+        for (kind, b64), after in zip(pictures, between[1:], strict=True):
+            parts: list[Picture | Sound] = [pixels.decode(b64)] if kind == "image" else [
+                *sound.decode(b64, projector.decode_sound, projector.sample_rate,
+                              projector.piece_seconds)]
+            decoded += parts
+            continues += [i > 0 for i in range(len(parts))]
+            text += marker * len(parts) + after
+        chunks = projector.tokenize(text, decoded, add_bos)
         tokens: list[int] = []
-        for part in projector.tokenize(text, decoded, add_bos):
-            if isinstance(part, ImageChunk):
-                if part.n_tokens > self.n_image_rows:
-                    raise ValueError(f"an image or a piece of sound takes {part.n_tokens} "
-                                     f"positions; this model "
-                                     f"was loaded for at most {self.n_image_rows} (num_batch)")
-                if media is not None:
-                    media.append((len(tokens), part))
-                tokens += image_ids(part.digest, part.n_tokens)
-            else:
+        item = -1
+        for i, part in enumerate(chunks):
+            if not isinstance(part, ImageChunk):
+                nxt = chunks[i + 1] if i + 1 < len(chunks) else None
+                if i > 0 and isinstance(chunks[i - 1], ImageChunk) \
+                        and isinstance(nxt, ImageChunk) and nxt.digest.endswith(".0") \
+                        and continues[item + 1]:
+                    # the projector's end and begin marks between two pieces of one sound:
+                    # the model hears one sound, as it would the whole file
+                    continue
                 tokens += part
+                continue
+            if part.digest.endswith(".0"):
+                item += 1  # an image's or a piece's first chunk
+            if part.n_tokens > self.n_image_rows:
+                raise ValueError(f"an image or a piece of sound takes {part.n_tokens} "
+                                 f"positions; this model "
+                                 f"was loaded for at most {self.n_image_rows} (num_batch)")
+            if media is not None:
+                media.append((len(tokens), part))
+            tokens += image_ids(part.digest, part.n_tokens)
         if tokens and tokens[-1] < 0:
             raise ValueError("a prompt cannot end with an image or sound: text must follow "
                              "it")

@@ -98,6 +98,7 @@ class SeqParams:
     # the prompt's images: (index of its first position in the prompt, its chunk); their
     # positions hold image_ids
     images: list[tuple[int, ImageChunk]] = field(default_factory=list)
+    session: str | None = None  # a realtime session's: its slot is kept for it (Slot.owner)
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:
@@ -110,7 +111,7 @@ class SeqParams:
                    context=req.return_context, prompt_logprobs=req.prompt_logprobs,
                    shift=bool(o.shift), keep=max(0, o.num_keep or 0),
                    draft=DRAFT_DEFAULT if o.num_draft is None else min(o.num_draft, DRAFT_MAX),
-                   **engine)
+                   session=req.session, **engine)
 
 
 @dataclass
@@ -119,6 +120,10 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     seq: Sequence | None = None
     images: dict[int, str] = field(default_factory=dict)  # first position -> content hash
+    # the realtime session whose sequence this slot keeps between its requests, until
+    # `owned_until` (time.monotonic()): others take it only when no other slot is free
+    owner: str | None = None
+    owned_until: float = 0.0
 
 
 @dataclass

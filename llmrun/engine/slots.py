@@ -1,5 +1,9 @@
 """Sequences into slots: admission, placement, cancels, and the prompt cache's restore and save.
 
+A realtime session's requests go to the slot that session used last, which others take
+only when no other slot is free: the session's sequence stays in its cells between
+requests, so each request reads only the sound and text that are new.
+
 A new request goes to the free slot sharing the longest prefix with its prompt, and only the
 rest is evaluated; a match is cut back to any image whose content differs. With a prompt
 cache, a saved state covering clearly more of the prompt is loaded instead (read off the
@@ -28,6 +32,9 @@ RESTORE_MIN_GAIN = 64
 # A sliding-window model's prompt state is kept at a multiple of this many tokens (see
 # _save_point): 64 is the KV tile of llama.cpp's CPU flash attention.
 SWA_STATE_ALIGN = 64
+# A realtime session's slot is kept for it this long after its last request began (the
+# daemon closes a session silent for 120 s; a session's requests come every piece of sound).
+SESSION_KEEP_SECONDS = 150.0
 
 
 class Slots(Encoder):
@@ -53,7 +60,7 @@ class Slots(Encoder):
             if not free:
                 break
             seq = self._waiting.popleft()
-            slot = max(free, key=lambda s: common_prefix(s.tokens, seq.prompt))
+            slot = self._choose(free, seq)
             if self._prefetch(seq, slot):
                 continue
             try:
@@ -71,6 +78,22 @@ class Slots(Encoder):
                                                "n_ctx": self.n_ctx_seq}))
         if events:  # at once, not with the step: a queued request learns it has a slot
             self.emit(events)
+
+    def _choose(self, free: list[Slot], seq: Sequence) -> Slot:
+        """The free slot for `seq`: its session's own slot, else the one sharing the longest
+        prefix with its prompt among those no live session keeps (a kept one only when no
+        other is free: a session's slot is a preference, never a reservation)."""
+        now = time.monotonic()
+        session = seq.params.session
+        for slot in free:
+            if slot.owner is not None and slot.owned_until < now:
+                slot.owner = None  # its session went quiet
+        mine = [s for s in free if session is not None and s.owner == session]
+        unowned = [s for s in free if s.owner is None]
+        slot = max(mine or unowned or free, key=lambda s: common_prefix(s.tokens, seq.prompt))
+        slot.owner = session
+        slot.owned_until = now + SESSION_KEEP_SECONDS if session is not None else 0.0
+        return slot
 
     def _place(self, seq: Sequence, slot: Slot) -> None:
         seq.sampler = self._sampler(seq)  # first: if it fails, the slot is left as it was

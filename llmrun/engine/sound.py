@@ -7,7 +7,11 @@ refused before a sample is decoded when it declares too long a sound, a sample r
 what speech models take, or more data than it holds (a truncated file); an MP3's frames are
 walked, so a bomb never reaches the decoder. Then libmtmd's own helper (miniaudio) decodes
 and resamples to the projector's rate. Only WAV and MP3 are taken (what OpenAI's
-`input_audio` names); anything else is refused by its first bytes.
+`input_audio` names); anything else is refused by its first bytes. FLAC is not: its header
+declares a length, but only decoding its frames tells what they hold (a frame of one
+constant value stands for 65,535 samples in a few bytes), so no header walk bounds it.
+
+A sound is read in pieces of its projector's length where it has one (decode).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -22,11 +27,26 @@ import numpy as np
 from llmrun import bounds
 from llmrun.request import EngineError
 
+# The shortest sound read: libmtmd asserts (aborting the process) on fewer than two
+# samples, and no word is said in less. A sound's last piece shorter than this is dropped
+# (a resampler's output often ends one sample past a whole second).
+MIN_PIECE_SECONDS = 0.01
 
-def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray]) -> tuple[np.ndarray, str]:
-    """A base64 sound file as (mono float32 samples at the projector's rate, content hash);
-    `decoder` is the projector's (Projector.decode_sound). ValueError, naming what is wrong,
-    for anything that is not a whole WAV or MP3 file within the bounds."""
+
+def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray], rate: int,
+           piece_seconds: float | None = None) -> list[tuple[np.ndarray, str]]:
+    """A base64 sound file as pieces of mono float32 samples at the projector's `rate`, each
+    with its content hash: the whole sound as one piece, or consecutive pieces of
+    `piece_seconds` (the projector's, bounds.SOUND_PIECE_SECONDS), each to be encoded on its
+    own. `decoder` is the projector's (Projector.decode_sound). ValueError, naming what is
+    wrong, for anything that is not a whole WAV or MP3 file within the bounds.
+
+    A WAV is cut at its own rate, before resampling, into WAV files of whole pieces: a
+    stream sent as such files (a realtime session's pieces) and the same sound sent as one
+    file give the same samples, to the bit, where cutting after resampling would not (a
+    resampler's filter reads across the cut). Other formats are decoded whole and cut at the
+    projector's rate. A last piece shorter than MIN_PIECE_SECONDS is dropped, and a sound
+    shorter than that is refused."""
     try:
         data = base64.b64decode(data_b64, validate=True)
     except (binascii.Error, ValueError):
@@ -35,10 +55,34 @@ def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray]) -> tuple[np.nd
         bounds.check_sound_header(data)
     except EngineError as exc:  # worded as the runner words a request's fault
         raise ValueError(exc.message) from None
-    samples = decoder(data)
-    if not len(samples):
-        raise ValueError("a sound file holds no samples")
-    digest = hashlib.sha256(b"pcm:" + samples.tobytes()).hexdigest()
-    return samples, digest
+    if not piece_seconds:
+        return [_hashed(decoder(data), rate)]
+    if data[:4] == b"RIFF":
+        layout = bounds.wav_layout(data)
+        step = bounds.piece_frames(piece_seconds, layout.rate) * layout.block
+        if layout.size <= step:  # one piece: the file as it is
+            return [_hashed(decoder(data), rate)]
+        samples = data[layout.start:layout.start + layout.size]
+        least = MIN_PIECE_SECONDS * layout.rate * layout.block
+        return [_hashed(decoder(_wav(layout, samples[at:at + step])), rate)
+                for at in range(0, len(samples), step)
+                if at == 0 or len(samples) - at >= least]
+    whole = decoder(data)
+    step = bounds.piece_frames(piece_seconds, rate)
+    return [_hashed(whole[at:at + step], rate) for at in range(0, len(whole), step)
+            if at == 0 or len(whole) - at >= MIN_PIECE_SECONDS * rate]
 
 
+def _wav(layout: bounds.WavLayout, samples: bytes) -> bytes:
+    """A WAV file of `samples`, in the format `layout` describes (its own format chunk)."""
+    fmt = layout.fmt + b"\0" * (len(layout.fmt) & 1)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(layout.fmt)) + fmt \
+        + b"data" + struct.pack("<I", len(samples)) + samples
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def _hashed(samples: np.ndarray, rate: int) -> tuple[np.ndarray, str]:
+    if len(samples) < MIN_PIECE_SECONDS * rate:
+        raise ValueError(f"a sound file holds {len(samples) / rate * 1000:.1f} ms of sound; "
+                         f"at least {MIN_PIECE_SECONDS * 1000:.0f} ms are needed")
+    return samples, hashlib.sha256(b"pcm:" + samples.tobytes()).hexdigest()

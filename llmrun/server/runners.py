@@ -127,6 +127,7 @@ class RunnerSpec:
     n_batch: int = 512
     lora_paths: tuple[Path, ...] = ()  # LoRA adapter GGUFs, applied in order at scale 1
     projector_path: Path | None = None  # a vision projector (mmproj GGUF) for images
+    sound_piece_seconds: float | None = None  # its sound read in such pieces (None: whole)
     draft_model: str = ""  # a model guessing tokens ahead (speculative decoding), by name
     draft_paths: tuple[Path, ...] = ()  # its file (or split parts)
     # n_threads is the most: fewer while other processes keep cores busy (engine/threads.py)
@@ -261,6 +262,7 @@ class RunnerProcess:
             threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
             lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
             mmproj=str(s.projector_path) if s.projector_path is not None else None,
+            sound_piece_seconds=s.sound_piece_seconds,
             draft_model=[str(p) for p in s.draft_paths],
             kv_type=cast(protocol.KvType, s.kv_type),
             flash_attn=cast(protocol.FlashAttn, s.flash_attention),

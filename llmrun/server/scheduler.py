@@ -256,6 +256,7 @@ class Scheduler:
             n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
             lora_paths=tuple(self.store.adapter_paths(manifest)),
             projector_path=self.store.projector_path(manifest),
+            sound_piece_seconds=self.store.sound_piece_seconds(manifest),
             draft_model=draft_model,
             draft_paths=draft_paths,
             adaptive_threads=not fixed,

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from llmrun.bounds import SOUND_PIECE_SECONDS
+
 MAGIC = b"GGUF"
 MAX_STRING = 1 << 24  # 16 MiB: chat templates are a few KiB, nothing legitimate comes close
 MAX_ARRAY = 1 << 24
@@ -105,6 +107,16 @@ class GGUFInfo:
                                       ("audio", "clip.has_audio_encoder"))
                if self.metadata.get(key)]
         return out or ["vision"]
+
+    @property
+    def sound_piece_seconds(self) -> float | None:
+        """The length of sound this projector encodes on its own (bounds.SOUND_PIECE_SECONDS,
+        by its audio projector's type); None: it reads a sound whole."""
+        if "audio" not in self.modalities:
+            return None
+        kind = self.metadata.get("clip.audio.projector_type") \
+            or self.metadata.get("clip.projector_type")
+        return SOUND_PIECE_SECONDS.get(str(kind))
 
     def arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)

@@ -167,6 +167,12 @@ class Store:
         """What the model's projector encodes ("vision", "audio"), from its GGUF."""
         return describe.projector_modalities(self, manifest)
 
+    def sound_piece_seconds(self, manifest: Manifest) -> float | None:
+        """The length of sound the model's projector encodes on its own (None: whole, or
+        no audio projector), from its GGUF (bounds.SOUND_PIECE_SECONDS)."""
+        path = self.projector_path(manifest)
+        return gguf.read(path).sound_piece_seconds if path is not None else None
+
     # -- upkeep ---------------------------------------------------------------------------
 
     def verify(self, manifest: Manifest) -> None:

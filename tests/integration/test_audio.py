@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from llama_cpp import mtmd_cpp as M
 
+from llmrun.bounds import SOUND_PIECE_SECONDS, piece_frames
 from llmrun.engine.llama import ImageChunk, LlamaError, Model, Projector
 from tests.fakes.audio import (
     SAMPLE_RATE,
+    TOKENS_PER_CHUNK,
     mp3_bomb,
     n_positions,
     noise,
@@ -130,6 +132,36 @@ def test_same_sound_same_answer_other_sound_other_answer(host: Host) -> None:
     assert answers["48k"] != answers["noise"]
 
 
+@pytest.mark.parametrize("rate", [SAMPLE_RATE, 24_000, 48_000])
+def test_a_long_sound_is_read_in_pieces_each_encoded_once(host: Host, rate: int) -> None:
+    """A sound is read in the projector's pieces (0.98 s for Qwen3-ASR's: one encoder chunk
+    each), cut at the file's own rate, each piece encoded on its own: a file that begins with
+    a file already heard encodes only what follows, its slot reads only what follows, and
+    the model hears one sound (the projector's begin and end marks once, not per piece)."""
+    samples = noise(2.5, rate=rate)
+    step = piece_frames(SOUND_PIECE_SECONDS["qwen3a"], rate)
+    first = [hear(wav(samples[:step], rate))]
+    kind, payload, _ = host.ask(first, num_predict=1)
+    assert kind == "done" and host.encodes == 1, payload
+    one = host.started(host.last)
+    kind, payload, answer = host.ask([hear(wav(samples, rate))], num_predict=8)
+    assert kind == "done" and host.encodes == 3, payload  # the two new pieces only
+    whole = host.started(host.last)
+    assert whole["prompt_tokens"] - one["prompt_tokens"] == 2 * TOKENS_PER_CHUNK
+    # the slot held the first piece: read from where it ends (the two new pieces, then
+    # the end mark and the text after the sound, some 20 tokens of SmolLM2's)
+    assert whole["cached_tokens"] > TOKENS_PER_CHUNK
+    assert whole["prompt_tokens"] - whole["cached_tokens"] < 2 * TOKENS_PER_CHUNK + 24
+    kind, _, again = host.ask([hear(wav(samples, rate))], num_predict=8)
+    assert host.encodes == 3 and again == answer
+
+
+def test_a_sound_too_short_to_hold_a_word_is_refused(host: Host) -> None:
+    kind, err, _ = host.ask([hear(wav(sine(440.0, 0.005)))])
+    assert kind == "error" and "at least 10 ms" in err["message"], err
+    assert_serving(host.r, host.frames)
+
+
 @pytest.mark.parametrize("bad, words", [
     (truncated_wav(), "truncated"),
     (wav_long_header(), "declares 7200 s"),
@@ -162,7 +194,7 @@ def test_first_token_matches_plain_llama_cpp_python(host: Host, model: Model,
                                                      mmproj: Path) -> None:
     """libmtmd's own path: its helper decodes the same WAV file (miniaudio) into a bitmap
     and evaluates the chunks itself."""
-    data = wav(sine(440.0, 1.5))
+    data = wav(sine(440.0, 0.9))  # one piece: libmtmd reads what the runner reads
 
     def bitmap_of(mctx: Any) -> Any:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

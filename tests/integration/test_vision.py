@@ -24,6 +24,7 @@ from llmrun.engine import batcher, pixels
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, LlamaError, Model, Projector
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Options
+from llmrun.store import gguf
 from tests.fakes.vision import (
     N_IMAGE_TOKENS,
     bomb_png,
@@ -61,7 +62,8 @@ class Host:
                  step_budget: tuple[float, int] = (0.0, 0)) -> None:
         self.frames = Frames()
         self.ctx = Context(model, n_ctx_seq=1024, n_seq=slots, n_batch=512, n_threads=1)
-        self.projector = Projector(mmproj, model, 1)
+        # as the daemon tells a runner: a sound's pieces, from the projector's GGUF
+        self.projector = Projector(mmproj, model, 1, gguf.read(mmproj).sound_piece_seconds)
         self.encodes = 0
         encode = self.projector.encode
 

@@ -8,15 +8,20 @@ utterance is transcribed as it is committed, its text streamed back in
 `conversation.item.input_audio_transcription.delta` events and one `.completed`, while the
 client may go on sending the next one.
 
-The sound is not kept until the commit: every PIECE_SECONDS of it becomes a piece (a WAV
-file of its own), and the utterance's pieces so far are read into the model at once, by a
-request that generates nothing (num_predict 0). The runner keeps each piece's embeddings by
-content hash and the slot's memory by prefix, so the next read (and the commit's) finds
-the earlier pieces there: each piece is encoded once and read once, and the commit only adds
-the last piece, the instruction and the answer. An utterance is one chat turn on the
-session's model (transcribe.py's, with the session's language and prompt) whose sounds are
-its pieces: its transcript is what the same pieces sent at once give (not one WAV of the
-whole: an encoder normalises over what it is given, as Whisper-style ones do).
+The session is one sequence in the engine, kept in one slot between its requests
+(ChatRequest.session, engine/slots.py), and it grows as sound arrives: every whole piece of
+the model's projector's length (bounds.SOUND_PIECE_SECONDS: 0.98 s for Qwen3-ASR's encoder)
+is read into it at once, by a request that generates nothing (num_predict 0) and carries
+the utterance's whole pieces so far as one WAV file. The runner cuts a sound into the same
+pieces (engine/sound.py) and keeps each piece's embeddings by content hash, and the slot
+holds what it read: each piece is encoded once and read once, and the commit adds only
+the last part of a piece, the instruction and the answer. A committed utterance and its
+transcript stay in the sequence: the next utterance is the next turn of the same
+conversation, read after them, never before them again (up to HISTORY_SECONDS of sound or
+HISTORY_TURNS turns; then the sequence starts over with the next utterance). The first
+utterance's transcript is the one the same sound sent as one file to
+/v1/audio/transcriptions gives: the same pieces, the same prompt. A model whose projector
+reads a sound whole (Whisper-style encoders) reads each utterance at its commit.
 
 Bounded: at most MAX_SESSIONS at once, MAX_UTTERANCE_SECONDS of sound in one utterance,
 IDLE_SECONDS without a message; a session that breaks a bound gets an `error`
@@ -42,22 +47,30 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
+from llmrun import bounds
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.stream import start_choices
-from llmrun.api.openai.transcribe import MAX_TRANSCRIPT_TOKENS, chat_request, deltas, usage
-from llmrun.request import Done, EngineError, Stats
+from llmrun.api.openai.transcribe import chat_request, deltas, usage
+from llmrun.request import ChatRequest, Done, EngineError, Message, Stats
 from llmrun.server.service import Service
 
 log = logging.getLogger(__name__)
 
 RATE = 24_000  # OpenAI's pcm16: 16-bit little-endian mono at 24 kHz
-# Sound read into the model as it arrives, in pieces of this length (shorter ones would each
-# take an encoder chunk's positions whatever their length: Qwen3-ASR's are 1 s)
-PIECE_SECONDS = 1.0
-PIECE_BYTES = int(PIECE_SECONDS * RATE) * 2
-# One utterance's sound: a VAD-ended turn of speech is seconds long; its pieces all travel in
-# the commit's request (LLMRUN_MAX_AUDIO sound files)
+# One utterance's sound: a VAD-ended turn of speech is seconds long
 MAX_UTTERANCE_SECONDS = 30
+# Most tokens of one utterance's transcript: 30 s of speech is some 80 words, 110 tokens (a
+# model that babbles is cut off here, not at the end of its context)
+MAX_UTTERANCE_TOKENS = 256
+# Earlier utterances kept in the session's sequence: their sound and turns travel in every
+# request (LLMRUN_MAX_AUDIO sound files; 2.9 MB of WAV a minute) and fill its context
+HISTORY_SECONDS = 60.0
+HISTORY_TURNS = 8
+# ... and while the sequence holds at most this many tokens after a transcript: half the
+# smallest context a model is given (2048), the rest for the next utterance (30 s of
+# Qwen3-ASR's sound is 400 positions) and its transcript. A turn that does not fit the
+# model's context all the same starts the sequence over and is tried again.
+HISTORY_TOKENS = 1024
 MAX_SESSIONS = 8  # sessions open at once (each holds a model's slot while it transcribes)
 IDLE_SECONDS = 120.0  # a session that sends nothing this long is closed
 # Server VAD, as OpenAI's defaults: a frame is speech above THRESHOLD of full scale (RMS);
@@ -67,25 +80,35 @@ VAD_SILENCE_MS = 500
 VAD_FRAME_MS = 20
 
 _open = 0  # sessions open now (one event loop: no lock needed)
-# The session's jobs, in order: (None, pieces) reads the utterance's pieces so far into the
-# model; (item id, pieces) transcribes a committed utterance; None ends
-Work = asyncio.Queue[tuple[str | None, list[str]] | None]
+# The session's jobs, in order: (None, wav) reads the utterance's whole pieces so far into
+# the model; (item id, wav) transcribes a committed utterance; None ends
+Work = asyncio.Queue[tuple[str | None, str] | None]
 
 
 @dataclass
 class Session:
+    id: str = field(default_factory=lambda: _id("sess"))
     model: str = ""
     language: str | None = None
     prompt: str | None = None
     vad: bool = False
     silence_ms: int = VAD_SILENCE_MS
     threshold: float = VAD_THRESHOLD
-    pcm: bytearray = field(default_factory=bytearray)  # sound not yet made a piece
-    pieces: list[str] = field(default_factory=list)  # the utterance's pieces (base64 WAV)
-    seconds: float = 0.0  # the utterance's sound so far
+    # bytes of PCM16 the model's projector encodes on its own (None: it reads a sound
+    # whole, or the model is not known yet): the utterance is read in such pieces
+    piece_bytes: int | None = None
+    pcm: bytearray = field(default_factory=bytearray)  # the utterance's sound so far
+    read: int = 0  # of it, the bytes sent to be read (whole pieces)
     heard: bool = False  # speech in the buffer since its start (server VAD)
     quiet_ms: int = 0  # trailing silence (server VAD)
     last_item: str | None = None
+    # the sequence's earlier turns (each utterance, then its transcript) and their sound
+    history: list[Message] = field(default_factory=list)
+    history_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / 2 / RATE
 
     def config(self) -> dict[str, Any]:
         return {"object": "realtime.transcription_session", "input_audio_format": "pcm16",
@@ -104,7 +127,10 @@ class Session:
                            "session.input_audio_format")
         spec = session.get("input_audio_transcription") or {}
         if isinstance(spec, dict):
-            self.model = str(spec.get("model") or self.model)
+            model = str(spec.get("model") or self.model)
+            if model != self.model:
+                self.model = model
+                self.forget()
             self.language = spec.get("language") or self.language
             self.prompt = spec.get("prompt") or self.prompt
         if "turn_detection" in session:
@@ -128,18 +154,19 @@ class Session:
         if self.seconds + len(pcm) / 2 / RATE > MAX_UTTERANCE_SECONDS:
             raise ApiError(400, f"an utterance may hold at most {MAX_UTTERANCE_SECONDS} s of "
                                 "sound; commit it first", "audio")
-        self.seconds += len(pcm) / 2 / RATE
         self.pcm += pcm
         return self.vad and self._speech_ended(pcm)
 
-    def cut(self) -> bool:
-        """Make whole pieces of the buffered sound; True if one was made."""
-        made = False
-        while len(self.pcm) >= PIECE_BYTES:
-            self.pieces.append(_wav(bytes(self.pcm[:PIECE_BYTES])))
-            del self.pcm[:PIECE_BYTES]
-            made = True
-        return made
+    def whole_pieces(self) -> str | None:
+        """The utterance's whole pieces so far as a WAV file, when a piece was completed
+        since the last; None otherwise."""
+        if not self.piece_bytes:
+            return None
+        whole = len(self.pcm) // self.piece_bytes * self.piece_bytes
+        if whole <= self.read:
+            return None
+        self.read = whole
+        return _wav(bytes(self.pcm[:whole]))
 
     def _speech_ended(self, pcm: bytes) -> bool:
         """Server VAD over the new chunk, in 20 ms frames: speech, then enough silence."""
@@ -154,14 +181,37 @@ class Session:
                 self.quiet_ms += VAD_FRAME_MS * len(frame) // n
         return self.heard and self.quiet_ms >= self.silence_ms
 
-    def take(self) -> list[str]:
-        """The utterance's pieces, the last one what is left; the buffer starts again."""
-        if self.pcm:
-            self.pieces.append(_wav(bytes(self.pcm)))
-        pieces = self.pieces
-        self.pcm, self.pieces, self.seconds = bytearray(), [], 0.0
+    def take(self) -> str:
+        """The utterance's sound as a WAV file; the buffer starts again."""
+        sound = _wav(bytes(self.pcm))
+        self.pcm, self.read = bytearray(), 0
         self.heard, self.quiet_ms = False, 0
-        return pieces
+        return sound
+
+    def turn(self, sound: str, num_predict: int) -> ChatRequest:
+        """The request reading (num_predict 0) or transcribing `sound` as the sequence's
+        next turn, after the earlier ones."""
+        req = chat_request("transcribe", self.model, [sound], self.language, self.prompt, 0.0,
+                           True, num_predict=num_predict)
+        return req.model_copy(update={"messages": [*self.history, *req.messages],
+                                      "session": self.id})
+
+    def remember(self, sound: str, transcript: str, tokens: int) -> None:
+        """Keep a transcribed utterance in the sequence (`tokens`: what the sequence holds
+        with it), or start the sequence over when it has held enough."""
+        seconds = bounds.image_bytes(sound) / 2 / RATE
+        if self.history_seconds + seconds > HISTORY_SECONDS or tokens > HISTORY_TOKENS \
+                or len(self.history) // 2 >= HISTORY_TURNS:
+            self.forget()
+            return
+        req = chat_request("transcribe", self.model, [sound], self.language, self.prompt, 0.0,
+                           True)
+        self.history += [*req.messages, Message(role="assistant", content=transcript)]
+        self.history_seconds += seconds
+
+    def forget(self) -> None:
+        """Start the sequence over: the next utterance is its first turn."""
+        self.history, self.history_seconds = [], 0.0
 
 
 def _wav(pcm: bytes) -> str:
@@ -196,13 +246,14 @@ async def session(ws: WebSocket, service: Service) -> None:
         return
     _open += 1
     s = Session(model=ws.query_params.get("model", ""))
+    s.piece_bytes = _piece_bytes(service, s.model)
     inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     reader = asyncio.create_task(_read(ws, inbox))
     work: Work = asyncio.Queue()
     writer = asyncio.create_task(_transcribe_each(ws, service, s, work))
     try:
         await ws.send_json({"type": "transcription_session.created", "event_id": _id("event"),
-                            "session": {"id": _id("sess"), **s.config()}})
+                            "session": {"id": s.id, **s.config()}})
         while True:
             try:
                 msg = await asyncio.wait_for(inbox.get(), IDLE_SECONDS)
@@ -213,7 +264,7 @@ async def session(ws: WebSocket, service: Service) -> None:
             if msg is None or writer.done():
                 break
             try:
-                await _handle(ws, s, msg, work)
+                await _handle(ws, service, s, msg, work)
             except ApiError as exc:
                 await ws.send_json(_error(exc.message, exc.param))
                 if exc.param == "audio" and "at most" in exc.message:
@@ -242,11 +293,26 @@ async def _read(ws: WebSocket, inbox: asyncio.Queue[dict[str, Any] | None]) -> N
         await inbox.put(None)
 
 
-async def _handle(ws: WebSocket, s: Session, msg: dict[str, Any],
+def _piece_bytes(service: Service, model: str) -> int | None:
+    """Bytes of PCM16 at RATE in a piece of `model`'s projector (None: none, or no such
+    model: its requests will say so)."""
+    if not model:
+        return None
+    try:
+        seconds = service.store.sound_piece_seconds(service.resolve(model).manifest)
+    except Exception:  # an unknown or broken model: the commit's request answers why
+        return None
+    return bounds.piece_frames(seconds, RATE) * 2 if seconds else None
+
+
+async def _handle(ws: WebSocket, service: Service, s: Session, msg: dict[str, Any],
                   work: Work) -> None:
     kind = msg.get("type")
     if kind in ("transcription_session.update", "session.update"):
+        model = s.model
         s.update(msg.get("session"))
+        if s.model != model:
+            s.piece_bytes = _piece_bytes(service, s.model)
         await ws.send_json({"type": "transcription_session.updated", "event_id": _id("event"),
                             "session": s.config()})
     elif kind == "input_audio_buffer.append":
@@ -255,8 +321,8 @@ async def _handle(ws: WebSocket, s: Session, msg: dict[str, Any],
             await ws.send_json({"type": "input_audio_buffer.speech_stopped",
                                 "event_id": _id("event")})
             await _commit(ws, s, work)
-        elif s.model and s.cut():  # read what was heard so far into the model now
-            await work.put((None, list(s.pieces)))
+        elif s.model and (sound := s.whole_pieces()) is not None:
+            await work.put((None, sound))  # read what was heard so far into the model now
     elif kind == "input_audio_buffer.commit":
         await _commit(ws, s, work)
     elif kind == "input_audio_buffer.clear":
@@ -267,7 +333,7 @@ async def _handle(ws: WebSocket, s: Session, msg: dict[str, Any],
 
 
 async def _commit(ws: WebSocket, s: Session, work: Work) -> None:
-    if not (s.pcm or s.pieces):
+    if not s.pcm:
         raise ApiError(400, "the input audio buffer is empty: nothing to commit",
                        "input_audio_buffer")
     if not s.model:
@@ -283,16 +349,21 @@ async def _commit(ws: WebSocket, s: Session, work: Work) -> None:
 async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
                            work: Work) -> None:
     """Read the pieces into the model as they come, and transcribe the committed
-    utterances, in order, streaming each one's text."""
+    utterances, in order, streaming each one's text. Each request is built when its turn
+    comes: a read after a commit follows that commit's transcript in the sequence."""
     while (job := await work.get()) is not None:
         # every read runs, in order (each adds only its new piece: the earlier ones are in
-        # the slot), so the commit always finds the whole seconds read
-        item, pieces = job
+        # the slot), so the commit always finds the whole pieces read
+        item, sound = job
         base = {"item_id": item, "content_index": 0}
         try:
-            req = chat_request("transcribe", s.model, pieces, s.language, s.prompt, 0.0, True,
-                               num_predict=0 if item is None else MAX_TRANSCRIPT_TOKENS)
-            started = await start_choices(service, [req])
+            started = await start_choices(service, [
+                s.turn(sound, 0 if item is None else MAX_UTTERANCE_TOKENS)])
+            if isinstance(started, Response) and s.history \
+                    and started.status_code == 400 and b"context" in bytes(started.body):
+                s.forget()  # the earlier turns and this one outgrew the context
+                started = await start_choices(service, [
+                    s.turn(sound, 0 if item is None else MAX_UTTERANCE_TOKENS)])
             if isinstance(started, Response):  # refused before it started: its message
                 body = json.loads(bytes(started.body) or b"{}")
                 message = (body.get("error") or {}).get("message", "transcription failed")
@@ -313,8 +384,10 @@ async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
                 await started.close()
             if item is None:
                 continue  # a read: nothing to say
+            transcript = "".join(parts).strip()
+            s.remember(sound, transcript, usage(stats)["total_tokens"])
             await ws.send_json({"type": "conversation.item.input_audio_transcription.completed",
                                 "event_id": _id("event"), **base,
-                                "transcript": "".join(parts).strip(), "usage": usage(stats)})
+                                "transcript": transcript, "usage": usage(stats)})
         except EngineError as exc:
             await ws.send_json({**_error(exc.message), **base})

@@ -53,7 +53,8 @@ class Projector:
     thread while an image may be encoding on the engine's encoder thread, and the library
     keeps its last output in the context."""
 
-    def __init__(self, path: Path, model: Model, n_threads: int) -> None:
+    def __init__(self, path: Path, model: Model, n_threads: int,
+                 piece_seconds: float | None = None) -> None:
         from llama_cpp import mtmd_cpp as M
 
         self._m = M
@@ -81,6 +82,8 @@ class Projector:
         self.audio = bool(M.mtmd_support_audio(ptr))
         # the rate sounds must be resampled to before tokenize (0: no audio)
         self.sample_rate = max(0, int(M.mtmd_get_audio_sample_rate(ptr))) if self.audio else 0
+        # a sound is read in pieces of this length, each encoded on its own (None: whole)
+        self.piece_seconds = piece_seconds if self.audio else None
         if not (self.vision or self.audio):
             self.close()
             raise LlamaError(f"{path.name} is a projector of neither images nor sound")
