@@ -156,6 +156,30 @@ def test_a_long_sound_is_read_in_pieces_each_encoded_once(host: Host, rate: int)
     assert host.encodes == 3 and again == answer
 
 
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_session_keeps_its_slot_while_others_come(host: Host, kept: bool) -> None:
+    """A session's requests go to the slot it used last, and a request of no session that
+    shares the start of its prompt (the template's head, then another sound) takes the
+    other free slot instead of cutting the session's sequence back: the session's next
+    request reads only what is new. Without a session (kept False) that request takes the
+    slot with the longer common prefix, the session's, and the next one reads the sound
+    again."""
+    samples = noise(2.5, seed=3)
+    step = piece_frames(SOUND_PIECE_SECONDS["qwen3a"], SAMPLE_RATE)
+    session = {"session": "sess_1"} if kept else {}
+    kind, payload, _ = host.ask([hear(wav(samples[:2 * step]))], num_predict=0, **session)
+    assert kind == "done", payload
+    held = host.started(host.last)["prompt_tokens"]
+    host.ask([hear(wav(noise(0.5, seed=4)))], num_predict=4)  # the same head, then not
+    kind, payload, _ = host.ask([hear(wav(samples))], num_predict=4, **session)
+    assert kind == "done", payload
+    cached = host.started(host.last)["cached_tokens"]
+    if kept:  # the head, both pieces and the begin mark: all but the end mark and the text
+        assert cached > held - 24 and cached >= 2 * TOKENS_PER_CHUNK
+    else:
+        assert cached < held - 24
+
+
 def test_a_sound_too_short_to_hold_a_word_is_refused(host: Host) -> None:
     kind, err, _ = host.ask([hear(wav(sine(440.0, 0.005)))])
     assert kind == "error" and "at least 10 ms" in err["message"], err
