@@ -29,6 +29,7 @@ REQUIRED = [
     "bge-m3:567m", "nomic-embed-text:v1.5", "nomic-embed-text:v1.5-query",
     "nomic-embed-text:v1.5-document", "qwen3-embedding:0.6b", "bge-reranker-v2-m3:568m",
     "qwen3-reranker:0.6b",
+    "qwen3-asr:0.6b", "qwen3-asr:1.7b", "ultravox:1b",
 ]
 # What a bare name (`:latest`) means: smollm2 is llmrun's PyPI-installable default, the
 # others follow Ollama's library.
@@ -48,6 +49,9 @@ LATEST = {
     "qwen3-embedding": "0.6b",
     "bge-reranker-v2-m3": "568m",
     "qwen3-reranker": "0.6b",
+    # audio: the smallest
+    "qwen3-asr": "0.6b",
+    "ultravox": "1b",
 }
 CONVERSATION = [
     {"role": "system", "content": "Answer in one word."},

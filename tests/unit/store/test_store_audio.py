@@ -50,3 +50,35 @@ def test_pull_fetches_an_audio_projector_with_the_model(hub: HubServer, hub_stor
     m = hub_store.pull(f"hf.co/{repo}")
     assert m.projector is not None
     assert hub_store.capabilities(m)[-1] == "audio"
+
+
+def test_catalog_audio_models_pull_with_their_projector(hub: HubServer, hub_store: Store,
+                                                        tmp_path: Path) -> None:
+    """`qwen3-asr` (modelfiles/qwen3-asr.yaml) names its model and projector files: the
+    unpinned 1.7B pulls from the Hub under those names, reads its sound in the projector's
+    pieces and lists `audio`; the pinned 0.6B refuses files of other bytes and keeps
+    nothing of them."""
+    from llmrun.store.errors import StoreError
+
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    ears = write_audio_projector(tmp_path / "ears.gguf", n_embd=64)
+    repo = "ggml-org/Qwen3-ASR-1.7B-GGUF"
+    hub.add_file(repo, "Qwen3-ASR-1.7B-Q8_0.gguf", model)
+    hub.add_file(repo, "mmproj-Qwen3-ASR-1.7B-Q8_0.gguf", ears)
+    m = hub_store.pull("qwen3-asr:1.7b")
+    assert m.projector is not None and hub_store.capabilities(m)[-1] == "audio"
+    assert hub_store.sound_piece_seconds(m) == 0.98  # a qwen3a projector
+    small = "ggml-org/Qwen3-ASR-0.6B-GGUF"
+    hub.add_file(small, "Qwen3-ASR-0.6B-Q8_0.gguf", model)
+    hub.add_file(small, "mmproj-Qwen3-ASR-0.6B-Q8_0.gguf", ears)
+    with pytest.raises(StoreError, match="differs from the catalog's"):
+        hub_store.pull("qwen3-asr")
+    assert [x.name for x in hub_store.list()] == ["qwen3-asr:1.7b"]
+
+
+def test_a_whisper_style_projector_reads_a_sound_whole(tmp_path: Path) -> None:
+    ears = gguf.read(write_audio_projector(tmp_path / "a.gguf"))
+    assert ears.sound_piece_seconds == 0.98
+    ears.metadata["clip.projector_type"] = "ultravox"
+    assert ears.sound_piece_seconds is None
+    assert gguf.read(write_vision_projector(tmp_path / "v.gguf")).sound_piece_seconds is None
