@@ -33,6 +33,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from tests.fakes.clip import encoder_blocks, write_out
+
 SAMPLE_RATE = 16_000  # what the qwen3a preprocessor expects (clip.cpp sets it, not the GGUF)
 N_MEL = 16  # mel bins (real Qwen3-ASR: 128); the filterbank is computed for any count
 CONV_CH = 4  # channels of the three convolutions (real: 480)
@@ -88,19 +90,7 @@ def write_projector(path: Path, *, n_embd: int = 576, seed: int = 0) -> Path:
     # Positions restart in each 100-frame chunk: 13 rows are read
     w.add_tensor("a.position_embd.weight", weight(TOKENS_PER_CHUNK, A_EMBD))
 
-    for il in range(A_LAYER):
-        blk = f"a.blk.{il}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{blk}.{name}.weight", weight(A_EMBD, A_EMBD))
-            w.add_tensor(f"{blk}.{name}.bias", weight(A_EMBD))
-        w.add_tensor(f"{blk}.ln1.weight", ones(A_EMBD))
-        w.add_tensor(f"{blk}.ln1.bias", zeros(A_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.weight", weight(A_FF, A_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.bias", weight(A_FF))
-        w.add_tensor(f"{blk}.ffn_down.weight", weight(A_EMBD, A_FF))
-        w.add_tensor(f"{blk}.ffn_down.bias", weight(A_EMBD))
-        w.add_tensor(f"{blk}.ln2.weight", ones(A_EMBD))
-        w.add_tensor(f"{blk}.ln2.bias", zeros(A_EMBD))
+    encoder_blocks(w, "a", A_LAYER, A_EMBD, A_FF, weight, weight)
     w.add_tensor("a.post_ln.weight", ones(A_EMBD))
     w.add_tensor("a.post_ln.bias", zeros(A_EMBD))
 
@@ -112,10 +102,7 @@ def write_projector(path: Path, *, n_embd: int = 576, seed: int = 0) -> Path:
     w.add_tensor("mm.a.mlp.2.weight", weight(n_embd, n_embd, scale=0.05))
     w.add_tensor("mm.a.mlp.2.bias", weight(n_embd))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     return path
 
 

@@ -25,6 +25,8 @@ import gguf
 import numpy as np
 from PIL import Image
 
+from tests.fakes.clip import encoder_blocks, write_out
+
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
 N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # 16: the MLP projector keeps every patch
@@ -97,21 +99,9 @@ def write_projector(path: Path, *, n_embd: int = 576, seed: int = 0) -> Path:
     w.add_tensor("v.pre_ln.bias", zeros(V_EMBD))
     # No v.post_ln: LLaVA takes the second-to-last layer, before any post-layernorm
 
-    for il in range(V_LAYER):
-        blk = f"v.blk.{il}"
-        # q/k/v are optional to the loader but the graph multiplies by them; attn_out is
-        # required. ffn_up is fc1 (V_EMBD -> V_FF), ffn_down fc2 (V_FF -> V_EMBD).
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{blk}.{name}.weight", weight(V_EMBD, V_EMBD))
-            w.add_tensor(f"{blk}.{name}.bias", vector(V_EMBD))
-        w.add_tensor(f"{blk}.ln1.weight", ones(V_EMBD))
-        w.add_tensor(f"{blk}.ln1.bias", zeros(V_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.weight", weight(V_FF, V_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.bias", vector(V_FF))
-        w.add_tensor(f"{blk}.ffn_down.weight", weight(V_EMBD, V_FF))
-        w.add_tensor(f"{blk}.ffn_down.bias", vector(V_EMBD))
-        w.add_tensor(f"{blk}.ln2.weight", ones(V_EMBD))
-        w.add_tensor(f"{blk}.ln2.bias", zeros(V_EMBD))
+    # q/k/v are optional to the loader but the graph multiplies by them; attn_out is
+    # required
+    encoder_blocks(w, "v", V_LAYER, V_EMBD, V_FF, weight, vector)
 
     # LLaVA-1.5 projector: Linear(V_EMBD, n_embd), GELU, Linear(n_embd, n_embd). Both biases
     # are required by the graph; mm.2's rows (ne[1]) are the width mtmd checks against the
@@ -122,10 +112,7 @@ def write_projector(path: Path, *, n_embd: int = 576, seed: int = 0) -> Path:
                                  * 0.05).astype(np.float16))
     w.add_tensor("mm.2.bias", vector(n_embd))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     return path
 
 
