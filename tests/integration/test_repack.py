@@ -1,0 +1,216 @@
+"""Repacked Q4_1 weights (scripts/llama-patches/0006) against llama.cpp's ordinary kernels,
+in the same build: SmolLM2's shipped Q4_1 file loaded twice, with `use_extra_bufts` true
+(weights repacked at load into 8-row blocks, the 8x8 GEMV/GEMM kernels) and false
+(llama-server's --no-repack: ggml_vec_dot_q4_1_q8_1 row by row).
+
+Both paths multiply the same weights by the same Q8_1 activations (the ordinary path's own
+quantizer) with exact integer dot products per 32-value block; only the float sums over the
+blocks run in another order, so logits differ in their last bits, which a 30-layer network
+grows to a few thousandths. The bounds below are about 4x the largest difference measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.model  # needs the installed llama-cpp-python and a test model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# measured on the 2-core AMD EPYC (Zen 4, AVX-512 VNNI), 2 threads: see each test
+MAX_ABS_LOGIT_DIFF = 0.05
+MAX_PPL_REL_DIFF = 0.001  # 0.1%, issue 46
+
+PROMPT = ("The lighthouse keeper climbed the stairs at dusk, as he had every evening for "
+          "thirty years, and found on the top step a bottle with a letter inside. It read:")
+GREEDY_PROMPTS = [
+    "Write a haiku about the sea.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three uses of a paperclip.",
+    "Explain what a CPU cache is to a child.",
+    "def fibonacci(n):",
+]
+GREEDY_TOKENS = 32
+
+
+@dataclass
+class Loaded:
+    model: int
+    ctx: int
+    n_vocab: int
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _load(path: Path, repack: bool) -> tuple[Loaded, list[str]]:
+    """The model and a context, the weights repacked at load or not; and llama.cpp's log of
+    the load (llmrun routes it to the `llmrun.llama` logger)."""
+    import llama_cpp.llama_cpp as C
+
+    from llmrun.engine.llama.lib import init_backend
+
+    init_backend()
+    logger = logging.getLogger("llmrun.llama")
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        mp = C.llama_model_default_params()
+        mp.use_extra_bufts = repack
+        model = C.llama_model_load_from_file(str(path).encode(), mp)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert model, f"llama.cpp could not load {path}"
+    cp = C.llama_context_default_params()
+    cp.n_ctx = 1024
+    cp.n_batch = cp.n_ubatch = 512
+    cp.n_threads = cp.n_threads_batch = 2
+    cp.no_perf = True
+    ctx = C.llama_init_from_model(model, cp)
+    assert ctx
+    n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
+    return Loaded(model, ctx, n_vocab), handler.lines
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_path: Path) -> Iterator[tuple[Loaded, Loaded, list[str]]]:
+    """(repacked, ordinary, the repacked load's log)."""
+    import llama_cpp.llama_cpp as C
+
+    repacked, log = _load(smollm2_path, True)
+    ordinary, _ = _load(smollm2_path, False)
+    yield repacked, ordinary, log
+    for m in (repacked, ordinary):
+        C.llama_free(m.ctx)
+        C.llama_model_free(m.model)
+
+
+def _repack_taken(log: list[str]) -> bool:
+    # llama.cpp names each buffer of the model's weights at load: "CPU_REPACK model buffer
+    # size = ..." when some weights went to the repacked buffer type
+    return any("CPU_REPACK model buffer size" in line for line in log)
+
+
+@pytest.fixture(scope="module")
+def repacked_pair(pair: tuple[Loaded, Loaded, list[str]]) -> tuple[Loaded, Loaded]:
+    repacked, ordinary, log = pair
+    if not _repack_taken(log):
+        pytest.skip("this llama.cpp does not repack Q4_1 weights (built without "
+                    "scripts/llama-patches/0006-cpu-repack-q4_1.patch, or a CPU without AVX2): "
+                    "nothing to compare")
+    return repacked, ordinary
+
+
+def _tokens(m: Loaded, text: str) -> list[int]:
+    import llama_cpp.llama_cpp as C
+
+    raw = text.encode()
+    buf = (C.llama_token * (len(raw) + 8))()
+    n = C.llama_tokenize(C.llama_model_get_vocab(m.model), raw, len(raw), buf, len(buf),
+                         True, True)
+    assert n > 0
+    return list(buf[:n])
+
+
+def _logits(m: Loaded, toks: list[int], pos0: int = 0, every: bool = True) -> np.ndarray:
+    """Logits of one decode of `toks` at positions pos0..: every row, or the last only."""
+    import llama_cpp.llama_cpp as C
+
+    if pos0 == 0:
+        C.llama_memory_clear(C.llama_get_memory(m.ctx), True)
+    batch = C.llama_batch_init(len(toks), 0, 1)
+    try:
+        batch.n_tokens = len(toks)
+        for i, t in enumerate(toks):
+            batch.token[i] = t
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = every or i == len(toks) - 1
+        assert C.llama_decode(m.ctx, batch) == 0
+        rows = range(len(toks)) if every else [len(toks) - 1]
+        return np.stack([np.ctypeslib.as_array(C.llama_get_logits_ith(m.ctx, i),
+                                               shape=(m.n_vocab,)).copy() for i in rows])
+    finally:
+        C.llama_batch_free(batch)
+
+
+def _greedy(m: Loaded, prompt: str, n: int) -> list[int]:
+    toks = _tokens(m, prompt)
+    nxt = int(_logits(m, toks, every=False)[-1].argmax())
+    out = [nxt]
+    for k in range(n - 1):
+        nxt = int(_logits(m, [nxt], len(toks) + k, every=False)[-1].argmax())
+        out.append(nxt)
+    return out
+
+
+def _perplexity(m: Loaded, toks: list[int]) -> float:
+    logits = _logits(m, toks).astype(np.float64)
+    shifted = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    nll = -logp[np.arange(len(toks) - 1), toks[1:]]
+    return math.exp(float(nll.mean()))
+
+
+def test_repacked_path_taken_where_the_cpu_has_the_kernels(
+        pair: tuple[Loaded, Loaded, list[str]]) -> None:
+    import llama_cpp.llama_cpp as C
+
+    _, _, log = pair
+    info = C.llama_print_system_info().decode()
+    if "AVX2 = 1" not in info:
+        # the fallback: without the kernels' instructions Q4_1 keeps llama.cpp's ordinary
+        # path (the model loaded and ran above, no SIGILL)
+        assert not any("with q4_1_8x8" in line for line in log)
+        return
+    if not _repack_taken(log):
+        pytest.skip("this llama.cpp does not repack Q4_1 weights (built without "
+                    "scripts/llama-patches/0006-cpu-repack-q4_1.patch)")
+    assert any("with q4_1_8x8" in line for line in log)
+
+
+def test_prompt_logits_within_bound_and_argmax_equal(
+        repacked_pair: tuple[Loaded, Loaded]) -> None:
+    # a prompt of more than 4 rows takes the GEMM kernel (4 activation rows at a time) and
+    # the GEMV for the rest; measured max abs difference 0.0117 over 41 positions x 49152
+    repacked, ordinary = repacked_pair
+    toks = _tokens(repacked, PROMPT)
+    a, b = _logits(repacked, toks), _logits(ordinary, toks)
+    assert np.isfinite(a).all()
+    assert float(np.abs(a - b).max()) <= MAX_ABS_LOGIT_DIFF
+    assert (a.argmax(axis=1) == b.argmax(axis=1)).all()
+
+
+def test_greedy_text_equal(repacked_pair: tuple[Loaded, Loaded]) -> None:
+    # one token per decode: the GEMV kernel
+    repacked, ordinary = repacked_pair
+    for prompt in GREEDY_PROMPTS:
+        assert _greedy(repacked, prompt, GREEDY_TOKENS) == _greedy(ordinary, prompt,
+                                                                   GREEDY_TOKENS), prompt
+
+
+def test_perplexity_unchanged_within_a_tenth_of_a_percent(
+        repacked_pair: tuple[Loaded, Loaded]) -> None:
+    repacked, ordinary = repacked_pair
+    text = (ROOT / "README.md").read_text(encoding="utf-8")[:1500]
+    toks = _tokens(repacked, text)[:400]
+    assert len(toks) >= 200
+    p_repacked, p_ordinary = _perplexity(repacked, toks), _perplexity(ordinary, toks)
+    assert math.isfinite(p_repacked)
+    assert abs(p_repacked / p_ordinary - 1) <= MAX_PPL_REL_DIFF, (p_repacked, p_ordinary)
