@@ -1,11 +1,13 @@
-"""Repacked Q4_1 weights (scripts/llama-patches/0006) against llama.cpp's ordinary kernels,
-in the same build: SmolLM2's shipped Q4_1 file loaded twice, with `use_extra_bufts` true
-(weights repacked at load into 8-row blocks, the 8x8 GEMV/GEMM kernels) and false
-(llama-server's --no-repack: ggml_vec_dot_q4_1_q8_1 row by row).
+"""Repacked Q4_1 and Q8_0 weights (scripts/llama-patches/0006, 0007) against llama.cpp's
+ordinary kernels, in the same build: SmolLM2's shipped file (Q4_1, its output matrix Q8_0)
+loaded twice, with `use_extra_bufts` true (weights repacked at load into 8-row blocks, the
+8x8 GEMV/GEMM kernels) and false (llama-server's --no-repack: ggml_vec_dot_q4_1_q8_1 and
+ggml_vec_dot_q8_0_q8_0 row by row).
 
-Both paths multiply the same weights by the same Q8_1 activations (the ordinary path's own
-quantizer); the integer sums of 4 adjacent values are exact, and the patch's kernels add the
-float sums in ggml_vec_dot_q4_1_q8_1's order (AVX2 form), so the logits are the same to the
+Both paths multiply the same weights by the same Q8_1 / Q8_0 activations (the ordinary
+path's own quantizers); the integer sums of 4 adjacent values are exact, and the patches'
+kernels add the float sums in the order of ggml_vec_dot_q4_1_q8_1 and ggml_vec_dot_q8_0_q8_0
+(their AVX2 forms), so the logits are the same to the
 bit: the bound stated and tested is zero. (A kernel that summed in another order measured
 logit differences up to 1.0 on this model, greedy text diverging on 4 of the 5 prompts below
 within 32 tokens: a last-bit change flips the rounding of an activation quantized for the
@@ -186,6 +188,9 @@ def test_repacked_path_taken_where_the_cpu_has_the_kernels(
         pytest.skip("this llama.cpp does not repack Q4_1 weights (built without "
                     "scripts/llama-patches/0006-cpu-repack-q4_1.patch)")
     assert any("with q4_1_8x8" in line for line in log)
+    # patch 0007: the output matrix (the tied token embedding, Q8_0) where AVX-512 VNNI is
+    assert any("token_embd.weight with q8_0_8x8" in line for line in log) == (
+        "AVX512_VNNI = 1" in info)
 
 
 def test_prompt_logits_within_bound_and_argmax_equal(
