@@ -4,10 +4,12 @@ the same GGUF loaded twice, once with `use_extra_bufts` true and once false (lla
 --no-repack), then rounds of a greedy decode that alternate between the two (which goes first
 alternates too), so a busy neighbour on the CPU slows both sides alike.
 
-    python scripts/repack_ab.py MODEL.gguf [--rounds 10] [--tokens 128] [--threads 2]
+    python scripts/repack_ab.py MODEL.gguf [--rounds 10] [--tokens 128] [--threads 2] [--seqs 1]
 
-Prints each round's decode tokens/s of both and the median ratio. One sequence, flash
-attention as llama.cpp chooses (on, on the CPU), as the raw loop of docs/benchmarks.md.
+Prints each round's decode tokens/s of both (all sequences) and the median ratio. `--seqs`
+sequences decode together, one token each per llama_decode (one KV stream each, as llmrun's
+engine); flash attention as llama.cpp chooses (on, on the CPU), as the raw loop of
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ _QUIET = C.llama_log_callback(lambda *_: None)
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def load(path: Path, repack: bool) -> tuple[int, int]:
+def load(path: Path, repack: bool, seqs: int) -> tuple[int, int]:
     """(model, context) pointers, the model's weights repacked at load or not."""
     mp = C.llama_model_default_params()
     mp.use_extra_bufts = repack
@@ -34,7 +36,9 @@ def load(path: Path, repack: bool) -> tuple[int, int]:
     if not model:
         raise SystemExit(f"llama.cpp could not load {path}")
     cp = C.llama_context_default_params()
-    cp.n_ctx = 1024
+    cp.n_ctx = 1024 * seqs
+    cp.n_seq_max = seqs
+    cp.kv_unified = False
     cp.n_batch = cp.n_ubatch = 512
     cp.no_perf = True
     return model, C.llama_init_from_model(model, cp)
@@ -47,32 +51,38 @@ def tokens_of(model: int, text: str) -> list[int]:
     return list(buf[:n])
 
 
-def decode_rate(model: int, ctx: int, prompt: list[int], tokens: int, threads: int) -> float:
-    """Decode tokens/s of a greedy run of `tokens` steps after the prompt (prefill excluded)."""
+def decode_rate(model: int, ctx: int, prompt: list[int], tokens: int, threads: int,
+                seqs: int) -> float:
+    """Decode tokens/s (all sequences) of a greedy run of `tokens` steps after the prompt,
+    the same prompt in each sequence (prefill excluded)."""
     C.llama_set_n_threads(ctx, threads, threads)
     C.llama_memory_clear(C.llama_get_memory(ctx), True)
     n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
     batch = C.llama_batch_init(512, 0, 1)
     try:
-        def step(toks: list[int], pos0: int) -> int:
-            batch.n_tokens = len(toks)
-            for i, t in enumerate(toks):
+        def step(items: list[tuple[int, int, int, bool]]) -> list[int]:
+            """Decode (token, position, sequence, wants logits); the argmax of each row
+            that wants logits."""
+            batch.n_tokens = len(items)
+            for i, (t, pos, seq, out) in enumerate(items):
                 batch.token[i] = t
-                batch.pos[i] = pos0 + i
+                batch.pos[i] = pos
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == len(toks) - 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = out
             if C.llama_decode(ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed")
             # numpy's argmax: a Python loop over the vocabulary would cost more than a step
-            return int(np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, -1),
-                                             shape=(n_vocab,)).argmax())
+            return [int(np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, i),
+                                              shape=(n_vocab,)).argmax())
+                    for i, it in enumerate(items) if it[3]]
 
-        nxt = step(prompt, 0)
+        nxt = [step([(t, i, s, i == len(prompt) - 1) for i, t in enumerate(prompt)])[0]
+               for s in range(seqs)]
         t0 = time.perf_counter()
         for k in range(tokens):
-            nxt = step([nxt], len(prompt) + k)
-        return tokens / (time.perf_counter() - t0)
+            nxt = step([(nxt[s], len(prompt) + k, s, True) for s in range(seqs)])
+        return seqs * tokens / (time.perf_counter() - t0)
     finally:
         C.llama_batch_free(batch)
 
@@ -83,23 +93,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seqs", type=int, default=1)
     args = ap.parse_args()
     C.llama_backend_init()
     C.llama_log_set(_QUIET, ctypes.c_void_p(0))
-    sides = {"repacked": load(args.model, True), "ordinary": load(args.model, False)}
+    sides = {"repacked": load(args.model, True, args.seqs),
+             "ordinary": load(args.model, False, args.seqs)}
     prompt = tokens_of(sides["repacked"][0], PROMPT)
     for m, c in sides.values():  # warm both (page cache, first-call costs) before timing
-        decode_rate(m, c, prompt, 16, args.threads)
+        decode_rate(m, c, prompt, 16, args.threads, args.seqs)
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for k in order:
-            rates[k].append(decode_rate(*sides[k], prompt, args.tokens, args.threads))
+            rates[k].append(decode_rate(*sides[k], prompt, args.tokens, args.threads,
+                                        args.seqs))
         print(f"round {r + 1}: repacked {rates['repacked'][-1]:.1f} tok/s, "
               f"ordinary {rates['ordinary'][-1]:.1f} tok/s", flush=True)
     ratios = [a / b for a, b in zip(rates["repacked"], rates["ordinary"], strict=True)]
-    print(f"{args.model.name}: {args.rounds} rounds x {args.tokens} tokens, "
-          f"{args.threads} threads; "
+    print(f"{args.model.name}: {args.seqs} sequence(s), {args.rounds} rounds x {args.tokens} "
+          f"tokens, {args.threads} threads; "
           f"median repacked {statistics.median(rates['repacked']):.1f} tok/s, ordinary "
           f"{statistics.median(rates['ordinary']):.1f} tok/s; paired ratio median "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
