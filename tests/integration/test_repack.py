@@ -224,3 +224,29 @@ def test_perplexity_unchanged_within_a_tenth_of_a_percent(
     p_repacked, p_ordinary = _perplexity(repacked, toks), _perplexity(ordinary, toks)
     assert math.isfinite(p_repacked)
     assert abs(p_repacked / p_ordinary - 1) <= MAX_PPL_REL_DIFF, (p_repacked, p_ordinary)
+
+
+def test_gemma_q5_0_and_q8_0_tensors_repacked_where_avx512_vnni(gemma3_path: Path) -> None:
+    # patch 0008 (Q5_0) and 0007 (Q8_0): Gemma 3 270M's Q4_K_M file holds 81 Q5_0 tensors and
+    # 10 Q8_0 (its output matrix among them). Their sums are the ordinary kernels' to the bit
+    # (checked per matrix product when the patches were made); Gemma's logits cannot show it
+    # against --no-repack, which also turns off llama.cpp's own Q4_K repack, whose sums run
+    # in another order than vec_dot_q4_K_q8_K's. Here: the tensors are taken, and it decodes.
+    import llama_cpp.llama_cpp as C
+
+    info = C.llama_print_system_info().decode()
+    gemma, log = _load(gemma3_path, True)
+    try:
+        q5 = sum("with q5_0_8x8" in line for line in log)
+        q8 = sum("with q8_0_8x8" in line for line in log)
+        if "AVX512_VNNI = 1" not in info:
+            assert q5 == q8 == 0
+            return
+        if q5 == 0:
+            pytest.skip("this llama.cpp does not repack Q5_0 (built without "
+                        "scripts/llama-patches/0008-cpu-repack-q5_0-avx512.patch)")
+        assert (q5, q8) == (81, 10)
+        assert np.isfinite(_logits(gemma, _tokens(gemma, PROMPT), every=False)).all()
+    finally:
+        C.llama_free(gemma.ctx)
+        C.llama_model_free(gemma.model)
