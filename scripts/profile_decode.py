@@ -22,10 +22,11 @@ from pathlib import Path
 
 # (group, pattern over the symbol) in order: the first that matches names the group
 GROUPS = [
-    ("matmul Q4_1 (vec_dot_q4_1_q8_1)", r"vec_dot_q4_1_q8_1"),
+    # (the 8x8 kernels of llama-patches 0006-0008 take repacked weights: gemv/gemm_q4_1_8x8)
+    ("matmul Q4_1", r"vec_dot_q4_1_q8_1|q4_1_8x8"),
     ("matmul Q4_0", r"vec_dot_q4_0|gemv_q4_0|gemm_q4_0"),
-    ("matmul Q8_0 (vec_dot_q8_0_q8_0)", r"vec_dot_q8_0_q8_0|gemv_q8_0|gemm_q8_0"),
-    ("matmul Q5_0", r"vec_dot_q5_0"),
+    ("matmul Q8_0", r"vec_dot_q8_0_q8_0|gemv_q8_0|gemm_q8_0|q8_0_8x8"),
+    ("matmul Q5_0", r"vec_dot_q5_0|q5_0_8x8"),
     ("matmul Q4_K", r"vec_dot_q4_K|gemv_q4_K|gemm_q4_K"),
     ("matmul Q5_K / Q6_K", r"vec_dot_q[56]_K"),
     ("matmul F16 / F32", r"vec_dot_f16|vec_dot_f32|sgemm|tinyBLAS"),
@@ -45,9 +46,10 @@ GROUPS = [
     ("sampling", r"sampler|llama_sampler|argmax"),
     ("Python", r"^_?Py|^py|pymalloc|_PyEval"),
     ("kernel", r"^\[k\]|entry_SYSCALL|do_syscall|page_fault|clear_page|native_"),
-    # static functions perf cannot name: llamafile's tinyBLAS kernels (sgemm.cpp), which
-    # ggml uses for a matrix product of several rows (4 sequences) in supported types
-    ("libggml-cpu, unnamed (tinyBLAS matmul)", r"^0x\S+ in libggml-cpu"),
+    # static functions perf cannot name in the wheel's stripped library: llamafile's
+    # tinyBLAS kernels (sgemm.cpp, a product of several rows in supported types) and the
+    # repacked weights' 8x8 kernels (repack.cpp); a build with symbols names them
+    ("libggml-cpu, unnamed (repacked 8x8 kernels, tinyBLAS)", r"^0x\S+ in libggml-cpu"),
 ]
 LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[(.)\]\s+(.+?)(?:\s+-\s+-)?\s*$")
 
