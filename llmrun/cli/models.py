@@ -242,6 +242,7 @@ def register(app: typer.Typer) -> None:
 
         from llmrun.store import StoreError
         from llmrun.store.gguf import GGUFError
+        from llmrun.store.quantspeed import cpu_class, decode_note
         from llmrun.store.store import human_params
 
         store = _store()
@@ -276,7 +277,10 @@ def register(app: typer.Typer) -> None:
         d = m.details
         table = Table(box=None, show_header=False, pad_edge=False)
         rows = (("architecture", arch), ("parameters", d.parameter_size),
-                ("quantization", d.quantization_level), ("context length", d.context_length),
+                ("quantization", d.quantization_level),
+                ("decode speed", decode_note(d.quantization_level, cpu_class())
+                 if d.quantization_level else None),
+                ("context length", d.context_length),
                 ("embedding length", info.get(f"{arch}.embedding_length")),
                 ("size", human_size(m.size)), ("id", m.id), ("source", m.source))
         for key, value in rows:

@@ -6,6 +6,7 @@ import asyncio
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -130,6 +131,11 @@ def test_create_list_show_rm(_isolated_home: Path, smollm2_path: Path, tmp_path:
     assert "98.4 MB" in listed.stdout
     shown = llmrun("show", "brief")
     assert "Be brief." in shown.stdout and "temperature" in shown.stdout
+    # what this CPU's class measured of the file's quantization (Q4_1), where one was
+    from llmrun.store.quantspeed import cpu_class, decode_note
+    note = decode_note("Q4_1", cpu_class())
+    assert note is None or re.search(r"decode speed +" + re.escape(note), shown.stdout), \
+        shown.stdout
     assert llmrun("cp", "brief", "brief2").returncode == 0
     assert llmrun("rm", "brief").returncode == 0
     assert len(list((_isolated_home / "blobs").iterdir())) == 1  # still used by brief2
