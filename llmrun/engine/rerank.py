@@ -41,7 +41,6 @@ class RerankError(ValueError):
     pass
 
 
-
 def fill(template: str, values: dict[str, str]) -> str:
     """`template` with {query}, {document} and {instruction} replaced in one pass, so that a
     query holding the text "{document}" stays as written."""

@@ -63,14 +63,18 @@ def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray], rate: int,
         if layout.size <= step:  # one piece: the file as it is
             return [_hashed(decoder(data), rate)]
         samples = data[layout.start:layout.start + layout.size]
-        least = MIN_PIECE_SECONDS * layout.rate * layout.block
         return [_hashed(decoder(_wav(layout, samples[at:at + step])), rate)
-                for at in range(0, len(samples), step)
-                if at == 0 or len(samples) - at >= least]
+                for at in _starts(len(samples), step, layout.rate * layout.block)]
     whole = decoder(data)
     step = bounds.piece_frames(piece_seconds, rate)
-    return [_hashed(whole[at:at + step], rate) for at in range(0, len(whole), step)
-            if at == 0 or len(whole) - at >= MIN_PIECE_SECONDS * rate]
+    return [_hashed(whole[at:at + step], rate) for at in _starts(len(whole), step, rate)]
+
+
+def _starts(n: int, step: int, per_second: int) -> list[int]:
+    """Where the pieces of `n` units (`per_second` of them a second) begin, `step` apart: a
+    last piece shorter than MIN_PIECE_SECONDS is dropped, unless it is the only one."""
+    return [at for at in range(0, n, step)
+            if at == 0 or n - at >= MIN_PIECE_SECONDS * per_second]
 
 
 def _wav(layout: bounds.WavLayout, samples: bytes) -> bytes:

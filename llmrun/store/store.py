@@ -47,6 +47,9 @@ class Store:
         # One lock for every change to manifests and for garbage collection of blobs, so a
         # `rm` never deletes a blob that a concurrent `create` is about to reference.
         self.lock = FileLock(self.home / "store.lock")
+        # what a projector says of sound pieces, by its blob's digest (blobs never change):
+        # read once, not with every request's runner spec (scheduler.spec_for)
+        self._sound_pieces: dict[str, float | None] = {}
 
     # -- reading --------------------------------------------------------------------------
 
@@ -170,8 +173,13 @@ class Store:
     def sound_piece_seconds(self, manifest: Manifest) -> float | None:
         """The length of sound the model's projector encodes on its own (None: whole, or
         no audio projector), from its GGUF (bounds.SOUND_PIECE_SECONDS)."""
-        path = self.projector_path(manifest)
-        return gguf.read(path).sound_piece_seconds if path is not None else None
+        layer = manifest.projector
+        if layer is None:
+            return None
+        if layer.digest not in self._sound_pieces:
+            path = self.blobs.path(layer.digest)
+            self._sound_pieces[layer.digest] = gguf.read(path).sound_piece_seconds
+        return self._sound_pieces[layer.digest]
 
     # -- upkeep ---------------------------------------------------------------------------
 

@@ -188,11 +188,15 @@ class Session:
         self.heard, self.quiet_ms = False, 0
         return sound
 
+    def _asking(self, sound: str, num_predict: int = 0) -> ChatRequest:
+        """transcribe.py's request for `sound` alone, with the session's language and prompt."""
+        return chat_request("transcribe", self.model, [sound], self.language, self.prompt, 0.0,
+                            True, num_predict=num_predict)
+
     def turn(self, sound: str, num_predict: int) -> ChatRequest:
         """The request reading (num_predict 0) or transcribing `sound` as the sequence's
         next turn, after the earlier ones."""
-        req = chat_request("transcribe", self.model, [sound], self.language, self.prompt, 0.0,
-                           True, num_predict=num_predict)
+        req = self._asking(sound, num_predict)
         return req.model_copy(update={"messages": [*self.history, *req.messages],
                                       "session": self.id})
 
@@ -204,9 +208,8 @@ class Session:
                 or len(self.history) // 2 >= HISTORY_TURNS:
             self.forget()
             return
-        req = chat_request("transcribe", self.model, [sound], self.language, self.prompt, 0.0,
-                           True)
-        self.history += [*req.messages, Message(role="assistant", content=transcript)]
+        self.history += [*self._asking(sound).messages,
+                         Message(role="assistant", content=transcript)]
         self.history_seconds += seconds
 
     def forget(self) -> None:
@@ -356,14 +359,13 @@ async def _transcribe_each(ws: WebSocket, service: Service, s: Session,
         # the slot), so the commit always finds the whole pieces read
         item, sound = job
         base = {"item_id": item, "content_index": 0}
+        num_predict = 0 if item is None else MAX_UTTERANCE_TOKENS
         try:
-            started = await start_choices(service, [
-                s.turn(sound, 0 if item is None else MAX_UTTERANCE_TOKENS)])
+            started = await start_choices(service, [s.turn(sound, num_predict)])
             if isinstance(started, Response) and s.history \
                     and started.status_code == 400 and b"context" in bytes(started.body):
                 s.forget()  # the earlier turns and this one outgrew the context
-                started = await start_choices(service, [
-                    s.turn(sound, 0 if item is None else MAX_UTTERANCE_TOKENS)])
+                started = await start_choices(service, [s.turn(sound, num_predict)])
             if isinstance(started, Response):  # refused before it started: its message
                 body = json.loads(bytes(started.body) or b"{}")
                 message = (body.get("error") or {}).get("message", "transcription failed")
