@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -85,6 +86,17 @@ SETTINGS: list[Setting] = [
             "wait, up to LLMRUN_MAX_QUEUE"),
     Setting("LLMRUN_UPSTREAM_TIMEOUT", "300",
             "Seconds a remote model's server may go silent while answering"),
+    Setting("LLMRUN_REMOTE_KEYS", "",
+            "The API keys remote models may send, name=ENV_VAR comma-separated: a "
+            "Modelfile's PARAMETER remote_key name sends that variable's value; no other "
+            "variable is ever sent"),
+    Setting("LLMRUN_REMOTE_CREATE", "0",
+            "1: /api/create over HTTP may create remote models (FROM http(s)://), which make "
+            "this daemon connect where the caller says; `llmrun create` on this machine "
+            "always may"),
+    Setting("LLMRUN_REMOTE_LINK_LOCAL", "0",
+            "1: remote models may connect to link-local addresses (169.254.0.0/16, "
+            "fe80::/10), cloud metadata services among them"),
     Setting("LLMRUN_RPC_WORKERS", "",
             "llama.cpp RPC workers (llmrun rpc-worker) whose CPUs hold a share of every "
             "model's layers, host:port comma-separated; a Modelfile's num_gpu says how many "
@@ -315,6 +327,49 @@ def gpu_overhead() -> int:
 
 def upstream_parallel() -> int:
     return max(1, _parsed("LLMRUN_UPSTREAM_PARALLEL", _positive_int))
+
+
+def remote_create() -> bool:
+    """Whether /api/create over HTTP may create remote models (off by default)."""
+    return _parsed("LLMRUN_REMOTE_CREATE", _flag)
+
+
+def remote_link_local() -> bool:
+    """Whether remote models may connect to link-local and cloud metadata addresses."""
+    return _parsed("LLMRUN_REMOTE_LINK_LOCAL", _flag)
+
+
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def parse_remote_keys(value: str) -> dict[str, str]:
+    """`name=ENV_VAR,...` as {name: ENV_VAR}; a malformed entry is a ValueError."""
+    keys: dict[str, str] = {}
+    for entry in value.split(","):
+        if not entry.strip():
+            continue
+        name, sep, var = (part.strip() for part in entry.partition("="))
+        if not sep or not _KEY_NAME.fullmatch(name) or not _ENV_NAME.fullmatch(var):
+            raise ValueError(entry)
+        keys[name] = var
+    return keys
+
+
+def remote_keys() -> dict[str, str]:
+    """The keys the daemon's owner lets remote models send: {name: environment variable}.
+    A Modelfile names one of these names, never a variable: the owner alone decides which
+    of the daemon's secrets may leave it. config.yaml may also give a mapping."""
+    file_value = _file_settings(home() / "config.yaml").get("LLMRUN_REMOTE_KEYS")
+    if not os.environ.get("LLMRUN_REMOTE_KEYS") and isinstance(file_value, dict):
+        value = ",".join(f"{k}={v}" for k, v in file_value.items())
+    else:
+        value = raw("LLMRUN_REMOTE_KEYS")
+    try:
+        return parse_remote_keys(value)
+    except ValueError as exc:  # no key is better than a guess at which one was meant
+        log.warning("invalid LLMRUN_REMOTE_KEYS entry %r: remote models send no key", str(exc))
+        return {}
 
 
 def upstream_timeout() -> float:

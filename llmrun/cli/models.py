@@ -62,6 +62,24 @@ def _split(text: str) -> bool:
         return False
 
 
+def _remote_here(text: str, client: Client) -> bool:
+    """A remote model (FROM http(s)://) for a daemon on this machine: written to the store
+    directly, as this machine's user may. Over HTTP the daemon refuses it unless its owner
+    set LLMRUN_REMOTE_CREATE=1, since there it cannot tell its owner from any other
+    caller; a daemon elsewhere gets it over HTTP, its owner deciding."""
+    from urllib.parse import urlsplit
+
+    from llmrun import config
+    from llmrun.store import modelfile
+
+    try:
+        froms = modelfile.parse(text).froms
+    except modelfile.ModelfileError:
+        return False
+    return any(ref.lower().startswith(("http://", "https://")) for ref in froms) and \
+        config.is_loopback(urlsplit(client.base_url).hostname or "")
+
+
 def _upload_files(client: Client, text: str, base_dir: Path) -> dict[str, str]:
     """The /api/create body for Modelfile `text`: its FROM (model, projector) and ADAPTER
     files uploaded as blobs and named by digest."""
@@ -206,7 +224,7 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             fail(f"cannot read {file}: {exc.strerror}")
         client = Client()
-        if client.probe() == "llmrun" and not _split(text):
+        if client.probe() == "llmrun" and not _split(text) and not _remote_here(text, client):
             # as Ollama's client does: local files go up as blobs, the daemon creates the
             # model (over HTTP it reads no path of its own; it may be on another machine)
             try:

@@ -15,22 +15,37 @@ runner's would be. An `Upstream` holds one remote model's replicas:
 - **Limits.** At most `LLMRUN_UPSTREAM_PARALLEL` requests run on an upstream at once (the
   rest wait, up to LLMRUN_MAX_QUEUE, then 503 "busy" as for local models); connecting has
   a 10 s timeout and each read of the stream `LLMRUN_UPSTREAM_TIMEOUT`.
-- **Keys.** `PARAMETER remote_key_env VAR` names the daemon's environment variable that
-  holds the API key; it is read per request and sent as a bearer token, never stored, logged
-  or shown.
+- **Keys.** `PARAMETER remote_key NAME` names one of the keys the daemon's owner
+  configured (`LLMRUN_REMOTE_KEYS=NAME=ENV_VAR,...`); the variable is looked up and read per
+  request (store/references.key_variable) and its value sent as a bearer token, never
+  stored, logged or shown. A manifest naming a key that is not configured, or (written by
+  an older version) a raw variable no configured key reads, sends nothing: its requests fail
+  before any connection. Whoever writes a Modelfile never picks which of the daemon's
+  variables leave it (HF_TOKEN, LLMRUN_API_KEYS would otherwise go to any URL).
+- **Where it connects.** Every connection goes through `GuardedTransport`: the host is
+  resolved here, each address it resolves to is checked (store/remoteaddr.py: no link-local
+  address, no cloud metadata service, in any spelling or IPv6 wrapping, unless
+  `LLMRUN_REMOTE_LINK_LOCAL=1`), and the connection is made to a checked address, so a name
+  that resolves to 169.254.169.254 (or is made to, between the check and the connection)
+  reaches nothing. Redirects are not followed: a 3xx is the remote server's error. Proxies
+  from the environment are not used (the address checked would be the proxy's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import httpcore
 import httpx
 
 from llmrun import config
@@ -44,7 +59,9 @@ from llmrun.request import (
     Stats,
     ToolCall,
 )
+from llmrun.store import remoteaddr
 from llmrun.store.manifests import Remote
+from llmrun.store.references import RemoteKeyError, key_variable
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +220,10 @@ class Upstream:
         self._slots = asyncio.Semaphore(self.parallel)
         self._waiting = 0
         self._prober: asyncio.Task[None] | None = None
-        self.client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(
-            config.upstream_timeout(), connect=CONNECT_TIMEOUT))
+        self.client = httpx.AsyncClient(
+            transport=transport or GuardedTransport(config.remote_link_local()),
+            follow_redirects=False,  # (httpx's default; a redirect must not pick the host)
+            timeout=httpx.Timeout(config.upstream_timeout(), connect=CONNECT_TIMEOUT))
 
     async def probe(self) -> None:
         """Health check: ask each replica that is down for its model list; one that answers
@@ -218,6 +237,9 @@ class Upstream:
             except httpx.HTTPError as exc:
                 replica.last_error = type(exc).__name__
                 continue
+            except (AddressRefused, EngineError) as exc:  # it stays down, for this reason
+                replica.last_error = str(exc)
+                continue
             if r.status_code < 500:
                 log.info("%s: replica %s answers again", self.name, replica.url)
                 replica.down_since = None
@@ -229,7 +251,13 @@ class Upstream:
             await self.probe()
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.remote.key_env) if self.remote.key_env else None
+        """The key's header, its variable looked up in the configuration now: a manifest
+        does not outlive a change of the owner's mind."""
+        try:
+            variable = key_variable(self.remote)
+        except RemoteKeyError as exc:
+            raise EngineError(f"{self.name}: {exc}", code="upstream_failed") from None
+        key = os.environ.get(variable) if variable else None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _order(self) -> list[Replica]:
@@ -267,12 +295,14 @@ class Upstream:
 
     async def _chat(self, req: ChatRequest) -> AsyncIterator[Started | Chunk | Done]:
         path, body = request_body(req, self.remote.model)
+        headers = self._headers()  # a key that may not be sent fails before any connection
         t0 = time.perf_counter()
         failures: list[str] = []
+        refused = 0
         for replica in self._order():
             try:
                 async with self.client.stream("POST", replica.url + path, json=body,
-                                              headers=self._headers()) as response:
+                                              headers=headers) as response:
                     if response.status_code in FAILOVER_STATUS:
                         self._down(replica, f"HTTP {response.status_code}")
                         failures.append(f"{replica.url}: HTTP {response.status_code}")
@@ -291,6 +321,10 @@ class Upstream:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self._down(replica, type(exc).__name__)
                 failures.append(f"{replica.url}: cannot connect")
+            except AddressRefused as exc:
+                self._down(replica, str(exc))
+                failures.append(f"{replica.url}: {exc}")
+                refused += 1
             except httpx.TimeoutException:
                 raise EngineError(f"{self.name}: the remote server {replica.url} sent nothing "
                                   f"for {config.upstream_timeout():g} s",
@@ -300,6 +334,9 @@ class Upstream:
                 raise EngineError(f"{self.name}: the remote server {replica.url} broke off the "
                                   f"answer ({type(exc).__name__})",
                                   code="upstream_failed") from None
+        if refused == len(self.replicas):  # no retry will change that: not a 503
+            raise EngineError(f"{self.name}: no replica of its remote server may be reached ("
+                              + "; ".join(failures) + ")", code="upstream_failed")
         raise EngineError(f"{self.name}: no replica of its remote server answers ("
                           + "; ".join(failures) + ")", code="busy", retry_after=5)
 
@@ -363,3 +400,85 @@ def _upstream_error(response: httpx.Response) -> str:
     except ValueError:
         message = response.text[:300]
     return f"the remote server answered {response.status_code}: {message}"
+
+
+class AddressRefused(Exception):
+    """A remote model's host is, or resolves to, an address it may not reach. Not an
+    httpcore error, so httpx passes it up as it is, and no retry or failover takes it for a
+    replica that is merely down."""
+
+
+class _CheckedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend with the host resolved here and every address checked
+    before connecting to one of them (by address, so nothing resolves it again)."""
+
+    def __init__(self, allow_link_local: bool) -> None:
+        self.allow_link_local = allow_link_local
+        self._inner = httpcore.AnyIOBackend()
+
+    async def resolve(self, host: str, port: int,
+                      timeout: float | None) -> list[tuple[remoteaddr.IPAddress, str]]:
+        """Each address `host` resolves to, and how to connect to it (with its scope, for
+        an IPv6 link-local one the owner allowed)."""
+        try:
+            with anyio.fail_after(timeout):
+                infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"resolving {host} took over {timeout} s") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
+        out: list[tuple[remoteaddr.IPAddress, str]] = []
+        for *_, sockaddr in infos:
+            text = str(sockaddr[0])
+            ip = ipaddress.ip_address(text.partition("%")[0])
+            if len(sockaddr) == 4 and sockaddr[3] and "%" not in text:
+                text = f"{text}%{sockaddr[3]}"
+            if all(ip != seen for seen, _ in out):
+                out.append((ip, text))
+        return out
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        addresses = await self.resolve(host, port, timeout)
+        if not self.allow_link_local:
+            reason = remoteaddr.host_refusal(host)
+            for ip, _ in addresses:  # one bad address refuses the name: it may be the one used
+                reason = reason or remoteaddr.address_refusal(ip)
+            if reason is not None:
+                shown = reason if reason.startswith(host) else f"{host}: {reason}"
+                raise AddressRefused(f"refused: {shown} ({remoteaddr.LINK_LOCAL_HINT})")
+        error: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
+        for _, connect_to in addresses:
+            try:
+                return await self._inner.connect_tcp(connect_to, port, timeout, local_address,
+                                                     socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        raise error or httpcore.ConnectError(f"{host} resolves to no address")
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+                                  ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("a remote model connects over TCP only")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class GuardedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over a pool whose every connection goes through _CheckedBackend.
+    httpx takes no network backend of its own, so the pool it built is replaced by one like
+    it (httpx's default limits and TLS context, which checks certificates and sends SNI for
+    the host named, not the address connected to)."""
+
+    def __init__(self, allow_link_local: bool = False) -> None:
+        super().__init__()
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_CheckedBackend(allow_link_local))

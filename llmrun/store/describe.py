@@ -31,12 +31,14 @@ def details_of(info: gguf.GGUFInfo) -> Details:
 
 def modelfile_of(store: Store, manifest: Manifest) -> modelfile.Modelfile:
     """The model as a Modelfile (what `show --modelfile` prints)."""
-    if manifest.remote is not None:  # the key's variable's name, never the key
+    if manifest.remote is not None:  # the key's configured name, never the key
         r = manifest.remote
         remote: dict[str, object] = {"remote_model": r.model}
         if len(r.urls) > 1:
             remote["remote_replica"] = r.urls[1:]
-        if r.key_env:
+        if r.key:
+            remote["remote_key"] = r.key
+        elif r.key_env:  # an older manifest's (sent only if a configured key reads it)
             remote["remote_key_env"] = r.key_env
         return modelfile.Modelfile(
             from_=r.urls[0], parameters=dict(manifest.parameters), system=manifest.system,

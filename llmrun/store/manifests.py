@@ -40,11 +40,14 @@ class Details(BaseModel):
 
 class Remote(BaseModel):
     """A model another server runs (FROM http(s)://...): the base URLs of its
-    OpenAI-compatible `/v1` API (replicas, in order), its name there, and the environment
-    variable holding its API key (the key itself is never stored)."""
+    OpenAI-compatible `/v1` API (replicas, in order), its name there, and the name of the
+    key it sends, one the daemon's owner configured (LLMRUN_REMOTE_KEYS; the key itself is
+    never stored). `key_env`, an environment variable's name, is what older versions
+    wrote: it is sent only if a configured key reads that variable."""
 
     urls: list[str]
     model: str
+    key: str | None = None
     key_env: str | None = None
 
 

@@ -19,7 +19,9 @@ from llmrun.request import Message, Options
 INSTRUCTIONS = ("from", "parameter", "template", "system", "message", "license", "adapter")
 # Parameters of a model served by a remote engine (FROM http(s)://...): not sampling
 # options, so they live apart from them (Modelfile.remote); remote_replica may repeat.
-REMOTE_PARAMETERS = ("remote_model", "remote_replica", "remote_key_env")
+# remote_key names one of the keys the daemon's owner configured (LLMRUN_REMOTE_KEYS);
+# remote_key_env, the older form, is taken only for a variable such a key reads.
+REMOTE_PARAMETERS = ("remote_model", "remote_replica", "remote_key", "remote_key_env")
 ROLES = ("system", "user", "assistant")
 MAX_FROM = 2  # a model and its vision projector
 

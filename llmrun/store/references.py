@@ -4,11 +4,11 @@ remote model, whose manifest is built here); and what a caller over HTTP may nam
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmrun.store import modelfile, names
+from llmrun import config
+from llmrun.store import modelfile, names, remoteaddr
 from llmrun.store.errors import CreateError, InvalidName
 from llmrun.store.manifests import Details, Manifest, Remote
 
@@ -18,9 +18,9 @@ HOST_PATH_REFUSED = ("create over HTTP takes a model name or an uploaded blob (s
                      "not a path on the server: upload files to /api/blobs first "
                      "(`llmrun create` reads local files for you)")
 REMOTE_REFUSED = ("FROM http(s)://: a remote model makes this server connect where the "
-                  "Modelfile says, so over HTTP it is created only by a caller on this machine "
-                  "(loopback) or one holding an API key")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+                  "Modelfile says, with a key its owner configured, so over HTTP it is "
+                  "created only where the owner set LLMRUN_REMOTE_CREATE=1; `llmrun create` "
+                  "on the server's machine writes the store directly and may")
 
 
 def local_file(ref: str, base_dir: Path) -> Path | None:
@@ -73,8 +73,9 @@ def is_remote(ref: str) -> bool:
 
 
 def _remote_url(url: str, what: str) -> str:
-    """A replica's base URL, checked: http(s), a host, no credentials (keys go through
-    remote_key_env and are never stored), no query or fragment; without a trailing slash."""
+    """A replica's base URL, checked: http(s), a host, no credentials (keys are named by
+    remote_key and never stored), no query or fragment, not a link-local or metadata
+    address (unless the owner allows them); without a trailing slash."""
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a malformed port
@@ -84,9 +85,13 @@ def _remote_url(url: str, what: str) -> str:
         raise CreateError(f"{what}: {url!r} must be an http:// or https:// URL with a host")
     if parts.username or parts.password:
         raise CreateError(f"{what}: put no credentials in the URL (they would be stored); name "
-                          "the environment variable holding the key with remote_key_env")
+                          "a key the daemon's owner configured with remote_key")
     if parts.query or parts.fragment:
         raise CreateError(f"{what}: {url!r}: a base URL has no query or fragment")
+    reason = None if config.remote_link_local() else remoteaddr.host_refusal(parts.hostname)
+    if reason is not None:
+        raise CreateError(f"{what}: {url!r}: {reason}, where a remote model may not connect "
+                          f"({remoteaddr.LINK_LOCAL_HINT})")
     del port
     return url.rstrip("/")
 
@@ -94,21 +99,69 @@ def _remote_url(url: str, what: str) -> str:
 def remote_manifest(mf: modelfile.Modelfile, target: names.ModelName) -> Manifest:
     """The manifest of a model served by another server (FROM http(s)://...)."""
     if not is_remote(mf.from_):
-        raise CreateError("remote_model, remote_replica and remote_key_env need FROM with the "
+        raise CreateError("remote_model, remote_replica and remote_key need FROM with the "
                           "http(s):// base URL of the server's OpenAI-compatible API")
     if mf.template is not None:
         raise CreateError("TEMPLATE: a remote model's server applies its own chat template")
     urls = [_remote_url(mf.from_, "FROM")]
     urls += [_remote_url(u, "PARAMETER remote_replica")
              for u in mf.remote.get("remote_replica", [])]
-    key_env = mf.remote.get("remote_key_env")
-    if key_env is not None and not _ENV_NAME.fullmatch(key_env):
-        raise CreateError(f"PARAMETER remote_key_env: {key_env!r} is not an environment "
-                          "variable name")
+    key = _key_name(mf)
     model = mf.remote.get("remote_model") or \
         (target.model if target.tag == "latest" else f"{target.model}:{target.tag}")
     return Manifest(name="", remote=Remote(urls=list(dict.fromkeys(urls)), model=model,
-                                           key_env=key_env),
+                                           key=key),
                     parameters=mf.parameters, template=None, system=mf.system,
                     messages=mf.messages, license=mf.license,
                     details=Details(format="remote", family="remote"), source=urls[0])
+
+
+KEYS_HELP = ("the daemon's owner names the keys remote models may send in LLMRUN_REMOTE_KEYS "
+             "(name=ENV_VAR, comma-separated; or a mapping in config.yaml)")
+
+
+def _key_name(mf: modelfile.Modelfile) -> str | None:
+    """The configured key a remote Modelfile names: `remote_key NAME`, or the older
+    `remote_key_env VAR` where a configured key reads VAR. A Modelfile is written by whoever
+    may create models; the daemon's environment is its owner's, so a Modelfile never picks
+    a variable of its own (HF_TOKEN, LLMRUN_API_KEYS... would otherwise go to its URL)."""
+    keys = config.remote_keys()
+    name: str | None = mf.remote.get("remote_key")
+    var: str | None = mf.remote.get("remote_key_env")
+    if name is not None and var is not None:
+        raise CreateError("give PARAMETER remote_key or remote_key_env, not both")
+    if var is not None:
+        named = [n for n, v in keys.items() if v == var]
+        if not named:
+            raise CreateError(f"PARAMETER remote_key_env {var!r}: a Modelfile may not name an "
+                              "environment variable to send: name a key with PARAMETER "
+                              f"remote_key; {KEYS_HELP}")
+        return named[0]
+    if name is not None and name not in keys:
+        raise CreateError(f"PARAMETER remote_key {name!r}: no such key is configured here; "
+                          f"{KEYS_HELP}")
+    return name
+
+
+class RemoteKeyError(ValueError):
+    """A remote model's manifest names a key this daemon's owner does not configure."""
+
+
+def key_variable(remote: Remote) -> str | None:
+    """The environment variable whose value `remote` sends as its key, read when it is sent
+    (None: no key). A manifest may be older than the configuration, or written by an older
+    version naming a raw variable (`key_env`): a variable is sent only while a configured
+    key reads it."""
+    keys = config.remote_keys()
+    if remote.key is not None:
+        if remote.key not in keys:
+            raise RemoteKeyError(f"its key {remote.key!r} is not configured on this server; "
+                                 f"{KEYS_HELP}")
+        return keys[remote.key]
+    if remote.key_env is not None:
+        if remote.key_env not in keys.values():
+            raise RemoteKeyError("its manifest names an environment variable for its key, "
+                                 "which no configured key reads; create it again with "
+                                 f"PARAMETER remote_key; {KEYS_HELP}")
+        return remote.key_env
+    return None

@@ -16,6 +16,7 @@ import ollama
 import pytest
 
 from llmrun.store import HOST_PATH_REFUSED, Store
+from llmrun.store.store import REMOTE_REFUSED
 from tests.conftest import Daemon, make_home, wait_until
 from tests.fakes.vision import write_projector
 from tests.integration.test_service import tiny_home
@@ -213,20 +214,14 @@ def test_create_from_a_host_path_is_refused_alike_whether_it_exists_or_not(
     assert sorted(p.name for p in blobs.iterdir()) == before  # nothing was imported
     names = {m["name"] for m in httpx.get(f"{store_daemon.url}/api/tags").json()["models"]}
     assert "stolen:latest" not in names
-    # a Modelfile FROM a server's URL makes a remote model, which this loopback
-    # caller may create (one from another host may not: tests/unit/server/test_upstream.py);
-    # it reads no file and imports nothing
-    r = httpx.post(f"{store_daemon.url}/api/create",
-                   json={"model": "remote-one", "stream": False, "modelfile": f"FROM {url}\n"})
-    assert r.status_code == 200, r.text
+    # a server's URL would make a remote model, which over HTTP only a daemon whose owner
+    # set LLMRUN_REMOTE_CREATE=1 creates, loopback caller or not
+    # (tests/integration/test_remote_keys.py)
+    for body in ({"modelfile": f"FROM {url}\n"}, {"from": url}):
+        r = httpx.post(f"{store_daemon.url}/api/create",
+                       json={"model": "remote-one", "stream": False, **body})
+        assert (r.status_code, r.json()) == (400, {"error": REMOTE_REFUSED}), body
     assert sorted(p.name for p in blobs.iterdir()) == before
-    shown = httpx.post(f"{store_daemon.url}/api/show", json={"model": "remote-one"}).json()
-    assert shown["details"]["format"] == "remote" and url in shown["modelfile"]
-    r = httpx.post(f"{store_daemon.url}/api/create",
-                   json={"model": "remote-two", "stream": False, "from": url})
-    assert r.status_code == 200, r.text
-    for name in ("remote-one", "remote-two"):
-        httpx.request("DELETE", f"{store_daemon.url}/api/delete", json={"model": name})
 
 
 def test_create_from_a_name_never_reads_a_file_of_that_name(store_daemon: Daemon) -> None:

@@ -37,13 +37,16 @@ def pair(tmp_path_factory: pytest.TempPathFactory,
     upstream = Daemon(make_home(tmp_path_factory.mktemp("upstream"), smollm2_path),
                       env={"LLMRUN_API_KEYS": KEY}).start()
     front_home = tmp_path_factory.mktemp("front")
-    front = Daemon(front_home, env={"UPSTREAM_KEY": KEY}).start()
+    # the owner names the one key remote models may send, and where it is read from
+    front = Daemon(front_home, env={"UPSTREAM_KEY": KEY,
+                                    "LLMRUN_REMOTE_KEYS": "upstream=UPSTREAM_KEY"}).start()
     modelfile = front_home / "Modelfile"
     modelfile.write_text(f"FROM http://127.0.0.1:{dead_port()}/v1\n"
                          f"PARAMETER remote_replica {upstream.url}/v1\n"
                          "PARAMETER remote_model smollm2\n"
-                         "PARAMETER remote_key_env UPSTREAM_KEY\n")
-    # through the CLI, which hands the Modelfile to the running daemon (a loopback caller)
+                         "PARAMETER remote_key upstream\n")
+    # through the CLI, which writes the store itself (over HTTP the daemon refuses remote
+    # models unless its owner set LLMRUN_REMOTE_CREATE=1)
     done = subprocess.run([sys.executable, "-m", "llmrun", "create", "big", "-f",
                            str(modelfile)], env=front.env, capture_output=True, text=True,
                           timeout=60)
@@ -116,7 +119,7 @@ def test_replicas_in_ps_and_the_key_nowhere(pair: tuple[Daemon, Daemon]) -> None
     (entry,) = [m for m in ps if m["name"].startswith("big")]
     assert [r["state"] for r in entry["remote"]] == ["down", "up"]
     show = httpx.post(front.url + "/api/show", json={"model": "big"}).json()
-    assert "UPSTREAM_KEY" in show["modelfile"]  # the variable's name, not its value
+    assert "remote_key upstream" in show["modelfile"]  # the key's name, not its value
     cli = subprocess.run([sys.executable, "-m", "llmrun", "show", "big", "--modelfile"],
                          env=front.env, capture_output=True, text=True, timeout=60)
     listed = subprocess.run([sys.executable, "-m", "llmrun", "list"], env=front.env,

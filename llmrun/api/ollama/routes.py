@@ -338,14 +338,15 @@ def store_router(store: Store,
         return Response(status_code=201)
 
     @api.post("/api/create", response_model=None)
-    async def create(body: CreateBody, request: Request) -> Response:
+    async def create(body: CreateBody) -> Response:
         name = body.model or body.name
         if not name:
             return error(400, "missing field 'model'")
-        # a remote model (FROM http(s)://) makes the daemon connect where the caller says:
-        # only a caller on this machine, or one holding a key (the middleware checked it)
-        allow_remote = bool(config.api_keys()) or \
-            (request.client is not None and config.is_loopback(request.client.host))
+        # a remote model (FROM http(s)://) makes the daemon connect where the caller says,
+        # sending a key its owner configured: that is the owner's to allow. Being on
+        # loopback proves nothing (every local user is), nor does holding an API key (it
+        # lets a client chat, not pick where the daemon's secrets go)
+        allow_remote = config.remote_create()
         try:  # host paths refused here, before any stream starts
             mf = body.to_modelfile(allow_remote)
         except (StoreError, ValueError) as exc:

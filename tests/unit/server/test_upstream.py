@@ -19,17 +19,23 @@ MODELFILE = """FROM https://gpu-box.internal:8000/v1/
 PARAMETER remote_model meta-llama/Llama-3.1-70B-Instruct
 PARAMETER remote_replica http://10.0.0.2:8000/v1
 PARAMETER remote_replica http://10.0.0.3:8000/v1
-PARAMETER remote_key_env VLLM_KEY
+PARAMETER remote_key vllm
 PARAMETER temperature 0.2
 SYSTEM You are terse.
 """
+
+
+@pytest.fixture(autouse=True)
+def _keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys this daemon's owner configured (what a Modelfile may name)."""
+    monkeypatch.setenv("LLMRUN_REMOTE_KEYS", "vllm=VLLM_KEY")
 
 
 def test_modelfile_round_trip_and_manifest(tmp_path: Path) -> None:
     mf = parse(MODELFILE)
     assert mf.remote == {"remote_model": "meta-llama/Llama-3.1-70B-Instruct",
                          "remote_replica": ["http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1"],
-                         "remote_key_env": "VLLM_KEY"}
+                         "remote_key": "vllm"}
     assert parse(mf.render()) == mf
     store = Store(tmp_path)
     m = store.create("big", MODELFILE)
@@ -37,7 +43,8 @@ def test_modelfile_round_trip_and_manifest(tmp_path: Path) -> None:
     assert m.remote.urls == ["https://gpu-box.internal:8000/v1", "http://10.0.0.2:8000/v1",
                              "http://10.0.0.3:8000/v1"]
     assert m.remote.model == "meta-llama/Llama-3.1-70B-Instruct"
-    assert m.remote.key_env == "VLLM_KEY" and m.parameters == {"temperature": 0.2}
+    assert m.remote.key == "vllm" and m.remote.key_env is None
+    assert m.parameters == {"temperature": 0.2}
     assert m.size == 0 and m.digests() == set()
     assert store.get("big")[1] == m
     again = parse(store.modelfile_of(m).render())
@@ -54,6 +61,14 @@ def test_modelfile_round_trip_and_manifest(tmp_path: Path) -> None:
     ("FROM https://host/v1?key=1\n", "no query"),
     ("FROM http:///v1\n", "with a host"),
     ("FROM http://host/v1\nPARAMETER remote_key_env 1BAD-NAME\n", "environment variable"),
+    ("FROM http://host/v1\nPARAMETER remote_key_env HF_TOKEN\n", "may not name an environment"),
+    ("FROM http://host/v1\nPARAMETER remote_key hf\n", "no such key is configured"),
+    ("FROM http://host/v1\nPARAMETER remote_key vllm\nPARAMETER remote_key_env VLLM_KEY\n",
+     "not both"),
+    ("FROM http://169.254.169.254/v1\n", "cloud metadata service"),
+    ("FROM http://[fe80::1]:8000/v1\n", "link-local address"),
+    ("FROM http://host/v1\nPARAMETER remote_replica http://2852039166/v1\n", "metadata"),
+    ("FROM http://metadata.google.internal/v1\n", "metadata"),
     ("FROM http://host/v1\nPARAMETER remote_replica ftp://x/v1\n", "http:// or https://"),
     ("FROM http://host/v1\nTEMPLATE {{ .Prompt }}\n", "own chat template"),
     ("FROM smollm2\nPARAMETER remote_model x\n", "need FROM with the http(s)://"),
