@@ -67,6 +67,16 @@ SETTINGS: list[Setting] = [
             "another host"),
     Setting("LLMRUN_RATE_LIMIT", "0",
             "Requests per minute per API key (or client address), 429 past it; 0 = off"),
+    Setting("LLMRUN_REALTIME_SESSIONS", "8",
+            "Realtime transcription sessions (WebSockets on /v1/realtime) open at once"),
+    Setting("LLMRUN_REALTIME_SESSIONS_PER_CLIENT", "4",
+            "Of those, how many one API key (or client address, without keys) may hold"),
+    Setting("LLMRUN_REALTIME_RATE", "100",
+            "Events a second one realtime session may send (a burst of twice that); past "
+            "it the session is closed; 0 = no limit"),
+    Setting("LLMRUN_REALTIME_MAX_AUDIO", "1h",
+            "Sound one realtime session may be sent in all (as 600s, 30m, 1h); past it the "
+            "session is closed"),
     Setting("LLMRUN_KV_CACHE_TYPE", "f16",
             "KV cache element type: f16, q8_0 (about half the memory) or q4_0 (about a "
             "quarter); a Modelfile's or request's kv_cache_type wins"),
@@ -492,6 +502,24 @@ def image_urls() -> bool:
 def rate_limit() -> int:
     """Requests per minute per key or client; 0 = no limit."""
     return _parsed("LLMRUN_RATE_LIMIT", _positive_int)
+
+
+def realtime_sessions() -> int:
+    return _parsed("LLMRUN_REALTIME_SESSIONS", _positive_int)
+
+
+def realtime_sessions_per_client() -> int:
+    return _parsed("LLMRUN_REALTIME_SESSIONS_PER_CLIENT", _positive_int)
+
+
+def realtime_rate() -> int:
+    """Events a second per realtime session; 0 = no limit."""
+    return _parsed("LLMRUN_REALTIME_RATE", _positive_int)
+
+
+def realtime_max_audio() -> float:
+    """Seconds of sound one realtime session may be sent over its life."""
+    return _parsed("LLMRUN_REALTIME_MAX_AUDIO", parse_seconds)
 
 
 def parse_step_budget(value: str) -> tuple[float, int]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrun import config
+from llmrun.api.openai.realtime import CLIENT_SCOPE_KEY
 from llmrun.daemon.security import OPEN_PATHS, send_error, supplied_key
 from llmrun.tokenbucket import TokenBucket
 
@@ -125,7 +126,10 @@ class TokenBuckets:
 class RateLimit:
     """429 with Retry-After past LLMRUN_RATE_LIMIT requests a minute, counted per API key when
     keys are set (every request here has passed the key check) or per client address; off
-    when the rate is 0. `/` and `/health` stay free, so liveness probes never use it up."""
+    when the rate is 0. `/` and `/health` stay free, so liveness probes never use it up.
+    WebSocket handshakes count as requests (a refused one gets the same 429). On or off, it
+    names the client in the scope (CLIENT_SCOPE_KEY), for the realtime session's cap per
+    client."""
 
     def __init__(self, app: ASGIApp, per_minute: int | None = None,
                  max_clients: int = MAX_RATE_CLIENTS) -> None:
@@ -143,14 +147,43 @@ class RateLimit:
         return "addr:" + (peer[0] if peer else "")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.buckets is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        wait = self.buckets.take(self.client(scope))
+        # who the client is, for what else counts per client (the realtime session's cap)
+        scope[CLIENT_SCOPE_KEY] = client = self.client(scope)
+        if self.buckets is None or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        # a WebSocket handshake is a request like any other: a client that reconnects in a
+        # loop spends its bucket as one that polls over HTTP
+        wait = self.buckets.take(client)
         if wait:
-            await send_error(send, scope["path"], 429,
-                             f"rate limit exceeded (LLMRUN_RATE_LIMIT={self.buckets.capacity:g} "
-                             f"requests a minute); retry in {wait} s", "rate_limit_exceeded",
-                             headers=[(b"retry-after", str(wait).encode())])
+            message = (f"rate limit exceeded (LLMRUN_RATE_LIMIT={self.buckets.capacity:g} "
+                       f"requests a minute); retry in {wait} s")
+            headers = [(b"retry-after", str(wait).encode())]
+            if scope["type"] == "websocket":
+                await _refuse_handshake(scope, receive, send, 429, message,
+                                        "rate_limit_exceeded", headers)
+            else:
+                await send_error(send, scope["path"], 429, message, "rate_limit_exceeded",
+                                 headers=headers)
             return
         await self.app(scope, receive, send)
+
+
+async def _refuse_handshake(scope: Scope, receive: Receive, send: Send, status: int,
+                            message: str, code: str,
+                            headers: list[tuple[bytes, bytes]]) -> None:
+    """Refuse a WebSocket handshake with an HTTP answer (status, headers and the dialect's
+    error body) where the server offers ASGI's denial-response extension (uvicorn does);
+    else close it unaccepted, which the server answers with a bare 403."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+
+    async def as_denial(message: Message) -> None:
+        await send({**message, "type": "websocket." + message["type"]})
+
+    await send_error(as_denial, scope["path"], status, message, code, headers=headers)
