@@ -14,6 +14,9 @@ metadata address, services bound to loopback. So URLs are refused unless LLMRUN_
 is on. Then translation (synchronous) leaves the URL in `Message.images` and `fetched`
 downloads it before the request goes on: GET only, redirects followed by hand and only to
 http(s), the body read in pieces and dropped once over the size limit, under a deadline.
+Every connection (each redirect's too) goes through the remote models' `GuardedTransport`:
+link-local and cloud metadata addresses are refused however the URL spells them or its
+host resolves, unless LLMRUN_REMOTE_LINK_LOCAL allows them.
 Errors are `EngineError` (400, "invalid_request"), which each dialect words in its own shape.
 """
 
@@ -159,11 +162,14 @@ async def fetched(req: ChatRequest) -> ChatRequest:
                        "on the daemon to allow it)")
     import httpx  # here: only a daemon that fetches images needs a client
 
+    from llmrun.server.upstream import GuardedTransport
+
     # decoded bytes of the request's images so far: inline ones count from the start
     used = sum(bounds.image_bytes(i) for m in req.messages for i in m.images if not is_url(i))
     messages: list[Message] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(FETCH_TIMEOUT),
-                                 follow_redirects=False) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(FETCH_TIMEOUT), follow_redirects=False,
+                                 transport=GuardedTransport(config.remote_link_local())
+                                 ) as client:
         for m in req.messages:
             images = []
             for image in m.images:
@@ -193,6 +199,8 @@ async def _download(client: Any, url: str, used: int) -> bytes:
 async def _get(client: Any, url: str, where: str, used: int) -> bytes:
     import httpx
 
+    from llmrun.server.upstream import AddressRefused
+
     for _ in range(MAX_REDIRECTS + 1):
         try:
             async with client.stream("GET", url) as response:
@@ -211,6 +219,8 @@ async def _get(client: Any, url: str, where: str, used: int) -> bytes:
                     raise _invalid(f"{where}: the server sent {_short(kind, 40)!r}, not an "
                                    "image")
                 return await _body(response, where, used)
+        except AddressRefused as exc:
+            raise _invalid(f"{where}: {exc}") from None
         except httpx.HTTPError as exc:
             detail = f": {_short(str(exc))}" if str(exc) else ""
             raise _invalid(f"{where}: could not fetch it ({type(exc).__name__}{detail})"

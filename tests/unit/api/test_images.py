@@ -403,6 +403,7 @@ ROUTES: dict[str, tuple[int, dict[str, str], bytes]] = {
     "/moved": (302, {"Location": "/cat.png"}, b""),
     "/to-file": (302, {"Location": "file:///etc/passwd"}, b""),
     "/loop": (302, {"Location": "/loop"}, b""),
+    "/to-metadata": (302, {"Location": "http://169.254.169.254/latest/meta-data/"}, b""),
     "/big": (200, {"Content-Type": "image/png"}, PNG * 8),
     "/empty": (200, {"Content-Type": "image/png"}, b""),
 }
@@ -476,6 +477,8 @@ def test_fetched_urls_are_bounded(app: tuple[TestClient, Captured], server: str,
     assert "HTTP 404" in fetch("/missing")
     assert "only http(s) is followed" in fetch("/to-file")
     assert "redirects" in fetch("/loop")
+    # the cloud's metadata service, behind a redirect: refused before connecting
+    assert "refused: 169.254.169.254" in fetch("/to-metadata")
     assert "empty" in fetch("/empty")
     message = anthropic_error(client.post("/v1/messages", json=anthropic(
         [{"type": "image", "source": {"type": "url", "url": f"{server}/big"}}])))
@@ -496,3 +499,17 @@ def test_unreachable_url(app: tuple[TestClient, Captured],
     err = openai_error(client.post("/v1/chat/completions", json=chat_openai(
         [{"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{port}/a.png"}}])))
     assert "could not fetch it (ConnectError" in err["message"]
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/",
+                                 "http://2852039166/", "http://[::ffff:169.254.169.254]/",
+                                 "http://[fe80::1]/a.png"])
+def test_link_local_image_urls_are_refused(app: tuple[TestClient, Captured], url: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image URL may not make the daemon read a cloud's metadata service (or any other
+    link-local address), however it is spelled."""
+    client, _ = app
+    monkeypatch.setenv("LLMRUN_IMAGE_URLS", "1")
+    err = openai_error(client.post("/v1/chat/completions", json=chat_openai(
+        [{"type": "image_url", "image_url": {"url": url}}])))
+    assert "refused" in err["message"] and "LLMRUN_REMOTE_LINK_LOCAL" in err["message"]
