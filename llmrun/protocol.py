@@ -562,7 +562,8 @@ def _counts(payload: Any) -> None:
             raise _expected("a count of zero or more", v)
 
 
-COUNTED = frozenset({"started", "progress", "done", "engine", "rerank"})
+COUNTED = frozenset({"started", "progress", "done", "engine", "rerank", "embedding",
+                     "count"})
 
 
 PAYLOADS: dict[str, Check] = {

@@ -141,6 +141,18 @@ def plan(req: ChatRequest, template: str | None) -> ToolPlan | None:
                     req.parallel_tool_calls, req.format_strict)
 
 
+def call_check(req: ChatRequest) -> ToolCheck:
+    """What every call reported for `req` passes, wherever it is checked: the ToolCheck its
+    plan's stream reads calls with (`ToolPlan.stream`), or, when the runner plans none (no
+    tools, tool_choice "none", a raw prompt, a suffix to fill in: engine/host.py), one that
+    no call passes. The template only picks how calls are written, not which are calls."""
+    try:
+        p = plan(req, None) if req.suffix is None else None
+    except ValueError:  # a named choice not among the tools: the runner fails the request
+        p = None
+    return ToolCheck.of(p.tools if p is not None else [])
+
+
 # -- rendering ------------------------------------------------------------------------------
 
 

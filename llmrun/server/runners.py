@@ -157,7 +157,10 @@ class RunnerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self._channel: ipc.FrameProtocol | None = None
         self._ready: asyncio.Future[protocol.Reply] | None = None  # its first message
-        self._queues: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
+        self._queues: dict[str, runnerguard.EventQueue] = {}
+        self._unread = runnerguard.Unread()  # what its clients have not read yet
+        self._width: int | None = None  # its embeddings' (the first reply's)
+        self._cancels: set[asyncio.Task[None]] = set()  # of requests failed here
         # requests that ended here lately (id -> when): the runner may still send their last
         # events before it reads their cancel; an id neither in flight nor here is a lie
         self._ended: dict[str, float] = {}
@@ -308,11 +311,13 @@ class RunnerProcess:
                 await self.kill()
                 return
 
-    def _track(self, req_id: str) -> asyncio.Queue[tuple[str, Any]]:
-        """A queue for the events of request `req_id`."""
+    def _track(self, req_id: str, kinds: frozenset[str] = runnerguard.GENERATE_KINDS,
+               budget: int | None = None, client: bool = False) -> runnerguard.EventQueue:
+        """A queue for the events of request `req_id`: those `kinds`, `budget` bytes of them
+        at most; `client`: read at a client's pace (what waits counts in MAX_UNREAD)."""
         if not self._queues:
             self._last_frame = time.monotonic()  # idle until now: the watchdog starts here
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        q = runnerguard.EventQueue(kinds, budget, self._unread if client else None)
         self._queues[req_id] = q
         return q
 
@@ -349,7 +354,7 @@ class RunnerProcess:
                 return
             if not isinstance(msg, protocol.Events):
                 raise protocol.ProtocolError(f"a {msg.type!r} message after the start")
-            self._guard.events(msg.events)  # before any of them is queued
+            sizes = self._guard.events(msg.events)  # before any of them is queued
         except runnerguard.RunnerAbuse as exc:
             self._stop_runner(f"sent {exc}", f"sent {exc} and was stopped")
             raise
@@ -357,10 +362,10 @@ class RunnerProcess:
             self._stop_runner(f"sent a malformed message: {exc}",
                               "sent a malformed message and was stopped")
             raise
-        for req_id, kind, payload in msg.events:
+        for (req_id, kind, payload), size in zip(msg.events, sizes, strict=True):
             q = self._queues.get(req_id)
             if q is not None:
-                q.put_nowait((kind, payload))
+                self._queue(q, kind, payload, size)
             elif kind == "engine" and req_id == "":  # step counters, for /metrics
                 self.engine_stats = payload
             elif req_id not in self._ended:
@@ -369,6 +374,50 @@ class RunnerProcess:
                                   "named a request it was never given and was stopped")
                 raise protocol.ProtocolError(f"an event for request {req_id[:40]!r}, which "
                                              "this runner was never given")
+
+    def _queue(self, q: runnerguard.EventQueue, kind: str, payload: Any, size: int) -> None:
+        """Queue an event for its request: one of the kinds it gets, within what any answer
+        to it could take, or the runner is stopped (raised, as _on_message's breaches are).
+        Past MAX_UNREAD waiting, the requests whose clients read slowest fail instead."""
+        why = q.over_budget(size) if kind in q.kinds else \
+            f"a {kind!r} event to a request that gets none"
+        if why:
+            self._stop_runner(f"sent {why}", f"sent {why} and was stopped")
+            raise runnerguard.RunnerAbuse(why)
+        q.add((kind, payload), size)
+        while self._unread.total > runnerguard.MAX_UNREAD and self._fail_slowest():
+            pass
+
+    def _fail_slowest(self) -> bool:
+        """Fail the request whose client has the most unread (too_large), and cancel it in
+        the runner: its late events are dropped as any ended request's are."""
+        waiting = [(q.waiting, rid) for rid, q in self._queues.items() if q.unread is not None]
+        if not waiting:
+            return False
+        size, rid = max(waiting)
+        q = self._queues[rid]
+        log.warning("request %s: %d bytes of its answer wait unread (its client reads more "
+                    "slowly than the model writes); it is stopped", rid, size)
+        self._end(rid)  # (drops what waits)
+        q.put_nowait(("error", error_event(
+            "too_large", f"the answer waited unread past {runnerguard.MAX_UNREAD} bytes (the "
+                         "client reads more slowly than the model writes): it was stopped",
+            size=size, limit=runnerguard.MAX_UNREAD)))
+        task = asyncio.create_task(self._cancel(rid))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+        return True
+
+    async def _cancel(self, req_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._send(protocol.Cancel(id=req_id))
+
+    def _refuse(self, what: str) -> EngineError:
+        """The runner sent `what`, which no honest runner sends its request: it is stopped,
+        and the request gets the error this returns."""
+        self._stop_runner(f"sent {what}", f"sent {what} and was stopped")
+        return EngineError(self.dead_reason or f"the model runner sent {what}",
+                           code="runner_failed")
 
     def _stop_runner(self, what: str, why: str) -> None:
         """The runner sent what no runner of the protocol sends (`what`, for the log): its
@@ -393,8 +442,10 @@ class RunnerProcess:
 
     def _end(self, req_id: str) -> None:
         """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
-        if self._queues.pop(req_id, None) is None:
+        q = self._queues.pop(req_id, None)
+        if q is None:
             return
+        q.discard()  # what its reader left unread
         now = time.monotonic()
         self._ended[req_id] = now
         while self._ended:  # oldest first (insertion order): drop those past the grace
@@ -428,11 +479,13 @@ class RunnerProcess:
         """Stream one request (merged with its model's defaults): Started, Chunks, Done; an
         error raises EngineError. Closing the iterator early cancels it in the runner."""
         req_id = f"r{next(_ids)}"
-        q = self._track(req_id)
+        q = self._track(req_id, budget=runnerguard.answer_budget(req, self.spec.n_ctx),
+                        client=True)
         finished = False
         held: tuple[str, Any] | None = None  # taken from the queue while merging, not sent
         try:
-            await self._send(protocol.Generate(id=req_id, request=req.model_dump()))
+            sent = req.model_dump()
+            await self._send(protocol.Generate(id=req_id, request=sent))
             while True:
                 if held is None:
                     kind, payload = await q.get()
@@ -450,7 +503,12 @@ class RunnerProcess:
                         parts.append(item[1]["text"])
                     payload = {"text": "".join(parts)}
                 if kind == "chunk":
-                    yield self._read(decode_chunk, payload)
+                    chunk = self._read(decode_chunk, payload)
+                    if chunk.tool_calls or chunk.partial_call:  # what an agent acts on
+                        why = await asyncio.to_thread(runnerguard.check_calls, sent, chunk)
+                        if why:
+                            raise self._refuse(why)
+                    yield chunk
                     continue
                 if kind == "progress":
                     if req.progress:
@@ -480,7 +538,7 @@ class RunnerProcess:
     async def _embed_piece(self, offset: int, inputs: list[str],
                            truncate: bool) -> tuple[list[list[float]], int]:
         req_id = f"e{next(_ids)}"
-        q = self._track(req_id)
+        q = self._track(req_id, runnerguard.EMBED_KINDS)
         vectors: list[list[float]] = []
         try:
             await self._send(protocol.Embed(id=req_id, inputs=inputs, truncate=truncate,
@@ -488,6 +546,7 @@ class RunnerProcess:
             while True:
                 kind, payload = await q.get()
                 if kind == "embedding_part":  # a reply too large for one frame
+                    self._check_vectors(payload["embeddings"])
                     vectors += payload["embeddings"]
                     if len(vectors) > len(inputs):  # parts without end would fill memory
                         self._stop_runner("sent more embeddings than inputs",
@@ -496,11 +555,22 @@ class RunnerProcess:
                         raise EngineError(f"the model runner failed ({self.dead_reason})",
                                           code="runner_failed")
                 elif kind == "embedding":
-                    return vectors + payload["embeddings"], payload["prompt_tokens"]
+                    self._check_vectors(payload["embeddings"])
+                    vectors += payload["embeddings"]
+                    if len(vectors) != len(inputs):
+                        raise self._refuse(f"{len(vectors)} embeddings for {len(inputs)} "
+                                           "inputs")
+                    return vectors, payload["prompt_tokens"]
                 else:
                     raise EngineError.from_event(payload)
         finally:
             self._end(req_id)
+
+    def _check_vectors(self, vectors: list[list[Any]]) -> None:
+        """Embeddings of finite numbers, all of the width this runner's first had."""
+        why, self._width = runnerguard.check_vectors(vectors, self._width)
+        if why:
+            raise self._refuse(why)
 
     async def rerank(self, req: ChatRequest, query: str,
                      documents: list[str]) -> tuple[list[float], int]:
@@ -519,7 +589,7 @@ class RunnerProcess:
     async def _rerank_piece(self, req: ChatRequest, query: str, offset: int,
                             documents: list[str]) -> tuple[list[float], int]:
         req_id = f"k{next(_ids)}"
-        q = self._track(req_id)
+        q = self._track(req_id, runnerguard.answer_kinds("rerank"))
         try:
             await self._send(protocol.Rerank(id=req_id, request=req.model_dump(), query=query,
                                              documents=documents, offset=offset))
@@ -546,7 +616,7 @@ class RunnerProcess:
         """Send a one-answer message (count, tokenize, detokenize) and return the payload
         of its `answer` event; an error event raises the EngineError it describes."""
         req_id = f"c{next(_ids)}"
-        q = self._track(req_id)
+        q = self._track(req_id, runnerguard.answer_kinds(answer))
         try:
             await self._send(protocol.parse_command({**msg, "id": req_id}))
             kind, payload = await q.get()

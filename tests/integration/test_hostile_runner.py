@@ -58,10 +58,22 @@ def baseline(hostile: Daemon) -> str:
     return text
 
 
+# The tool the tool-call attacks' requests offer (strict: the schema is the call's contract).
+READ_FILE = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file", "strict": True,
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                   "required": ["path"], "additionalProperties": False}}}
+
+
 def attack(url: str, name: str) -> httpx.Response:
-    if name == "embed_parts":
+    if name.startswith("embed"):
         return httpx.post(f"{url}/api/embed", timeout=60,
-                          json={"model": "a", "input": [f"HOSTILE:{name}"]})
+                          json={"model": "a", "input": [f"HOSTILE:{name}", "another"]})
+    if name in ("invented_call", "bad_arguments"):
+        return httpx.post(f"{url}/api/chat", timeout=60, json={
+            "model": "a", "stream": False, "tools": [READ_FILE],
+            "messages": [{"role": "user", "content": f"HOSTILE:{name}"}],
+            "options": {"num_predict": 4}})
     return httpx.post(f"{url}/api/generate", timeout=60, json={
         "model": "a", "prompt": f"HOSTILE:{name}", "stream": False,
         "options": {"num_predict": 4}})
@@ -83,6 +95,11 @@ ATTACKS = {  # the attack, and what the error it ends in says
     "second_ready": "malformed",
     "pass_fd": "file descriptors",
     "embed_parts": "more embeddings",
+    "invented_call": "a tool its request did not offer",  # the agent would run it
+    "bad_arguments": "whose arguments its schema refuses",
+    "embed_string": "not a number",  # a string inside a vector
+    "embed_width": "numbers from one model",  # vectors of two widths
+    "answer_flood": "more than any answer to its request could",
 }
 
 

@@ -27,8 +27,8 @@ def handle_with(events: list[tuple[str, Any]]) -> RunnerProcess:
     handle = RunnerProcess(RunnerSpec((Path("m.gguf"),), 512, 1, 1), Path("runner.log"))
     track = handle._track
 
-    def prefilled(req_id: str) -> asyncio.Queue[tuple[str, Any]]:
-        q = track(req_id)
+    def prefilled(req_id: str, *args: Any, **kwargs: Any) -> asyncio.Queue[tuple[str, Any]]:
+        q = track(req_id, *args, **kwargs)
         for event in events:
             q.put_nowait(event)
         return q

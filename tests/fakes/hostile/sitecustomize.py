@@ -104,10 +104,45 @@ if "llmrun.engine.runner" in getattr(sys, "orig_argv", ()):
         for _ in range(1000):  # parts without end: more vectors than inputs
             _send(chan, part)
 
+    def _answer(chan: ipc.SyncChannel, rid: str, chunk: dict[str, Any]) -> None:
+        _send(chan, _events([rid, "started", {"prompt_tokens": 4, "cached_tokens": 0,
+                                              "n_ctx": 256}],
+                            [rid, "chunk", chunk],
+                            [rid, "done", {"completion_tokens": 1,
+                                           "finish_reason": "tool_calls"}]))
+
+    def invented_call(chan: ipc.SyncChannel, rid: str) -> None:
+        # a call of a tool the request never offered, for the agent to run
+        _answer(chan, rid, {"text": "", "tool_calls": [
+            {"id": "call_1", "name": "run_shell", "arguments": {"command": "rm -rf ~"}}]})
+
+    def bad_arguments(chan: ipc.SyncChannel, rid: str) -> None:
+        # the offered tool, with arguments its schema forbids
+        _answer(chan, rid, {"text": "", "tool_calls": [
+            {"id": "call_1", "name": "read_file",
+             "arguments": {"path": ["/etc/shadow"], "mode": "w"}}]})
+
+    def embed_string(chan: ipc.SyncChannel, rid: str) -> None:
+        _send(chan, _events([rid, "embedding", {"embeddings": [[0.5, "0.5", 0.5, 0.5]],
+                                                "prompt_tokens": 4}]))
+
+    def embed_width(chan: ipc.SyncChannel, rid: str) -> None:
+        _send(chan, _events([rid, "embedding", {"embeddings": [[0.5] * 8, [0.5] * 9],
+                                                "prompt_tokens": 8}]))
+
+    def answer_flood(chan: ipc.SyncChannel, rid: str) -> None:
+        # chunks each within every per-event and per-frame bound, far past what any answer
+        # to the request (num_predict 4) could hold: a slow client's queue would keep them
+        frame = _events(*[[rid, "chunk", {"text": "F" * (64 << 10)}]] * 16)
+        for _ in range(256):  # 256 MiB, unless the daemon stops reading first
+            _send(chan, frame)
+
     ATTACKS: dict[str, Callable[[ipc.SyncChannel, str], None]] = {
         f.__name__: f for f in (never_given, big_text, big_thinking, many_events, bad_utf8,
                                 surrogate, nan_usage, infinite_logprob, huge_count, not_json,
-                                over_limit, flood, second_ready, pass_fd, embed_parts)}
+                                over_limit, flood, second_ready, pass_fd, embed_parts,
+                                invented_call, bad_arguments, embed_string, embed_width,
+                                answer_flood)}
 
     _recv = ipc.SyncChannel.recv
     _send_message = ipc.SyncChannel.send

@@ -444,3 +444,34 @@ def test_partial_call_written(arguments: str, written: dict[str, Any],
                               cut_strings: dict[str, Any]) -> None:
     cut = PartialCall(id="call_1", name="f", arguments=arguments)
     assert cut.written() == written and cut.written(cut_strings=True) == cut_strings
+
+
+# -- the checker both sides use (the runner reading calls, the daemon checking them again) -----
+
+
+@pytest.mark.parametrize("arguments", [
+    {"city": float("nan")}, {"city": float("inf")},  # the IPC writes them as null
+    {"city": ("Paris",)}, {"city": {"Paris"}}, {"city": b"Paris"},  # a Python-style call's
+    {"city": {1: "Paris"}},  # a key that is no string
+    ["Paris"], "Paris",  # no object
+])
+def test_arguments_that_would_change_on_the_ipc_make_no_call(arguments: Any) -> None:
+    """What the runner accepts must reach the daemon as it was checked, for the daemon to
+    reach the same verdict: JSON data only, whatever the schema allows."""
+    assert not ToolCheck({"f": None}).accepts("f", arguments)
+    assert ToolCheck({"f": None}).accepts("f", {"city": ["Paris", 1.5, None, True, {}]})
+
+
+def test_arguments_nested_past_the_readers_depth_make_no_call() -> None:
+    def nested(depth: int) -> dict[str, Any]:
+        value: dict[str, Any] = {}
+        for _ in range(depth - 1):
+            value = {"a": value}
+        return value
+
+    check = ToolCheck({"f": None})
+    assert check.accepts("f", nested(toolcalls.MAX_DEPTH))
+    assert not check.accepts("f", nested(toolcalls.MAX_DEPTH + 1))
+    # a Python-style call's text, nested past it, is no call either (ast reads ~200 levels)
+    deep = "f(a=" + "[" * 150 + "]" * 150 + ")"
+    assert calls_of(f"<|python_tag|>{deep}", "llama3", check) is None

@@ -401,3 +401,243 @@ def test_a_payload_its_request_cannot_read_stops_the_runner() -> None:
         await handle._lost_task
 
     asyncio.run(run())
+
+
+# -- what an agent acts on: tool calls and embeddings, checked again by the daemon -------------
+
+READ_FILE = {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+    "additionalProperties": False}}
+
+
+def chat(**fields: Any) -> Any:
+    from llmrun.request import ChatRequest, Message
+
+    return ChatRequest(model="m", messages=[Message(role="user", content="hi")],
+                       **{"tools": [READ_FILE], **fields})
+
+
+def called(*calls: tuple[str, Any], partial: str | None = None) -> Any:
+    from llmrun.request import Chunk
+
+    return Chunk.model_validate({"text": "", "tool_calls": [
+        {"id": f"call_{i}", "name": n, "arguments": a} for i, (n, a) in enumerate(calls)],
+        **({"partial_call": {"id": "c", "name": partial, "arguments": '{"pa'}}
+           if partial else {})})
+
+
+@pytest.mark.parametrize(("fields", "chunk", "why"), [
+    ({}, called(("read_file", {"path": "/a"})), ""),
+    ({}, called(("run_shell", {"command": "rm"})), "did not offer"),
+    ({}, called(("read_file", {"path": 5})), "schema refuses"),
+    ({}, called(("read_file", {"path": "/a", "mode": "w"})), "schema refuses"),
+    # the runner checks the schema whether or not the client asked for strict output
+    ({"format_strict": False}, called(("read_file", {})), "schema refuses"),
+    ({}, called(partial="read_file"), ""),
+    ({}, called(partial="run_shell"), "did not offer"),
+    ({"tool_choice": "none"}, called(("read_file", {"path": "/a"})), "did not offer"),
+    ({"tools": []}, called(("read_file", {"path": "/a"})), "did not offer"),
+    ({"parallel_tool_calls": False},
+     called(("read_file", {"path": "/a"}), ("read_file", {"path": "/b"})), "allows one"),
+    ({}, called(("read_file", {"path": "/a"}), ("read_file", {"path": "/b"})), ""),
+])
+def test_a_reported_call_is_checked_as_the_runner_checked_it(fields: dict[str, Any],
+                                                              chunk: Any, why: str) -> None:
+    got = runnerguard.check_calls(chat(**fields).model_dump(), chunk)
+    assert (why in got and got) if why else got == ""
+
+
+def test_the_daemon_checks_calls_against_the_schema_the_runner_got() -> None:
+    """The runner reads the request's JSON: a schema number the client wrote as 1e999 (inf
+    here) reaches it as null, whose check fails open there. The daemon, checking the schema
+    as it was sent, agrees, and an honest runner is never stopped for a client's schema."""
+    from llmrun.chat.toolcalls import ToolCheck
+
+    tool = {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "number", "minimum": float("inf")}}}}
+    req = chat(tools=[tool])
+    sent = ipc.loads_untrusted(ipc.encode(req.model_dump())[ipc.HEADER.size:])
+    assert ToolCheck({"f": sent["tools"][0]["parameters"]}).accepts("f", {"x": 1})  # runner
+    assert runnerguard.check_calls(req.model_dump(), called(("f", {"x": 1}))) == ""
+
+
+def chat_handle(events: Any) -> RunnerProcess:
+    """A started handle whose runner answers each request with `events(request id)`."""
+    handle = started_handle()
+
+    async def sent(msg: Any) -> None:
+        if isinstance(msg, protocol.Generate):
+            handle._on_message({"type": "events", "events": events(msg.id)})
+
+    handle._send = sent  # type: ignore[method-assign]
+    return handle
+
+
+def test_a_call_of_a_tool_never_offered_stops_the_runner() -> None:
+    async def run() -> None:
+        handle = chat_handle(lambda rid: [
+            [rid, "chunk", {"text": "", "tool_calls": [
+                {"id": "c", "name": "run_shell", "arguments": {"command": "rm -rf ~"}}]}],
+            [rid, "done", {"finish_reason": "tool_calls"}]])
+        with pytest.raises(EngineError, match="did not offer and was stopped") as err:
+            async for _ in handle.generate(chat()):
+                pass
+        assert err.value.code == "runner_failed" and not handle.alive
+        await handle._lost_task  # type: ignore[misc]
+
+    asyncio.run(run())
+
+
+def test_an_honest_call_passes() -> None:
+    async def run() -> None:
+        handle = chat_handle(lambda rid: [
+            [rid, "chunk", {"text": "", "tool_calls": [
+                {"id": "c", "name": "read_file", "arguments": {"path": "/a"}}]}],
+            [rid, "done", {"finish_reason": "tool_calls"}]])
+        got = [e async for e in handle.generate(chat())]
+        assert got[0].tool_calls[0].arguments == {"path": "/a"}  # type: ignore[union-attr]
+        assert handle.dead_reason is None
+
+    asyncio.run(run())
+
+
+def embed_handle(*replies: list[Any]) -> RunnerProcess:
+    """A started handle whose runner answers each embed message with the next reply."""
+    handle = started_handle()
+    answers = iter(replies)
+
+    async def sent(msg: Any) -> None:
+        handle._on_message({"type": "events", "events": [
+            [msg.id, "embedding", {"embeddings": next(answers), "prompt_tokens": 2}]]})
+
+    handle._send = sent  # type: ignore[method-assign]
+    return handle
+
+
+@pytest.mark.parametrize(("replies", "why"), [
+    ([[[0.5, "0.5"], [0.5, 0.5]]], "not a number"),
+    ([[[0.5, True], [0.5, 0.5]]], "not a number"),
+    ([[[0.5, [0.5]], [0.5, 0.5]]], "not a number"),
+    ([[[0.5, float("nan")], [0.5, 0.5]]], "not finite"),  # (null is the engine's NaN)
+    ([[[0.5, 1e308], [1e308, 0.5]]], ""),  # finite, however odd
+    ([[[0.5, 10 ** 400], [0.5, 0.5]]], "not finite"),
+    ([[[0.5, 0.5], [0.5, 0.5, 0.5]]], "numbers from one model"),
+    ([[[], []]], "numbers from one model"),
+    ([[[0.5, 0.5]]], "1 embeddings for 2 inputs"),
+    ([[[0.5, 0.5]] * 3], "3 embeddings for 2 inputs"),
+    ([[[0.5, None], [0.5, 0.5]], [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]],
+     "numbers from one model"),  # the width the runner's first reply set
+])
+def test_embeddings_are_finite_numbers_of_one_width_one_per_input(replies: list[Any],
+                                                                  why: str) -> None:
+    async def run() -> None:
+        handle = embed_handle(*replies)
+        for _ in replies[:-1]:
+            assert len((await handle.embed(["one", "two"], truncate=False))[0]) == 2
+        if not why:
+            await handle.embed(["one", "two"], truncate=False)
+            assert handle.dead_reason is None
+            return
+        with pytest.raises(EngineError, match=f"{why}.* and was stopped"):
+            await handle.embed(["one", "two"], truncate=False)
+        assert not handle.alive
+        await handle._lost_task  # type: ignore[misc]
+
+    asyncio.run(run())
+
+
+# -- a request's events over its life ------------------------------------------------------------
+
+
+def test_an_answer_past_any_its_request_could_take_stops_the_runner() -> None:
+    async def run() -> None:
+        handle = started_handle()
+        req = chat(options={"num_predict": 4})
+        budget = runnerguard.answer_budget(req, handle.spec.n_ctx)
+        chunk = ["r", "chunk", {"text": "F" * (64 << 10)}]  # each within every event bound
+        q = handle._track("r", budget=budget, client=True)
+        with pytest.raises(RunnerAbuse):
+            for _ in range(budget // (64 << 10) + 1):
+                handle._on_message({"type": "events", "events": [chunk]})
+        assert budget < 4 << 20
+        while q.qsize() > 1:  # what came within the budget, then the error
+            q.get_nowait()
+        assert "more than any answer to its request could" in await stopped_with(handle, q)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("options", [{"num_predict": 128}, {}, {"shift": True}])
+def test_an_honest_answer_fits_its_budget_with_room_to_spare(options: dict[str, Any]) -> None:
+    """The largest an honest runner sends: every token with the top 20 alternatives, their
+    pieces 16 characters (real vocabularies: 3-8 on average), the prompt echoed likewise."""
+    n_ctx = 512
+    req = chat(options=options, logprobs=20, prompt_logprobs=20)
+    tokens = options.get("num_predict") or n_ctx * (10 if options.get("shift") else 1)
+
+    def entry(i: int) -> dict[str, Any]:
+        return {"token": "t" * 16, "logprob": -1.5, "bytes": [116] * 16, "id": i}
+
+    token = {"text": "t" * 16, "logprobs": [{**entry(0), "top": [entry(i) for i in range(20)]}]}
+    [size] = Guard().events([("r", "chunk", token)])
+    honest = (tokens + n_ctx) * size + 1000 * tokens  # (and a tool call of it all, parsed)
+    budget = runnerguard.answer_budget(req, n_ctx)
+    assert honest * 2 < budget < honest * 20
+
+
+def test_an_event_of_a_kind_its_request_never_gets_stops_the_runner() -> None:
+    async def run() -> None:
+        handle = started_handle()
+        q = handle._track("r", client=True)
+        with pytest.raises(RunnerAbuse):
+            handle._on_message({"type": "events", "events": [
+                ["r", "embedding", {"embeddings": [[0.5] * 100_000], "prompt_tokens": 1}]]})
+        assert "'embedding' event to a request that gets none" in await stopped_with(handle, q)
+
+    asyncio.run(run())
+
+
+def test_a_client_that_reads_slowest_loses_its_answer_and_no_one_else_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What waits unread for slow clients is bounded per runner: past it, the request that
+    holds the most fails (too_large) and is cancelled in the runner; the runner, the other
+    requests and their events go on."""
+    monkeypatch.setattr(runnerguard, "MAX_UNREAD", 1 << 20)
+
+    async def run() -> None:
+        handle = started_handle()
+        cancelled: list[str] = []
+
+        async def sent(msg: Any) -> None:
+            cancelled.append(msg.id)
+
+        handle._send = sent  # type: ignore[method-assign]
+        stalled = handle._track("slow", client=True)
+        reading = handle._track("fast", client=True)
+        piece = {"text": "x" * 1000}
+        for _ in range(2000):  # ~2.6 MB for the stalled client, read as it comes for the other
+            handle._on_message({"type": "events", "events": [["slow", "chunk", piece],
+                                                             ["fast", "chunk", piece]]})
+            assert reading.get_nowait() == ("chunk", piece)
+        kind, payload = stalled.get_nowait()
+        while kind == "chunk":  # what it held before it was failed was dropped
+            kind, payload = stalled.get_nowait()
+        assert kind == "error" and payload["code"] == "too_large" and stalled.empty()
+        assert "unread" in payload["message"]
+        assert handle._unread.total <= 1 << 20 and handle.dead_reason is None
+        await asyncio.sleep(0)
+        assert cancelled == ["slow"] and "slow" in handle._ended and "slow" not in handle._queues
+
+    asyncio.run(run())
+
+
+def test_what_a_reader_leaves_unread_is_not_counted_once_it_goes() -> None:
+    async def run() -> None:
+        handle = started_handle()
+        handle._track("r", client=True)
+        handle._on_message({"type": "events", "events": [["r", "chunk", {"text": "x" * 100}]]})
+        assert handle._unread.total == 100 + 2 * runnerguard.VALUE_BYTES + runnerguard.EVENT_BYTES
+        handle._end("r")  # the client went away
+        assert handle._unread.total == 0
+
+    asyncio.run(run())
