@@ -3,7 +3,9 @@
 #   make test   install the test dependencies, fetch the test model (cached), run the suite
 #               (with an environment whose llama.cpp has the Vulkan backend, for the Vulkan
 #               tests on Mesa's CPU driver: scripts/vulkan-env.sh; and Debian's Chromium for
-#               the web page's tests: scripts/browser-env.sh)
+#               the web page's tests: scripts/browser-env.sh). Where one cannot be built
+#               its tests fail (tests/ci_groups.py); LLMRUN_TEST_SKIP=browser,vulkan skips
+#               them on purpose
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

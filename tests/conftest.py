@@ -31,6 +31,10 @@ from fetch_test_models import models, test_models_dir  # noqa: E402
 
 T = TypeVar("T")
 
+# The groups CI must run (the web page's, Vulkan's, the repack patches'): their tests fail,
+# not skip, where their environment is missing, unless LLMRUN_TEST_SKIP names the group.
+pytest_plugins = ["tests.ci_groups"]
+
 # Runners (daemons started here, and the CLI's autostarted ones, inherit this) decode with one
 # thread: llama.cpp's threads meet at a spinning barrier several times per layer, so on a
 # 2-core machine with another busy process two threads ran 6x slower than one (6.7 vs 39.6

@@ -16,8 +16,12 @@ next layer, and 30 layers grow it. Bit-identity is the bound that keeps greedy t
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata as md
 import logging
 import math
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +29,51 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.model  # needs the installed llama-cpp-python and a test model
+from tests.ci_groups import inapplicable, needs
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def patches_missing() -> str:
+    """Why the installed llama.cpp is not one built with this checkout's patches ("": it
+    is). scripts/llama-wheel.sh writes llama_cpp/.llmrun-safe-build beside the library it
+    installs: the library's sha256 and `patches=` the digest of the patches it was built
+    with. A stock wheel has no such file; a wheel installed over it (pip --force-reinstall)
+    changes the library's hash; a wheel from older patches names another digest."""
+    want = subprocess.run(["bash", str(ROOT / "scripts/llama-sources.sh"), "--digest"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    remedy = "`make install` builds it (scripts/llama-wheel.sh)"
+    try:
+        dist = md.distribution("llama-cpp-python")
+        fields = Path(str(dist.locate_file("llama_cpp/.llmrun-safe-build"))).read_text().split()
+        lib = Path(str(dist.locate_file("llama_cpp/lib/libggml-cpu.so"))).read_bytes()
+    except (md.PackageNotFoundError, OSError) as e:
+        return f"llama-cpp-python was not installed by scripts/llama-wheel.sh ({e}): {remedy}"
+    if fields[:1] != [hashlib.sha256(lib).hexdigest()]:
+        return f"the installed libggml-cpu.so is not the one scripts/llama-wheel.sh built: {remedy}"
+    if f"patches={want}" not in fields:
+        built = next((f for f in fields if f.startswith("patches=")), "no patches= field")
+        return (f"the installed llama.cpp was built with {built}, not this checkout's "
+                f"scripts/llama-patches (patches={want}): {remedy}")
+    return ""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags (/proc/cpuinfo): what says a kernel's instructions are missing here,
+    whatever a build was told."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+# the installed llama-cpp-python and a test model; and llmrun's patches in that build: a wheel
+# without them fails these tests (tests/ci_groups.py), unless LLMRUN_TEST_SKIP=repack
+pytestmark = [pytest.mark.model, needs("repack", patches_missing)]
 
 # measured on the 2-core AMD EPYC (Zen 4, AVX-512 VNNI), 2 threads: identical (0 and 0)
 MAX_ABS_LOGIT_DIFF = 0.0
@@ -114,10 +160,15 @@ def _repack_taken(log: list[str]) -> bool:
 @pytest.fixture(scope="module")
 def repacked_pair(pair: tuple[Loaded, Loaded, list[str]]) -> tuple[Loaded, Loaded]:
     repacked, ordinary, log = pair
-    if not _repack_taken(log):
-        pytest.skip("this llama.cpp does not repack Q4_1 weights (built without "
-                    "scripts/llama-patches/0006-cpu-repack-q4_1.patch, or a CPU without AVX2): "
-                    "nothing to compare")
+    if "avx2" not in cpu_flags():
+        inapplicable("this CPU has no AVX2, which the Q4_1 8x8 kernels (patch 0006) need: "
+                     "nothing is repacked, nothing to compare")
+    # the patches are in the build (the group's check) and the CPU has AVX2: the weights
+    # must have been repacked; not taken is a broken build (not native, or a patch lost)
+    import llama_cpp.llama_cpp as C
+
+    assert _repack_taken(log), ("Q4_1 weights not repacked on a CPU with AVX2",
+                                C.llama_print_system_info().decode())
     return repacked, ordinary
 
 
@@ -186,9 +237,8 @@ def test_repacked_path_taken_where_the_cpu_has_the_kernels(
         assert not any("with q4_1_8x8" in line or "with q8_0_8x8" in line for line in log)
         assert _greedy(repacked, GREEDY_PROMPTS[0], 8) == _greedy(ordinary, GREEDY_PROMPTS[0], 8)
         return
-    if not _repack_taken(log):
-        pytest.skip("this llama.cpp does not repack Q4_1 weights (built without "
-                    "scripts/llama-patches/0006-cpu-repack-q4_1.patch)")
+    # the patches are in the build (the group's check): an AVX2 build repacks
+    assert _repack_taken(log), info
     assert any("with q4_1_8x8" in line for line in log)
     # patch 0007: the output matrix (the tied token embedding, Q8_0) where AVX-512 VNNI is
     assert any("token_embd.weight with q8_0_8x8" in line for line in log) == (
@@ -242,9 +292,7 @@ def test_gemma_q5_0_and_q8_0_tensors_repacked_where_avx512_vnni(gemma3_path: Pat
         if "AVX512_VNNI = 1" not in info:
             assert q5 == q8 == 0
             return
-        if q5 == 0:
-            pytest.skip("this llama.cpp does not repack Q5_0 (built without "
-                        "scripts/llama-patches/0008-cpu-repack-q5_0-avx512.patch)")
+        # patch 0008 is in the build (the group's check): none taken is a failure
         assert (q5, q8) == (81, 10)
         assert np.isfinite(_logits(gemma, _tokens(gemma, PROMPT), every=False)).all()
     finally:

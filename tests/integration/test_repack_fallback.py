@@ -24,9 +24,25 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.model  # needs the installed llama-cpp-python and the test models
+from tests.ci_groups import inapplicable, needs
+from tests.integration.test_repack import patches_missing
 
 ROOT = Path(__file__).resolve().parents[2]
+X86 = platform.machine() in ("x86_64", "AMD64")
+
+
+def _unavailable() -> str:
+    """Why this cannot run here ("": it can): the patched build it takes its libraries
+    from, and CMake (which the README asks for) to build the baseline one."""
+    if not X86:
+        return ""  # inapplicable, not missing: said by the fixture
+    if shutil.which("cmake") is None:
+        return "CMake is not installed (sudo apt-get install cmake)"
+    return patches_missing()
+
+
+# the installed llama-cpp-python and the test models; in the repack group (tests/ci_groups.py)
+pytestmark = [pytest.mark.model, needs("repack", _unavailable)]
 VERSION = "0.3.36"
 # x86-64 with SSE4.2 only: the oldest CPUs llama.cpp's x86 build variants target
 BASELINE = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=OFF", "-DGGML_AVX2=OFF",
@@ -39,10 +55,8 @@ BASELINE = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=OFF", "-DGGML_AV
 @pytest.fixture(scope="module")
 def baseline_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The installed llama.cpp's libraries, its CPU backend rebuilt for SSE4.2 only."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the patches' kernels are x86 ones")
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is needed to build llama.cpp's CPU backend")
+    if not X86:
+        inapplicable("the patches' kernels are x86 ones")
     work = tmp_path_factory.mktemp("baseline")
     subprocess.run(["bash", str(ROOT / "scripts/llama-sources.sh"), sys.executable, VERSION,
                     str(work)], check=True, capture_output=True)

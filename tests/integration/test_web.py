@@ -7,7 +7,9 @@ what a test tells it: hostile output, deterministically. A second daemon has API
 a tiny model, and pulls from the fake Hub. Every page a test opens is watched until the test
 ends: a console error, an uncaught exception, a dialog or a request to another origin fails it.
 
-The serving tests (headers, redirects, paths) need no browser and run without one.
+The serving tests (headers, redirects, paths) need no browser and run without one; the
+others fail without one, since CI must run them (tests/ci_groups.py), unless
+LLMRUN_TEST_SKIP=browser.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import httpx
 import pytest
 
 from llmrun.store import Store
+from tests.ci_groups import needs
 from tests.conftest import Daemon, make_home, wait_until
 from tests.fakes.hubserver import HubServer
 from tests.fakes.tinymodel import write_tiny_llama
@@ -46,17 +49,22 @@ CHROMIUM = os.environ.get("LLMRUN_TEST_CHROMIUM") or shutil.which("chromium") \
 
 
 def _unavailable() -> str:
+    """Why there is no browser here ("": there is one). A test that needs one then fails,
+    unless LLMRUN_TEST_SKIP=browser (tests/ci_groups.py)."""
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        return "not run: playwright is not installed (pip install -e '.[test]')"
-    if CHROMIUM:
-        return ""
-    return WHY.read_text().strip() if WHY.exists() else \
-        "not run: no chromium (make test installs it: scripts/browser-env.sh)"
+        return "playwright is not installed (pip install -e '.[test]')"
+    if WHY.exists():  # written by the last scripts/browser-env.sh that failed, removed by one
+        return f"{WHY.read_text().strip()} (recorded in {WHY.name} by scripts/browser-env.sh)"
+    if not CHROMIUM:
+        return "no Chromium (make test installs it: scripts/browser-env.sh)"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"LLMRUN_TEST_CHROMIUM={CHROMIUM} is not an executable file"
+    return ""
 
 
-needs_browser = pytest.mark.skipif(bool(_unavailable()), reason=_unavailable())
+needs_browser = needs("browser", _unavailable)
 
 # -- hostile output ----------------------------------------------------------------------------
 
@@ -281,8 +289,7 @@ class Watched:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if _unavailable():
-        pytest.skip(_unavailable())
+    # (only tests marked needs_browser use it: their mark has checked the browser is here)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
