@@ -13,6 +13,7 @@ import socket
 import uvicorn
 
 from llmrun import config
+from llmrun.api.openai import realtime
 from llmrun.daemon import pidfile
 from llmrun.daemon.app import create_app
 
@@ -49,5 +50,10 @@ def run(host: str, port: int) -> None:
     # 10 s (then cancels them, which cancels their sequences), and the app's shutdown
     # stops every runner process.
     app = create_app(on_shutdown=lambda: pidfile.release(pid_path))
+    # WebSocket frames (the realtime session) are held by uvicorn before the session sees
+    # them: 16 MiB each and 32 queued per connection by default, 512 MiB a connection.
+    # Twice the session's own event bound lets the session answer a large event with its
+    # error event, and 4 queued frames hold at most 32 MiB a connection.
     uvicorn.run(app, host=host, port=port, log_level="info",
-                server_header=False, timeout_graceful_shutdown=10)
+                server_header=False, timeout_graceful_shutdown=10,
+                ws_max_size=2 * realtime.MAX_EVENT_CHARS, ws_max_queue=4)
