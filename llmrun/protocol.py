@@ -92,6 +92,9 @@ class Load:
     flash_attn: FlashAttn = "auto"
     prompt_cache: str | None = None  # where long prompts' KV states are kept on disk
     prompt_cache_key: str = ""  # the model and load settings that directory's states fit
+    # file name -> SHA-256 of each state file there the daemon checked (server/promptdirs.vet):
+    # the only files of earlier runners this one may read
+    prompt_cache_vouched: dict[str, str] = field(default_factory=dict)
     prompt_cache_size: int = 0  # bytes of states on disk at most (0: no prompt cache)
     prompt_cache_ram: int = 0  # bytes of states kept in memory at most
     prompt_cache_min: int = 1024  # tokens a prompt must add before its state is kept

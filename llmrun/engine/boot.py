@@ -224,7 +224,8 @@ def boot(chan: SyncChannel, load: Load,
             prompt_cache = PromptCache(cache_dir, load.prompt_cache_key,
                                        max_bytes=load.prompt_cache_size,
                                        ram_bytes=load.prompt_cache_ram,
-                                       min_tokens=load.prompt_cache_min, n_vocab=model.n_vocab)
+                                       min_tokens=load.prompt_cache_min, n_vocab=model.n_vocab,
+                                       vouched=load.prompt_cache_vouched)
         except OSError as exc:
             log.warning("prompt cache: off (%s)", exc)
     if mmproj is not None:

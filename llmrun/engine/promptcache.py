@@ -20,18 +20,27 @@ Two tiers: the states saved or loaded lately stay in memory (`ram_bytes`), and e
 goes to a file in `directory` (one per prompt, `<sha256 of its tokens>.kv`, written by a
 thread of its own, atomically, mode 0600), the least recently used removed past `max_bytes`.
 The directory belongs to one model and one set of load settings (the daemon names it by
-their hash, server/runners.py), so a state is never offered to a context it does not fit; a
-file is still checked whole before use (format, key, tokens, size, SHA-256 of the state) and
-one that fails is removed with a log line, and llama.cpp checks the state's layout again.
+their hash, server/runners.py), so a state is never offered to a context it does not fit.
+
+A file an earlier runner wrote is read only if the daemon vouched for it (`vouched`: file
+name -> SHA-256 of the whole file, in the Load message): the writer may have been
+compromised, and whatever it wrote in the file (a key, sizes, a checksum) it could have
+written for hostile bytes too, so the daemon checks each file's llama.cpp layout against the
+model's shape before a later runner may read it (server/promptdirs.py, server/kvlayout.py).
+This runner reads a file whole into memory, hashes the bytes it read and loads them only if
+they are the ones the daemon checked (or, for a state it wrote itself, the ones it wrote);
+one that is not is removed with a log line. Files not vouched for are not read at all.
 
 File format: `LLMRUNKV`, a 4-byte little-endian header length, a JSON header (`version`,
-`key`, `n_tokens`, `state_size`, `state_sha256`), the tokens as little-endian int32, the state.
+`key`, `n_tokens`, `state_size`), the tokens as little-endian int32, the state
+(llama_state_seq_get_data's bytes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -41,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +59,7 @@ import numpy as np
 log = logging.getLogger("llmrun.runner")
 
 MAGIC = b"LLMRUNKV"
-VERSION = 1
+VERSION = 2  # (1 carried a checksum in its header: the writer's word, worth nothing)
 SUFFIX = ".kv"
 MAX_HEADER = 4096
 # A state is written in pieces of this size, so that a stop whose time is up abandons a
@@ -65,12 +74,33 @@ class Entry:
     size: int  # bytes of state
     data: bytearray | None = None  # in memory (the RAM tier), or None: on disk only
     on_disk: bool = False
+    # SHA-256 of the whole file as the daemon checked it or this runner wrote it: the only
+    # bytes this runner loads from it ("": not written yet)
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
 class Hit:
     entry: Entry
     n: int  # tokens of the prompt the state covers
+
+
+class _Hashed:
+    """A file read through a SHA-256 of every byte read."""
+
+    def __init__(self, fh: io.BufferedReader) -> None:
+        self.fh = fh
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        self.sha.update(data)
+        return data
+
+    def readinto(self, buf: bytearray) -> int:
+        n = self.fh.readinto(buf)
+        self.sha.update(memoryview(buf)[:n])
+        return n
 
 
 def token_digest(tokens: np.ndarray) -> str:
@@ -88,11 +118,15 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class PromptCache:
     """The states of prompts of at least `min_tokens`, in memory and under `directory`
     (None: memory only). Used by the engine thread; files are written by a thread of its
-    own. `key` names the model and load settings; a file with another key is not used."""
+    own. `key` names the model and load settings; a file with another key is not used.
+    `vouched`: the files earlier runners left that the daemon checked (name -> SHA-256 of
+    the file); no other file is read."""
 
     def __init__(self, directory: Path | None, key: str, *, max_bytes: int, ram_bytes: int,
-                 min_tokens: int, n_vocab: int) -> None:
+                 min_tokens: int, n_vocab: int,
+                 vouched: Mapping[str, str] | None = None) -> None:
         self.directory = directory
+        self.vouched = dict(vouched or {})
         self.key = key
         self.max_bytes = max_bytes
         self.ram_bytes = ram_bytes
@@ -246,16 +280,19 @@ class PromptCache:
         assert self.directory is not None
         return self.directory / f"{digest}{SUFFIX}"
 
-    def _header(self, entry: Entry, state_sha256: str) -> bytes:
+    def _header(self, entry: Entry) -> bytes:
         head = json.dumps({"version": VERSION, "key": self.key, "n_tokens": len(entry.tokens),
-                           "state_size": entry.size, "state_sha256": state_sha256}).encode()
+                           "state_size": entry.size}).encode()
         return MAGIC + struct.pack("<I", len(head)) + head
 
     def _scan(self) -> None:
-        """Index the files a previous runner left: their tokens, oldest used first. What is
-        not ours or not whole is removed (a write that died leaves a temporary file)."""
+        """Index the files a previous runner left that the daemon vouched for: their tokens,
+        oldest used first. What is not ours or not whole is removed (a write that died leaves
+        a temporary file); a file the daemon did not vouch for is not read (it checks it as
+        the next runner starts, or removes it)."""
         assert self.directory is not None
         found: list[tuple[float, Entry]] = []
+        unvouched = 0
         for path in self.directory.iterdir():
             if path.name.startswith("."):
                 with contextlib.suppress(OSError):
@@ -264,9 +301,13 @@ class PromptCache:
                 continue
             if not path.name.endswith(SUFFIX):
                 continue
+            sha = self.vouched.get(path.name)
+            if sha is None:
+                unvouched += 1
+                continue
             try:
                 with path.open("rb") as fh:
-                    tokens, size, _ = self._read_header(fh)
+                    tokens, size = self._read_header(fh)
                     if path.stat().st_size != fh.tell() + size:
                         raise ValueError("its size does not match its header")
             except (OSError, ValueError) as exc:
@@ -279,14 +320,18 @@ class PromptCache:
                             path.name)
                 path.unlink(missing_ok=True)
                 continue
-            found.append((path.stat().st_mtime, Entry(tokens, digest, size, on_disk=True)))
+            found.append((path.stat().st_mtime,
+                          Entry(tokens, digest, size, on_disk=True, sha256=sha)))
         for _, entry in sorted(found, key=lambda x: x[0]):
             self._entries[entry.digest] = entry
+        if unvouched:
+            log.info("prompt cache: %d file(s) the daemon has not checked: not read",
+                     unvouched)
         if found:
             log.info("prompt cache: %d saved prompts (%s tokens at most) in %s", len(found),
                      max(len(e.tokens) for _, e in found), self.directory)
 
-    def _read_header(self, fh: object) -> tuple[np.ndarray, int, str]:
+    def _read_header(self, fh: object) -> tuple[np.ndarray, int]:
         def read(n: int) -> bytes:
             data: bytes = fh.read(n)  # type: ignore[attr-defined]
             if len(data) != n:
@@ -303,28 +348,34 @@ class PromptCache:
             raise ValueError("another format version")
         if head.get("key") != self.key:
             raise ValueError("saved for another model or other load settings")
-        n_tokens, size, sha = head.get("n_tokens"), head.get("state_size"), \
-            head.get("state_sha256")
+        n_tokens, size = head.get("n_tokens"), head.get("state_size")
         if not (type(n_tokens) is int and 0 < n_tokens <= 1 << 24 and type(size) is int
-                and size > 0 and isinstance(sha, str)):
+                and size > 0):
             raise ValueError("a header field is missing or out of range")
         tokens = np.frombuffer(read(4 * n_tokens), dtype="<i4").astype(np.int32)
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise ValueError("a token is outside the vocabulary")
-        return tokens, size, sha
+        return tokens, size
 
     def _read(self, entry: Entry) -> bytearray | None:
         path = self._path(entry.digest)
         try:
-            with path.open("rb") as fh:
-                tokens, size, sha = self._read_header(fh)
+            with self._lock:
+                want = entry.sha256
+            if not want:
+                raise ValueError("it is not written yet")
+            with path.open("rb") as raw:
+                fh = _Hashed(raw)
+                tokens, size = self._read_header(fh)
                 if size != entry.size or not np.array_equal(tokens, entry.tokens):
                     raise ValueError("it changed since it was indexed")
                 data = bytearray(size)
-                if fh.readinto(data) != size or fh.read(1):
+                if fh.readinto(data) != size or raw.read(1):
                     raise ValueError("its state is not the size its header says")
-            if hashlib.sha256(data).hexdigest() != sha:
-                raise ValueError("its state does not match its checksum")
+            # the bytes in hand, not the file (which its writer could change after a check)
+            if fh.sha.hexdigest() != want:
+                raise ValueError("it is not the file the daemon checked or this runner "
+                                 "wrote")
         except (OSError, ValueError) as exc:
             log.warning("prompt cache: ignoring and removing %s: %s", path.name, exc)
             return None
@@ -335,6 +386,8 @@ class PromptCache:
         # fifth of a second; at normal priority it takes it from llama.cpp's threads, whose
         # decode then waits at a barrier for the one descheduled (steps 2-20x as long, seen
         # right after a save). At the lowest priority it writes in their idle moments.
+        # who=0: on Linux, PRIO_PROCESS with 0 is the calling thread alone, and the only
+        # target the sandbox's filter lets a runner renice (engine/sandbox/seccomp.py).
         with contextlib.suppress(OSError, AttributeError):  # (not on every platform)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (item := self._writes.get()) is not None:
@@ -358,19 +411,25 @@ class PromptCache:
 
     def _write(self, entry: Entry, data: bytearray) -> None:
         assert self.directory is not None
-        head = self._header(entry, hashlib.sha256(data).hexdigest())
+        head = self._header(entry)
+        tokens = entry.tokens.astype("<i4").tobytes()
+        sha = hashlib.sha256(head)
+        sha.update(tokens)
         fd, tmp = tempfile.mkstemp(prefix=".kv-", dir=self.directory)  # 0600
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(head)
-                fh.write(entry.tokens.astype("<i4").tobytes())
+                fh.write(tokens)
                 view = memoryview(data)
                 for at in range(0, len(view), WRITE_PIECE):
                     if self._abandon.is_set():  # a stop whose time is up: drop it whole
                         raise OSError("the runner stopped before it was written")
                     fh.write(view[at:at + WRITE_PIECE])
+                    sha.update(view[at:at + WRITE_PIECE])
                 fh.flush()
                 os.fsync(fh.fileno())
+            with self._lock:
+                entry.sha256 = sha.hexdigest()  # this runner reads back what it wrote
             os.replace(tmp, self._path(entry.digest))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

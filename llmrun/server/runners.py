@@ -35,7 +35,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -206,6 +206,15 @@ class RunnerProcess:
         self._channel = ipc.FrameProtocol(self._on_message, self._on_lost)
         ipc.SocketTransport(parent, self._channel)
         try:
+            if load.prompt_cache is not None:
+                # while the runner's interpreter starts: the states earlier runners left,
+                # checked before this one may read them (promptdirs.vet)
+                s = self.spec
+                vouched = await asyncio.to_thread(
+                    promptdirs.vet_for, load.prompt_cache_key, s.model_paths[0],
+                    n_ctx=s.n_ctx, n_slots=s.n_slots, kv_type=s.kv_type,
+                    flash_attention=s.flash_attention)
+                load = replace(load, prompt_cache_vouched=vouched)
             self._channel.write(ipc.encode(load))  # the first message: what to load, and how
             await self._channel.drain()
             msg = await asyncio.wait_for(asyncio.shield(self._ready), LOAD_TIMEOUT)

@@ -10,10 +10,13 @@ bit-exact; docs/benchmarks.md).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import signal
 import stat
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,17 +26,29 @@ import httpx
 import numpy as np
 import pytest
 
+from llmrun.engine import promptcache
 from llmrun.engine.llama import Model
 from llmrun.engine.promptcache import SUFFIX, PromptCache
+from llmrun.server import kvlayout
 from tests.conftest import Daemon, make_home, runner_pids, wait_until
 from tests.integration.test_engine import Harness
 
 VOCAB = 1000
 
 
-def make(directory: Path | None, **kw: int) -> PromptCache:
+def make(directory: Path | None, vouched: dict[str, str] | None = None,
+         **kw: int) -> PromptCache:
+    """A cache on `directory`; `vouched`, the files the daemon would have vouched for (by
+    default every file there as it is now: these tests try the runner's own checks)."""
     args = {"max_bytes": 1 << 20, "ram_bytes": 1 << 20, "min_tokens": 4, "n_vocab": VOCAB}
-    return PromptCache(directory, "key-1", **{**args, **kw})
+    if vouched is None and directory is not None:
+        vouched = as_they_are(directory)
+    return PromptCache(directory, "key-1", **{**args, **kw}, vouched=vouched)
+
+
+def as_they_are(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in directory.glob(f"*{SUFFIX}")}
 
 
 def state(n: int, seed: int = 0) -> bytearray:
@@ -109,6 +124,7 @@ def test_damaged_or_foreign_files_are_ignored_and_removed(
     saved(cache, tokens, state(5000))
     cache.close()
     (path,) = tmp_path.glob(f"*{SUFFIX}")
+    checked = as_they_are(tmp_path)  # the daemon checked it; then a runner changed it
     raw = bytearray(path.read_bytes())
     head_end = 12 + int.from_bytes(raw[8:12], "little")
     if damage == "state":
@@ -129,7 +145,7 @@ def test_damaged_or_foreign_files_are_ignored_and_removed(
         raw[8:12] = (1 << 30).to_bytes(4, "little")
     path.write_bytes(bytes(raw))
     with caplog.at_level(logging.WARNING, logger="llmrun.runner"):
-        later = make(tmp_path, ram_bytes=0)
+        later = make(tmp_path, checked, ram_bytes=0)
         hit = later.best(tokens)
         got = later.load(hit.entry) if hit is not None else None
     assert got is None
@@ -219,14 +235,24 @@ def model(smollm2_path: Path) -> Iterator[Model]:
     m.close()
 
 
+def checked_by_daemon(directory: Path, model_path: Path, key: str, *, slots: int,
+                      flash_attention: str = "auto", n_ctx: int = 2048) -> dict[str, str]:
+    """What the daemon vouches for in `directory` (server/kvlayout.py): every state file
+    there, each of which must pass its check (genuine states do)."""
+    layout = kvlayout.layout_of(model_path, key=key, n_ctx=n_ctx, n_slots=slots,
+                                kv_type="f16", flash_attention=flash_attention)
+    return {p.name: kvlayout.check(p, layout)[0] for p in directory.glob(f"*{SUFFIX}")}
+
+
 def _chat(user: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-def test_a_restored_prompt_answers_exactly_as_a_cold_one(model: Model, tmp_path: Path) -> None:
-    def cache() -> PromptCache:
+def test_a_restored_prompt_answers_exactly_as_a_cold_one(model: Model, smollm2_path: Path,
+                                                         tmp_path: Path) -> None:
+    def cache(vouched: dict[str, str] | None = None) -> PromptCache:
         return PromptCache(tmp_path, "smollm2", max_bytes=1 << 30, ram_bytes=0,
-                           min_tokens=256, n_vocab=model.n_vocab)
+                           min_tokens=256, n_vocab=model.n_vocab, vouched=vouched)
 
     first = Harness(model, slots=2, n_ctx=2048, flash_attn=False, prompt_cache=cache())
     try:
@@ -247,8 +273,11 @@ def test_a_restored_prompt_answers_exactly_as_a_cold_one(model: Model, tmp_path:
         (cold_text,) = cold.wait(rc)
     finally:
         cold.close()
-    # a new runner: the state comes from its file
-    warm = Harness(model, slots=2, n_ctx=2048, flash_attn=False, prompt_cache=cache())
+    # a new runner: the state comes from its file, which the daemon checked
+    vouched = checked_by_daemon(tmp_path, smollm2_path, "smollm2", slots=2,
+                                flash_attention="off")
+    warm = Harness(model, slots=2, n_ctx=2048, flash_attn=False,
+                   prompt_cache=cache(vouched))
     try:
         rw = warm.submit(question, max_tokens=24, logprobs=3)
         (warm_text,) = warm.wait(rw)
@@ -354,9 +383,10 @@ def test_sliding_window_states_resume_at_their_end_only(gemma3_path: Path,
             return h, rid
 
         def cache(folder: Path) -> PromptCache:
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(exist_ok=True)  # (its states, as the daemon checks them)
+            vouched = checked_by_daemon(folder, gemma3_path, "gemma", slots=1)
             return PromptCache(folder, "gemma", max_bytes=1 << 30, ram_bytes=0,
-                               min_tokens=256, n_vocab=gemma.n_vocab)
+                               min_tokens=256, n_vocab=gemma.n_vocab, vouched=vouched)
 
         run(first, cache(tmp_path / "boundary"), save_at=len(system))
         assert len(list((tmp_path / "boundary").glob(f"*{SUFFIX}"))) == 1
@@ -402,12 +432,14 @@ class SlowDisk(PromptCache):
         return super()._read(entry)
 
 
-def test_a_state_read_from_disk_stalls_no_other_sequence(model: Model, tmp_path: Path) -> None:
+def test_a_state_read_from_disk_stalls_no_other_sequence(model: Model, smollm2_path: Path,
+                                                        tmp_path: Path) -> None:
     """A restore reads and checks tens of MB: it happens off the engine thread, so a sequence
     already decoding keeps going while it lasts, and a request cancelled meanwhile ends."""
     def cache(cls: type[PromptCache] = PromptCache) -> PromptCache:
         return cls(tmp_path, "smollm2", max_bytes=1 << 30, ram_bytes=0, min_tokens=256,
-                   n_vocab=model.n_vocab)
+                   n_vocab=model.n_vocab,
+                   vouched=checked_by_daemon(tmp_path, smollm2_path, "smollm2", slots=2))
 
     first = Harness(model, slots=2, n_ctx=2048, prompt_cache=cache())
     try:
@@ -481,3 +513,208 @@ def test_the_daemon_keeps_all_directories_within_the_budget(
     daemon_side.prepare("other", budget=500)  # none in use now but its own
     assert sorted(p.name for p in root.iterdir()) == ["other"]
     daemon_side.release("other")
+
+
+# -- a state planted by a compromised runner never reaches the next runner's loader -------
+
+
+def _cells_at(state: bytes | bytearray) -> tuple[int, int]:
+    """Where the (first) cache's one stream with cells has its cell count, and that count."""
+    (n_stream,) = struct.unpack_from("<I", state, 8)
+    at = 12
+    for _ in range(n_stream):
+        (cells,) = struct.unpack_from("<I", state, at)
+        if cells:
+            return at, cells
+        at += 4
+    raise AssertionError("no cells")
+
+
+def hostile(state: bytearray, how: str) -> bytearray:
+    """`state` (a genuine one) with its llama.cpp layout made wrong in one way, each a way
+    a compromised runner might try to drive the next one's state loader."""
+    bad = bytearray(state)
+    at, cells = _cells_at(bad)
+    meta = at + 4  # cells x (pos, n_seq_id, seq_id)
+    layers = meta + 12 * cells + 4  # (after v_trans)
+    if how == "cell count":
+        struct.pack_into("<I", bad, at, cells + 1)
+    elif how == "layer count":
+        struct.pack_into("<I", bad, layers, struct.unpack_from("<I", bad, layers)[0] - 1)
+    elif how == "row size":
+        struct.pack_into("<Q", bad, layers + 8, 2 * struct.unpack_from("<Q", bad, layers + 8)[0])
+    elif how == "KV type":
+        struct.pack_into("<i", bad, layers + 4, 0)  # f32 where the context holds f16
+    elif how == "position":  # llama.cpp's loader takes positions as they are
+        struct.pack_into("<i", bad, meta + 12 * (cells - 1), 1 << 30)
+    elif how == "sequences per cell":
+        struct.pack_into("<I", bad, meta + 4, 2)
+    elif how == "stream count":
+        struct.pack_into("<I", bad, 8, 7)
+    elif how == "cut short":
+        del bad[-1000:]
+    elif how == "grown":
+        bad += bytes(4096)
+    return bad
+
+
+HOSTILE = ["cell count", "layer count", "row size", "KV type", "position",
+           "sequences per cell", "stream count", "cut short", "grown"]
+
+
+@pytest.fixture(scope="module")
+def genuine_state(model: Model) -> tuple[list[int], bytearray]:
+    """A real SmolLM2 state: 300 tokens in sequence 1 of a 2-slot context, flash attention
+    off (V transposed)."""
+    from llmrun.engine.llama.context import Context
+    from llmrun.engine.llama.model import Batch
+
+    ctx = Context(model, n_ctx_seq=2048, n_seq=2, n_batch=512, n_threads=2, flash_attn=False)
+    try:
+        tokens = model.tokenize(SYSTEM, add_special=True)[:300]
+        batch = Batch(512)
+        for i, t in enumerate(tokens):
+            batch.add(t, i, 1, i == len(tokens) - 1)
+        assert ctx.decode(batch) == 0
+        return tokens, ctx.state_seq_get(1)
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("how", HOSTILE)
+def test_the_daemon_removes_a_planted_state_before_a_runner_may_read_it(
+        model: Model, smollm2_path: Path, genuine_state: tuple[list[int], bytearray],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        how: str) -> None:
+    """A compromised runner writes a state whose header, key, tokens, sizes and file name
+    are all right (it writes it with the runner's own code) and whose llama.cpp layout is
+    not: the daemon finds it as the next runner starts, removes it with a log line, and
+    that runner is not told it may read it; the genuine state beside it is."""
+    from llmrun.server import promptdirs
+
+    monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
+    name = promptdirs.key((smollm2_path,), (), 2048, 2, "f16", "off")
+    directory = promptdirs.prepare(name, budget=1 << 30)
+    tokens, state = genuine_state
+    writer = PromptCache(directory, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                         n_vocab=model.n_vocab)
+    writer.add(tokens, state)
+    planted = [*tokens, *tokens[1:40]]  # a longer prefix of a later prompt: it would win
+    writer.add(planted, hostile(state, how))
+    assert writer.close()
+    bad = directory / f"{promptcache.token_digest(np.asarray(planted, dtype=np.int32))}{SUFFIX}"
+    assert bad.exists()
+    with caplog.at_level(logging.WARNING, logger="llmrun.server.promptdirs"):
+        vouched = promptdirs.vet_for(name, smollm2_path, n_ctx=2048, n_slots=2,
+                                     kv_type="f16", flash_attention="off")
+    promptdirs.release(name)
+    assert not bad.exists()
+    assert f"refused and removed {bad.name}" in caplog.text
+    assert list(vouched) == [p.name for p in directory.iterdir()]  # the genuine one
+    # the next runner: the planted file is not offered, the genuine one restores whole
+    later = PromptCache(directory, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                        n_vocab=model.n_vocab, vouched=vouched)
+    hit = later.best([*planted, 5])
+    assert hit is not None and hit.n == len(tokens)
+    assert later.load(hit.entry) == state
+
+
+def test_a_planted_file_swapped_in_after_the_check_is_not_read(
+        model: Model, smollm2_path: Path, genuine_state: tuple[list[int], bytearray],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A runner alive beside the new one (a reload overlaps) rewrites a file the daemon
+    checked: the new runner hashes the bytes it read and refuses them. A file that came
+    after the check is not read at all."""
+    from llmrun.server import promptdirs
+
+    monkeypatch.setenv("LLMRUN_HOME", str(tmp_path))
+    name = promptdirs.key((smollm2_path,), (), 2048, 2, "f16", "off")
+    directory = promptdirs.prepare(name, budget=1 << 30)
+    tokens, state = genuine_state
+    writer = PromptCache(directory, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                         n_vocab=model.n_vocab)
+    writer.add(tokens, state)
+    assert writer.close()
+    vouched = promptdirs.vet_for(name, smollm2_path, n_ctx=2048, n_slots=2, kv_type="f16",
+                                 flash_attention="off")
+    promptdirs.release(name)
+    assert len(vouched) == 1
+    (path,) = directory.glob(f"*{SUFFIX}")
+    later = PromptCache(directory, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                        n_vocab=model.n_vocab, vouched=vouched)
+    # now the other runner writes its hostile state over it, with the runner's own code
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = PromptCache(elsewhere, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                        n_vocab=model.n_vocab)
+    other.add(tokens, hostile(state, "position"))
+    assert other.close()
+    shutil.copyfile(elsewhere / path.name, path)
+    planted = [*tokens, 7, 7]
+    other = PromptCache(elsewhere, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                        n_vocab=model.n_vocab)
+    other.add(planted, hostile(state, "layer count"))
+    assert other.close()
+    shutil.copy(elsewhere / f"{promptcache.token_digest(np.asarray(planted))}{SUFFIX}",
+                directory)
+    hit = later.best([*tokens, 5])
+    assert hit is not None
+    with caplog.at_level(logging.WARNING, logger="llmrun.runner"):
+        assert later.load(hit.entry) is None
+    assert "not the file the daemon checked" in caplog.text and not path.exists()
+    # a runner started now, before the daemon saw the newer file, does not read it
+    assert len(list(directory.glob(f"*{SUFFIX}"))) == 1
+    assert PromptCache(directory, name, max_bytes=1 << 30, ram_bytes=0, min_tokens=4,
+                       n_vocab=model.n_vocab, vouched=vouched).best([*planted, 5]) is None
+
+
+@pytest.mark.timeout(600)
+def test_a_restarted_daemon_refuses_a_planted_state_and_restores_the_genuine_one(
+        model: Model, smollm2_path: Path, tmp_path: Path) -> None:
+    """End to end: a runner leaves a genuine state; a hostile one, written as a compromised
+    runner would (a longer prefix of the next prompt, so it would be the one loaded), sits
+    beside it. The next daemon's runner never hands it to llama.cpp (the daemon removed it
+    first, with a log line), and restores the genuine one."""
+    home = make_home(tmp_path / "home", smollm2_path)
+    d = Daemon(home, env={"LLMRUN_PROMPT_CACHE_SIZE": "1GiB", "LLMRUN_NUM_PARALLEL": "1",
+                          "LLMRUN_PROMPT_CACHE_MIN_TOKENS": "256"}).start()
+    try:
+        n, cached = _cached_tokens(d, "Why is the sky blue?")
+        assert cached == 0
+        d.stop()
+        (genuine,) = (home / "prompt-cache").glob(f"*/*{SUFFIX}")
+        raw = genuine.read_bytes()
+        head_len = int.from_bytes(raw[8:12], "little")
+        head = raw[12:12 + head_len]
+        key = head.split(b'"key": "')[1].split(b'"')[0].decode()
+        n_tokens = int(head.split(b'"n_tokens": ')[1].split(b",")[0])
+        at = 12 + head_len
+        tokens = np.frombuffer(raw[at:at + 4 * n_tokens], dtype="<i4").tolist()
+        state = bytearray(raw[at + 4 * n_tokens:])
+        # what follows the kept prefix in the next prompt: the last user turn's opening
+        follow = model.tokenize("<|im_start|>user\n", add_special=False)
+        planted = [*tokens, *follow]
+        writer = PromptCache(genuine.parent, key, max_bytes=1 << 30, ram_bytes=0,
+                             min_tokens=4, n_vocab=model.n_vocab)
+        writer.add(planted, hostile(state, "layer count"))
+        assert writer.close()
+        bad = genuine.parent / f"{promptcache.token_digest(np.asarray(planted))}{SUFFIX}"
+        assert bad.exists()
+
+        d.start()
+        n2, cached2 = _cached_tokens(d, "Name three prime numbers.")
+        logs = "".join(p.read_text(errors="replace")
+                       for p in [*(home / "logs").glob("*"), d.log] if p.is_file())
+        assert f"refused and removed {bad.name}" in logs, logs[-3000:]
+        assert "llama.cpp refused" not in logs  # the loader never saw it
+        assert not bad.exists() and genuine.exists()
+        assert cached2 >= n - 32, (n, n2, cached2)  # the genuine state, restored
+    finally:
+        d.stop()
+
+
+def test_the_daemon_reads_the_format_the_runner_writes() -> None:
+    """The daemon may not import the engine: the format's constants are written twice."""
+    assert (kvlayout.MAGIC, kvlayout.VERSION, kvlayout.MAX_HEADER, kvlayout.SUFFIX) == \
+        (promptcache.MAGIC, promptcache.VERSION, promptcache.MAX_HEADER, promptcache.SUFFIX)
