@@ -20,6 +20,8 @@ ALLOWED = frozenset({
     "VK_DRIVER_FILES", "VK_ICD_FILENAMES",  # which Vulkan driver (the loader's choice)
     "MTMD_CPP_LIB",  # llama-cpp-python's libmtmd from elsewhere (beside LLAMA_CPP_LIB_PATH)
     "GLIBC_TUNABLES",  # malloc's settings, e.g. glibc.malloc.hugetlb=1 (docs/benchmarks.md)
+    # test-only: the child acts as on a kernel without Landlock (engine/sandbox/landlock.py)
+    "LLMRUN_SANDBOX_TEST_NO_LANDLOCK",
 })
 # Families passed on: locale, the interpreter's own settings, thread and BLAS tuning,
 # llama.cpp's variables.

@@ -36,6 +36,12 @@ from llmrun.protocol import Fatal, Load
 log = logging.getLogger("llmrun.runner")
 
 FLASH_ATTN: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+GPU_UNCONFINABLE = (
+    "the sandbox cannot confine a model runner on a GPU here: its driver opens the device "
+    "read-write, and with neither Landlock (Linux 5.13+, in the kernel's lsm= list) nor "
+    "unprivileged user namespaces (for a mount namespace) nothing would keep its writes to "
+    "the device; run the model on the CPU (num_gpu 0), enable one of the two, or set "
+    "LLMRUN_SANDBOX=0 to run it unconfined")
 
 
 def _confine(load: Load, files: list[Path], writable: Path | None, devices: list[Path],
@@ -53,7 +59,9 @@ def _confine(load: Load, files: list[Path], writable: Path | None, devices: list
         log.warning("sandbox: off (LLMRUN_SANDBOX=0): this runner is not confined")
         return {"sandbox": [], "confined": False, "sandbox_missing": ["off (LLMRUN_SANDBOX=0)"]}, ""
     limits = sandbox.Limits.for_runner(load.memory, load.threads, on_gpu=bool(load.device),
-                                       own_user_namespace=namespaces.USER in isolated[0])
+                                       own_user_namespace=namespaces.USER in isolated[0],
+                                       prompt_cache=load.prompt_cache_size if writable else 0,
+                                       ctx=load.ctx)
     result = sandbox.confine(read=files, read_write=[writable] if writable else [],
                              devices=devices, limits=limits, isolated=isolated)
     if devices:
@@ -64,20 +72,18 @@ def _confine(load: Load, files: list[Path], writable: Path | None, devices: list
     return result.info(), result.refusal() if mode == "strict" else ""
 
 
-def _prompt_cache_dir(load: Load) -> Path | None:
+def _prompt_cache_dir(load: Load, isolated: tuple[list[str], list[str]]) -> Path | None:
     """Where this runner may keep prompt states on disk: the directory it was given, if the
-    sandbox can keep its writes inside it (else the states stay in memory)."""
+    sandbox can keep its writes inside it (Landlock, else read-only mounts in the runner's
+    mount namespace; else the states stay in memory)."""
     if load.prompt_cache is None or load.prompt_cache_size <= 0:
         return None
     directory = Path(load.prompt_cache)
-    if config.sandbox_mode() != "off":
-        try:
-            sandbox.landlock_abi()
-        except OSError as exc:
-            log.warning("prompt cache: in memory only: without Landlock (%s) the sandbox "
-                        "could not keep the runner's writes inside %s", exc.strerror,
-                        directory)
-            return None
+    if config.sandbox_mode() != "off" and not sandbox.writes_confinable(isolated):
+        log.warning("prompt cache: in memory only: with neither Landlock nor a mount "
+                    "namespace the sandbox could not keep the runner's writes inside %s",
+                    directory)
+        return None
     if not directory.is_dir():
         log.warning("prompt cache: in memory only: %s is not a directory", directory)
         return None
@@ -163,7 +169,7 @@ def boot(chan: SyncChannel, load: Load,
     mmproj = Path(load.mmproj) if load.mmproj is not None else None
     # before the sandbox: it reads /proc/stat, which the sandbox closes to new opens
     governor = ThreadGovernor(load.threads) if load.adaptive_threads else None
-    cache_dir = _prompt_cache_dir(load)
+    cache_dir = _prompt_cache_dir(load, isolated)
     try:  # before the sandbox, which allows no new connection
         workers = _rpc_workers(load.rpc)
     except (OSError, LlamaError) as exc:
@@ -174,6 +180,11 @@ def boot(chan: SyncChannel, load: Load,
     # keeps exactly those nodes; a runner kept on the CPU keeps none
     free_before = _device_free()
     on_gpu = bool(load.device) and workers is None
+    if on_gpu and config.sandbox_mode() != "off" and not sandbox.writes_confinable(isolated):
+        # its driver opens its device nodes read-write, and nothing here could keep such
+        # opens to them: it would write wherever its user can
+        chan.send(Fatal(error=GPU_UNCONFINABLE))
+        return None
     gpu_nodes = sandbox.gpu_nodes() if on_gpu else []
     if mmproj is not None:
         pixels.preload()  # the decoders' modules, while files can still be opened
@@ -183,6 +194,16 @@ def boot(chan: SyncChannel, load: Load,
     if refusal:
         chan.send(Fatal(error=refusal))
         return None
+    if config.sandbox_mode() != "off" and not {sandbox.LANDLOCK, sandbox.READ_ONLY} & set(
+            confinement["sandbox"]):
+        # neither layer held after all (confine() says why): the filter allows no write
+        if on_gpu:
+            chan.send(Fatal(error=GPU_UNCONFINABLE))
+            return None
+        if cache_dir is not None:
+            log.warning("prompt cache: in memory only: the sandbox could not keep the "
+                        "runner's writes inside %s", cache_dir)
+            cache_dir = None
     try:
         offload = load.gpu_layers if load.gpu_layers >= 0 else 10_000
         if workers is not None:

@@ -389,7 +389,7 @@ class PromptCache:
         # who=0: on Linux, PRIO_PROCESS with 0 is the calling thread alone, and the only
         # target the sandbox's filter lets a runner renice (engine/sandbox/seccomp.py).
         with contextlib.suppress(OSError, AttributeError):  # (not on every platform)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
         while (item := self._writes.get()) is not None:
             entry, data = item
             try:

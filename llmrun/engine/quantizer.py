@@ -30,18 +30,43 @@ class _ChildLog(logging.Filter):
         return bool(_PROGRESS.match(msg)) or msg.startswith("llama_model_quantize_impl:")
 
 
-def _confine(src: Path, dst: Path) -> str:
-    """In the child, before llama.cpp opens `src`: read `src`, write only `dst` (Landlock),
-    no programs, sockets, other processes (seccomp). Returns why LLMRUN_SANDBOX=strict
-    refuses to go on, else ""."""
+def _isolate() -> tuple[list[str], list[str]]:
+    """First, while this process has one thread (llama.cpp and numpy start threads as they
+    load): its own user, mount and empty network namespaces (sandbox.isolate)."""
+    if config.sandbox_mode() == "off":
+        return [], []
+    from llmrun.engine.sandbox import namespaces
+
+    return namespaces.enter()
+
+
+def _confine(src: Path, dst: Path,
+             isolated: tuple[list[str], list[str]] | None = None) -> str:
+    """In the child, before llama.cpp opens `src`: read `src`, write only `dst` (Landlock,
+    else read-only mounts in its mount namespace), grow it no larger than `src` could make
+    it, no programs, sockets, other processes (seccomp). `isolated`: what _isolate() applied
+    (None: isolate now, in a process that still has one thread). Returns why it must not go
+    on, else "": always when its writes could not be kept to `dst`, as it would write
+    wherever its user can; in LLMRUN_SANDBOX=strict mode also when any layer is missing."""
     mode = config.sandbox_mode()
     if mode == "off":
         return ""
     from llmrun.engine import sandbox
 
-    result = sandbox.confine(read=[src], read_write=[dst])
+    if isolated is None:
+        isolated = _isolate()
+    try:
+        limits = sandbox.Limits.for_quantizer(src.stat().st_size)
+    except OSError as exc:
+        return f"cannot read {src}: {exc.strerror}"
+    result = sandbox.confine(read=[src], read_write=[dst], limits=limits, isolated=isolated)
     for why in (*result.missing, *result.unavailable):
         log.warning("sandbox: not applied: %s", why)
+    if not {sandbox.LANDLOCK, sandbox.READ_ONLY} & set(result.applied):
+        return ("the sandbox cannot keep the quantizer's writes to its output here (with "
+                "neither Landlock, Linux 5.13+, nor unprivileged user namespaces for a mount "
+                f"namespace): {'; '.join(result.missing)}; set LLMRUN_SANDBOX=0 to quantize "
+                "unconfined")
     return result.refusal() if mode == "strict" else ""
 
 
@@ -60,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     llama_log.setLevel(logging.DEBUG)
     llama_log.propagate = False
 
+    isolated = _isolate()
     from llmrun.engine.llama import LlamaError, quantize_file
 
     src, dst, qtype = args[:3]
-    refusal = _confine(Path(src), Path(dst))
+    refusal = _confine(Path(src), Path(dst), isolated)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 1

@@ -30,9 +30,11 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
@@ -52,7 +54,7 @@ from llmrun.request import (
     Stats,
     error_event,
 )
-from llmrun.server import promptdirs, runnerguard
+from llmrun.server import promptdirs, runnerguard, runnerlog
 from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,25 @@ def decode_event(kind: str, payload: Any) -> Started | Chunk | Done:
     if kind == "error":
         raise EngineError.from_event(payload)
     raise EngineError(f"the model runner sent an unexpected {kind!r} event")
+
+
+# beyond a prompt-cache directory's budget (twice: the states kept and one being written)
+# and its tokens: headers and slack for a state renamed as another is removed
+CACHE_SLACK = 16 << 20
+CACHE_WATCH_SECONDS = 1.0
+
+
+def _dir_size(directory: Path) -> int:
+    """Bytes in the files directly in `directory` (a runner can make no subdirectory)."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return total
 
 
 def runner_env() -> dict[str, str]:
@@ -174,6 +195,10 @@ class RunnerProcess:
         self.placement: Placement | None = None  # the scheduler's fit: where layers go
         self.memory = 0  # the scheduler's estimate of what the load needs, in bytes
         self._guard = runnerguard.Guard(spec.n_slots)  # bounds on what the runner sends
+        self._log_thread: threading.Thread | None = None  # copying its output to the log
+        self._cache_dir: Path | None = None  # its prompt-cache directory, while it runs
+        self._cache_limit = 0  # bytes that directory may hold before the runner is stopped
+        self._cache_task: asyncio.Task[None] | None = None  # watching that directory
 
     @property
     def alive(self) -> bool:
@@ -186,8 +211,9 @@ class RunnerProcess:
     async def start(self) -> None:
         t0 = time.perf_counter()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logfile = open(self.log_path, "ab")  # noqa: SIM115 (the child inherits it; closed below)
+        # its stdout and stderr: a pipe this daemon copies to the log, size-capped
+        # (server/runnerlog.py), never a file the runner could grow itself
+        logfile, self._log_thread = runnerlog.start(self.log_path)
         load = self._load()
         cmd = [sys.executable, "-m", "llmrun.engine.runner", "--fd", str(child.fileno())]
         try:
@@ -201,8 +227,10 @@ class RunnerProcess:
             )
         finally:
             child.close()
-            logfile.close()
+            os.close(logfile)
         self._ready = asyncio.get_running_loop().create_future()
+        if self._cache_dir is not None:
+            self._cache_task = asyncio.create_task(self._cache_watch())
         self._channel = ipc.FrameProtocol(self._on_message, self._on_lost)
         ipc.SocketTransport(parent, self._channel)
         try:
@@ -267,6 +295,7 @@ class RunnerProcess:
             try:
                 cache_dir = str(promptdirs.prepare(cache_key, s.prompt_cache_size))
                 self._cache_key = cache_key  # released when this runner is gone
+                self._watch_cache(Path(cache_dir))
             except OSError as exc:  # the runner keeps states in memory only
                 log.warning("prompt cache: cannot use %s on disk: %s", cache_key, exc)
         return protocol.Load(
@@ -308,6 +337,39 @@ class RunnerProcess:
                 reason, pid, self.log_path)
         for q in self._queues.values():
             q.put_nowait(("error", error_event("runner_failed", reason)))
+
+    def _watch_cache(self, directory: Path) -> None:
+        """Watch `directory`, the runner's prompt-cache directory, from now on: what it may
+        hold is what it holds now, plus the budget, plus one state being written before the
+        oldest is removed (each file is bounded by the runner's RLIMIT_FSIZE, their number
+        only by this)."""
+        s = self.spec
+        self._cache_dir = directory
+        self._cache_limit = (_dir_size(directory) + 2 * s.prompt_cache_size + 4 * s.n_ctx
+                             + CACHE_SLACK)
+
+    async def _cache_watch(self) -> None:
+        """Stop a runner whose prompt-cache directory grew past its limit (looked at each
+        second, from its start: it could write while it loads too): no runner keeping its
+        budget gets there, one taken over by a crafted file filling the disk does."""
+        while self._cache_dir is not None and self.proc is not None \
+                and self.proc.returncode is None:
+            await asyncio.sleep(CACHE_WATCH_SECONDS)
+            if self._cache_dir is None:
+                return
+            size = await asyncio.to_thread(_dir_size, self._cache_dir)
+            if size <= self._cache_limit:
+                continue
+            what = f"wrote {size} bytes to its prompt-cache directory (at most " \
+                   f"{self._cache_limit})"
+            if self._ready is not None and self._ready.done():
+                self._stop_runner(what, "wrote more to its prompt-cache directory than its "
+                                  "budget allows and was stopped")
+            else:  # (start() reports the failed start)
+                log.error("runner pid %s %s", self.proc.pid, what)
+                self._cache_task = None  # (kill() must not cancel this task mid-kill)
+                await self.kill()
+            return
 
     async def _watchdog(self, limit: float) -> None:
         """Kill a runner that has requests in flight and sends nothing for `limit` seconds
@@ -481,7 +543,14 @@ class RunnerProcess:
         if self.proc is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.proc.wait(), 5)
+        await self._log_written()  # its last words are in the log before anyone is told
         self._died(f"the model runner stopped: {self._why(exc)}")
+
+    async def _log_written(self) -> None:
+        """Wait (a few seconds at most) until what the runner wrote is in its log: the pipe
+        ends when the process is gone."""
+        if self._log_thread is not None and self._log_thread.is_alive():
+            await asyncio.to_thread(self._log_thread.join, 5)
 
     async def generate(self, req: ChatRequest
                        ) -> AsyncIterator[Started | Progress | Chunk | Done]:
@@ -654,6 +723,9 @@ class RunnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
+        if self.proc is not None:
+            await self._log_written()
+        self._cache_dir = None
         if self._cache_key is not None:
             promptdirs.release(self._cache_key)
             self._cache_key = None
@@ -661,3 +733,5 @@ class RunnerProcess:
             self._channel.close()
         if self._watch_task is not None and self._watch_task is not asyncio.current_task():
             self._watch_task.cancel()
+        if self._cache_task is not None and self._cache_task is not asyncio.current_task():
+            self._cache_task.cancel()

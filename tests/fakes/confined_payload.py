@@ -16,6 +16,7 @@ no wrapper. The numbers are x86_64's.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -89,6 +90,20 @@ def many_threads(n: int) -> None:
             t.join()
 
 
+def fill_cache_file(directory: str) -> None:
+    """Grow one file in its prompt-cache directory past any state it could keep (64 MiB;
+    the payload's budget is 1 MiB)."""
+    path = os.path.join(directory, "fill.kv")
+    try:
+        with open(path, "wb") as fh:
+            piece = bytes(1 << 20)
+            for _ in range(64):
+                fh.write(piece)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def attempts(spec: dict[str, Any]) -> dict[str, Callable[[], object]]:
     daemon, port = int(spec["daemon_pid"]), int(spec["daemon_port"])
     home, store = Path(spec["home"]), Path(spec["store"])
@@ -108,12 +123,19 @@ def attempts(spec: dict[str, Any]) -> dict[str, Callable[[], object]]:
         "write_store": lambda: open(store / "planted", "w"),
         "write_tmp": lambda: open(f"/tmp/llmrun-redteam-{os.getpid()}", "w"),
         "write_beside_model": lambda: open(Path(spec["model"]).parent / "planted", "w"),
+        # how large a file it may grow: in its own directory, a state it could keep
+        "fill_cache_file": lambda: fill_cache_file(spec["prompt_cache"]),
         # other programs, other processes
         "exec_sh": lambda: os.execv("/bin/sh", ["sh", "-c", "true"]),
         "fork": lambda: os.fork() == 0 and os._exit(0),
         "ptrace_daemon": lambda: raw("ptrace", ctypes.c_long(PTRACE_ATTACH),
                                      ctypes.c_long(daemon), None, None),
         "signal_daemon": lambda: os.kill(daemon, signal.SIGTERM),
+        # the daemon's priority, or every process of the user (PRIO_USER, who 0: its own)
+        "renice_daemon": lambda: os.setpriority(os.PRIO_PROCESS, daemon, 19),
+        "renice_user": lambda: os.setpriority(os.PRIO_USER, 0, 19),
+        "renice_group": lambda: os.setpriority(os.PRIO_PGRP, 0, 19),
+        "renice_own_thread": lambda: os.setpriority(os.PRIO_PROCESS, 0, 19),
         "new_namespace": lambda: raw("unshare", ctypes.c_int(CLONE_NEWUSER)),
         # the kernel's larger attack surfaces
         "io_uring_setup": lambda: raw("io_uring_setup", ctypes.c_uint(4),

@@ -31,6 +31,36 @@ def landlock_available() -> bool:
         return False
 
 
+# Set on a machine whose kernel has no Landlock: the tests that need it skip, saying so, and
+# those of the confinement that stands in for it still run. Without it, a missing Landlock
+# fails them: its assertions must not pass unseen.
+ALLOW_NO_LANDLOCK = "LLMRUN_TEST_ALLOW_NO_LANDLOCK"
+# The test-only switch that makes a child act as on a kernel without Landlock.
+NO_LANDLOCK_ENV = {sandbox.landlock.TEST_NO_LANDLOCK: "1"}
+# Each confinement test runs both ways: with Landlock, and as on a kernel without it.
+LANDLOCK_MODES = pytest.mark.parametrize("landlock", [True, False],
+                                         ids=["landlock", "no-landlock"])
+
+
+def require_landlock() -> None:
+    """For a test of what Landlock stops: fail where the kernel lacks it, unless the
+    machine is declared to lack it (ALLOW_NO_LANDLOCK), then skip."""
+    if landlock_available():
+        return
+    if os.environ.get(ALLOW_NO_LANDLOCK) == "1":
+        pytest.skip(f"no Landlock in this kernel ({ALLOW_NO_LANDLOCK}=1)")
+    pytest.fail(f"this kernel has no Landlock, which these assertions need; set "
+                f"{ALLOW_NO_LANDLOCK}=1 on such a machine (the no-landlock variants still run)")
+
+
+def landlock_env(landlock: bool) -> dict[str, str]:
+    """The environment of a child for a test's Landlock mode (require_landlock() first)."""
+    if landlock:
+        require_landlock()
+        return {k: v for k, v in os.environ.items() if k != sandbox.landlock.TEST_NO_LANDLOCK}
+    return {**os.environ, **NO_LANDLOCK_ENV}
+
+
 def namespaces_available() -> list[str]:
     """The namespaces a fresh process may enter here (a runner enters them as it starts)."""
     out = subprocess.run([sys.executable, "-c", "from llmrun.engine import sandbox; "
@@ -50,10 +80,12 @@ RUNNER_PROBE = TRIED + """
 import ctypes, errno, json, os, signal, socket, subprocess, sys, threading
 from pathlib import Path
 from llmrun.engine import sandbox
-from llmrun.engine.llama import Batch, Context, Model, Sampler  # imported first, as in runner
+isolated = sandbox.isolate()  # first, with one thread, as a runner does
+from llmrun.engine.llama import Batch, Context, Model, Sampler  # before confining, as in runner
 
 model_path, victim, elsewhere, other_pid, cache = sys.argv[1:6]
-confinement = sandbox.confine(read=[Path(model_path)], read_write=[Path(cache)] if cache else [])
+confinement = sandbox.confine(read=[Path(model_path)], read_write=[Path(cache)] if cache else [],
+                              isolated=isolated)
 
 model = Model(Path(model_path))  # parsed inside the confinement
 ctx = Context(model, n_ctx_seq=256, n_seq=1, n_batch=64, n_threads=2)
@@ -96,6 +128,10 @@ attempts = {
     "exec": lambda: subprocess.run(["/bin/true"]),
     "thread": lambda: threading.Thread(target=lambda: None).start(),
     "socketpair": socket.socketpair,  # how a runner talks to the daemon: still allowed
+    "renice_other": lambda: os.setpriority(os.PRIO_PROCESS, int(other_pid), 19),
+    "renice_user": lambda: os.setpriority(os.PRIO_USER, 0, 19),
+    "renice_own_thread": lambda: os.setpriority(os.PRIO_PROCESS, 0, 19),
+    "write_dev_node": lambda: open("/dev/vda" if os.path.exists("/dev/vda") else "/dev/tty", "w"),
 }
 if cache:  # the prompt cache's directory: its files are written, renamed and removed
     def cache_cycle():
@@ -115,17 +151,21 @@ print(json.dumps({"applied": confinement.applied, "missing": confinement.missing
 """
 
 DENIED = ("EPERM", "EACCES")  # seccomp answers EPERM, Landlock EACCES
+# without Landlock, a process that may write meets read-only mounts (EROFS), and a rename
+# from elsewhere into its output crosses mounts (EXDEV)
+DENIED_WITHOUT_LANDLOCK = (*DENIED, "EROFS", "EXDEV")
 
 
+@LANDLOCK_MODES
 @pytest.mark.parametrize("with_cache", [False, True], ids=["no-writes", "prompt-cache"])
 def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
-        smollm2_path: Path, tmp_path: Path, with_cache: bool) -> None:
-    """Without a prompt cache a runner writes nothing; with one, only inside its directory
-    (Landlock alone keeps it there: seccomp must then allow writes)."""
+        smollm2_path: Path, tmp_path: Path, with_cache: bool, landlock: bool) -> None:
+    """Without a prompt cache a runner writes nothing; with one, only inside its directory:
+    seccomp must then allow write-opens, and Landlock keeps them there or, on a kernel
+    without it, the read-only mounts of the runner's mount namespace."""
+    env = landlock_env(landlock)
     cache = tmp_path / "prompt-cache"
     if with_cache:
-        if not landlock_available():
-            pytest.skip("without Landlock a runner keeps its prompt states in memory")
         cache.mkdir()
     victim = tmp_path / "bashrc"
     victim.write_text("keep me\n")
@@ -136,30 +176,39 @@ def test_a_runner_confined_before_loading_still_decodes_and_can_do_nothing_else(
         out = subprocess.run([sys.executable, "-c", RUNNER_PROBE, str(smollm2_path),
                               str(victim), str(elsewhere), str(bystander.pid),
                               str(cache) if with_cache else ""],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         report = json.loads(out.stdout.splitlines()[-1])
         assert bystander.poll() is None  # the SIGKILL never reached it
     finally:
         bystander.kill()
         bystander.wait()
-    expected_layers = ["no-core-dumps", "open-files-limit", "no-new-privs", "seccomp"]
-    if landlock_available():
-        expected_layers.insert(3, "landlock")
+    namespaces = [n for n in report["applied"] if n.endswith("-namespace")]
+    expected_layers = [*namespaces, "no-core-dumps", "open-files-limit", "no-new-privs",
+                       "seccomp"]
+    if landlock:
+        expected_layers.insert(-1, "landlock")
+    elif with_cache:  # the mounts stand in for Landlock where the runner may write
+        assert "mount-namespace" in namespaces
+        expected_layers.insert(-1, "read-only-mounts")
     assert report["applied"] == expected_layers and report["missing"] == []
     assert len(report["generated"]) == 4 and "".join(report["generated"]).strip()
     results = report["results"]
-    for name in ("write_new", "append_existing", "truncate_existing", "unlink", "rename"):
-        assert results[name] in DENIED, (name, results[name])
+    denied = DENIED if landlock else DENIED_WITHOUT_LANDLOCK
+    for name in ("write_new", "append_existing", "truncate_existing", "unlink", "rename",
+                 "write_dev_node"):
+        assert results[name] in denied, (name, results[name])
     assert victim.read_text() == "keep me\n" and list(elsewhere.iterdir()) == []
-    for name in ("socket", "io_uring_setup", "kill_other", "fork", "exec"):
+    for name in ("socket", "io_uring_setup", "kill_other", "fork", "exec", "renice_other",
+                 "renice_user"):
         assert results[name] == "EPERM", (name, results[name])
     assert results["kill_self"] == results["thread"] == results["socketpair"] == "ok"
-    if landlock_available():  # files outside the model and the Python installation
+    assert results["renice_own_thread"] == "ok"  # what the prompt cache's writer does
+    if landlock:  # files outside the model and the Python installation
         assert results["read_elsewhere"] == "EACCES"
     if with_cache:
         assert results["cache_cycle"] == "ok" and list(cache.iterdir()) == []
-        assert results["rename_into_cache"] in DENIED
+        assert results["rename_into_cache"] in denied
 
 
 QUANTIZER_PROBE = TRIED + """
@@ -169,18 +218,29 @@ from llmrun.engine.quantizer import _confine
 
 src, dst, sibling = sys.argv[1:4]
 refusal = _confine(Path(src), Path(dst))
+def grow_dst():
+    with open(dst, "r+b") as fh:  # past what the source could make of it (its limit)
+        fh.seek(os.path.getsize(src) + (32 << 20))
+        fh.write(b"x")
+
 results = tried({
     "read_src": lambda: open(src, "rb").read(4),
     "write_dst": lambda: open(dst, "wb").write(b"GGUF"),
     "create_sibling": lambda: open(sibling, "w"),
+    "write_tmp": lambda: open(os.path.join(os.path.dirname(os.path.dirname(sibling)),
+                                           "planted"), "w"),
     "socket": socket.socket,
+    "grow_dst_past_bound": grow_dst,
 })
 print(json.dumps({"refusal": refusal, "results": results}))
 """
 
 
-@pytest.mark.skipif(not landlock_available(), reason="the kernel has no Landlock")
-def test_the_quantizer_child_writes_only_its_output(tmp_path: Path) -> None:
+@LANDLOCK_MODES
+def test_the_quantizer_child_writes_only_its_output(tmp_path: Path, landlock: bool) -> None:
+    """Landlock keeps its writes to its output; without Landlock, the read-only mounts of
+    its mount namespace (then it may still read elsewhere: that only Landlock stops)."""
+    env = {**landlock_env(landlock), "LLMRUN_SANDBOX": "strict"}
     src = write_tiny_llama(tmp_path / "src.gguf")
     out_dir = tmp_path / "blobs"
     out_dir.mkdir()
@@ -188,14 +248,74 @@ def test_the_quantizer_child_writes_only_its_output(tmp_path: Path) -> None:
     dst.touch()  # quantize() creates it (mkstemp) before the child starts
     sibling = out_dir / "sha256-evil"
     out = subprocess.run([sys.executable, "-c", QUANTIZER_PROBE, str(src), str(dst),
-                          str(sibling)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "LLMRUN_SANDBOX": "strict"})
+                          str(sibling)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.splitlines()[-1])
-    assert report == {"refusal": "", "results": {"read_src": "ok", "write_dst": "ok",
-                                                 "create_sibling": "EACCES",
-                                                 "socket": "EPERM"}}
-    assert not sibling.exists()
+    assert report == {"refusal": "", "results": {
+        "read_src": "ok", "write_dst": "ok", "create_sibling": "EACCES" if landlock else "EROFS",
+        "write_tmp": "EACCES" if landlock else "EROFS", "socket": "EPERM",
+        "grow_dst_past_bound": "EFBIG"}}
+    assert not sibling.exists() and not (tmp_path / "planted").exists()
+
+
+# Runs a program with unshare() refused (EPERM), as where neither unprivileged user
+# namespaces nor, for root, mount namespaces are allowed: with no Landlock either, nothing
+# could keep a writer's writes in place.
+NO_NAMESPACES = """
+import errno, os, sys
+from llmrun.engine import sandbox
+from llmrun.engine.sandbox import seccomp as s
+
+lib = s.libseccomp()
+ctx = lib.seccomp_init(s.SCMP_ACT_ALLOW)
+s._Filter(lib, ctx).rule(s._errno_action(errno.EPERM), "unshare")
+sandbox._no_new_privs()
+assert lib.seccomp_load(ctx) == 0
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+def test_without_landlock_or_namespaces_the_quantizer_refuses_to_write(tmp_path: Path) -> None:
+    """Where nothing can keep its writes to its output, the quantizer child writes nothing
+    and says why, whatever LLMRUN_SANDBOX=1 would otherwise let run unconfined."""
+    src = write_tiny_llama(tmp_path / "src.gguf")
+    dst = tmp_path / "out.partial"
+    dst.touch()
+    sibling = tmp_path / "sibling"
+    out = subprocess.run([sys.executable, "-c", NO_NAMESPACES, "-c", QUANTIZER_PROBE,
+                          str(src), str(dst), str(sibling)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, **NO_LANDLOCK_ENV,
+                                          "LLMRUN_SANDBOX": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert "cannot keep the quantizer's writes to its output" in report["refusal"]
+    assert report["results"]["write_dst"] == "EPERM"  # no write-open at all
+    assert report["results"]["create_sibling"] == "EPERM"
+    assert not sibling.exists() and dst.stat().st_size == 0
+    # and the store's quantize() reports it as the child's error
+    proc = subprocess.run([sys.executable, "-c", NO_NAMESPACES, "-m", "llmrun.engine.quantizer",
+                           str(src), str(dst), "Q8_0"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **NO_LANDLOCK_ENV, "LLMRUN_SANDBOX": "1"})
+    assert proc.returncode == 1 and "cannot keep the quantizer's writes" in proc.stderr
+    assert dst.stat().st_size == 0
+
+
+@pytest.mark.parametrize("landlock", [True, False], ids=["landlock", "no-landlock"])
+def test_the_quantizer_quantizes_in_strict_mode_either_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landlock: bool) -> None:
+    """Through the store's quantize() (what `create -q` and /api/create's `quantize` run):
+    strict mode, which refuses any missing layer, still quantizes without Landlock, as the
+    read-only mounts stand in for it; the test switch reaches the child."""
+    if landlock:
+        require_landlock()
+        monkeypatch.delenv(sandbox.landlock.TEST_NO_LANDLOCK, raising=False)
+    else:
+        monkeypatch.setenv(sandbox.landlock.TEST_NO_LANDLOCK, "1")
+    monkeypatch.setenv("LLMRUN_SANDBOX", "strict")
+    src = write_tiny_llama(tmp_path / "src.gguf")
+    result = quantize.quantize(src, "Q8_0", tmp_path / "out")
+    assert 0 < result.stat().st_size < src.stat().st_size
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [result.name]
 
 
 def test_the_quantizer_child_gets_a_scrubbed_environment_and_still_quantizes(
@@ -278,8 +398,11 @@ def test_the_runner_environment_holds_no_credentials(secret_daemon: Daemon) -> N
 def test_ps_shows_that_the_runner_is_confined(secret_daemon: Daemon) -> None:
     (model,) = httpx.get(f"{secret_daemon.url}/api/ps", headers=KEY).json()["models"]
     assert model["confined"] is True
-    layers = {"no-core-dumps", "memory-limit", "open-files-limit", "no-new-privs", "seccomp"}
-    layers |= {"landlock"} if landlock_available() else set()
+    layers = {"no-core-dumps", "memory-limit", "open-files-limit", "file-size-limit",
+              "no-new-privs", "seccomp"}
+    # (fails where Landlock is missing, unless the machine is declared so)
+    if landlock_available() or os.environ.get(ALLOW_NO_LANDLOCK) != "1":
+        layers |= {"landlock"}
     layers |= set(namespaces_available())
     assert layers <= set(model["sandbox"]), model["sandbox"]
     out = subprocess.run([sys.executable, "-m", "llmrun", "ps"], env=secret_daemon.env,
@@ -353,9 +476,10 @@ from pathlib import Path
 from llmrun.engine import sandbox
 
 node, other, victim = sys.argv[1:4]
+isolated = sandbox.isolate()
 held = os.open(node, os.O_RDONLY)  # as a GPU backend holds its device open
 nodes = sandbox.gpu_nodes(prefixes=(node,))
-result = sandbox.confine(devices=nodes)
+result = sandbox.confine(devices=nodes, isolated=isolated)
 results = tried({
     "open_node_rw": lambda: os.close(os.open(node, os.O_RDWR)),
     "open_other_node_rw": lambda: os.close(os.open(other, os.O_RDWR)),
@@ -367,25 +491,58 @@ print(json.dumps({"nodes": [str(n) for n in nodes], "applied": result.applied,
 """
 
 
-def test_a_gpu_runner_keeps_its_device_nodes_and_nothing_else_writable(tmp_path: Path) -> None:
+@LANDLOCK_MODES
+def test_a_gpu_runner_keeps_its_device_nodes_and_nothing_else_writable(
+        tmp_path: Path, landlock: bool) -> None:
     """A runner on a GPU may open the device nodes its backend held open read-write (its
-    driver reopens them); still no other node, no file, no deleting. (/dev/zero stands in
-    for a GPU's node, /dev/full for another device.)"""
-    if not landlock_available():
-        pytest.skip("without Landlock a GPU runner's device opens cannot be kept to its nodes")
+    driver reopens them); still no other node, no file, no deleting. Without Landlock its
+    mount namespace keeps that: everything read-only, and a /dev of its own nodes and the
+    harmless ones. (/dev/zero stands in for a GPU's node, /dev/vda, or /dev/tty where there
+    is none, for another device.)"""
+    env = landlock_env(landlock)
     victim = tmp_path / "bashrc"
     victim.write_text("keep me\n")
-    out = subprocess.run([sys.executable, "-c", DEVICE_PROBE, "/dev/zero", "/dev/full",
-                          str(victim)], capture_output=True, text=True, timeout=60)
+    other = "/dev/vda" if os.path.exists("/dev/vda") else "/dev/tty"
+    out = subprocess.run([sys.executable, "-c", DEVICE_PROBE, "/dev/zero", other,
+                          str(victim)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.splitlines()[-1])
     assert report["nodes"] == ["/dev/zero"] and report["missing"] == []
-    assert "landlock" in report["applied"] and "seccomp" in report["applied"]
+    assert ("landlock" if landlock else "read-only-mounts") in report["applied"]
+    assert "seccomp" in report["applied"]
     results = report["results"]
     assert results["open_node_rw"] == "ok"
-    assert results["open_other_node_rw"] == "EACCES"  # Landlock: not this runner's device
-    assert results["write_file"] == "EACCES" and results["unlink"] == "EPERM"
+    # Landlock: not this runner's device; without it, not in the runner's /dev at all
+    assert results["open_other_node_rw"] == ("EACCES" if landlock else "ENOENT")
+    assert results["write_file"] == ("EACCES" if landlock else "EROFS")
+    assert results["unlink"] == "EPERM"
     assert victim.read_text() == "keep me\n"
+
+
+def test_a_gpu_runner_is_refused_where_its_writes_cannot_be_confined(tmp_path: Path) -> None:
+    """No Landlock and no namespaces: a GPU runner's driver would open files for writing
+    wherever its user can, so the runner refuses to start, saying what to do."""
+    from llmrun.engine import boot
+
+    probe = TRIED + """
+import json, socket
+from llmrun import ipc, protocol
+from llmrun.engine import runner
+from llmrun.ipc import SyncChannel
+mine, theirs = socket.socketpair()
+load = protocol.Load(model=[sys.argv[1]], ctx=256, slots=1, threads=2, device=["Vulkan0"],
+                     max_frame=ipc.MAX_FRAME)
+host = runner.start(SyncChannel(theirs), load)
+print(json.dumps({"host": host is not None, "reply": SyncChannel(mine).recv()}))
+"""
+    model = write_tiny_llama(tmp_path / "model.gguf")
+    out = subprocess.run([sys.executable, "-c", NO_NAMESPACES, "-c", probe, str(model)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **NO_LANDLOCK_ENV, "LLMRUN_SANDBOX": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["host"] is False
+    assert report["reply"] == {"type": "fatal", "error": boot.GPU_UNCONFINABLE}
 
 
 # -- the allowlist ------------------------------------------------------------------------

@@ -5,10 +5,11 @@ a parser bug into code execution, the process should be a poor place to have it:
 new programs, no network, no other processes and (a runner) no writable file, so it gives
 them up for good *before* llama.cpp reads the first byte of the model:
 
-- a runner first enters a user namespace of its own and an empty network namespace
-  (namespaces.py: isolate(), while it has one thread);
+- it first enters a user namespace of its own, a mount namespace and an empty network
+  namespace (namespaces.py: isolate(), while it has one thread);
 - resource limits (limits.py): no core dumps (they would hold the model and the prompts),
-  and for a runner its address space, open files and threads, from what its load needs;
+  the size a file may grow to (its output's bound), and for a runner its address space,
+  open files and threads, from what its load needs;
 - no new privileges (`PR_SET_NO_NEW_PRIVS`): setuid binaries and file capabilities stop
   working, which also lets an unprivileged process take on the two layers below;
 - Landlock (Linux 5.13+): the file system becomes read-only and shrinks to the model files,
@@ -17,6 +18,11 @@ them up for good *before* llama.cpp reads the first byte of the model:
   device nodes of the GPU a runner uses are its only other read-write files. Where the
   kernel knows them, TCP bind/connect, abstract unix sockets and signals to processes outside
   the sandbox are cut too (a future RPC client would need a NET_PORT rule for its workers);
+- where Landlock is missing and the process must write: read-only mounts (mounts.py), in its
+  mount namespace, every mount read-only but its output and /dev only the harmless nodes and
+  its GPU's; where neither can be had, the filter below allows no write-open at all, so a
+  process that must write writes nothing rather than anywhere (a GPU runner and the
+  quantizer then refuse to start, saying why; a runner keeps its prompt states in memory);
 - a seccomp filter (through libseccomp, the library Docker and systemd use) that is an
   allowlist: syscalls.py names, in groups with their reasons, the calls a confined process
   was traced making (scripts/trace_syscalls.py regenerates and checks it), and everything
@@ -24,8 +30,9 @@ them up for good *before* llama.cpp reads the first byte of the model:
   tracing or reading other processes, io_uring (which can open sockets and files behind the
   filter's back), namespaces, mounting, kernel modules, BPF, key rings, and any call nobody
   listed. Some allowed calls keep a condition on their arguments: clone only for threads,
-  signals and prlimit64 only to itself, open/openat only for reading unless the process has
-  a writable path or GPU nodes (then Landlock decides where); renaming, deleting and the
+  signals and prlimit64 only to itself, setpriority only on its calling thread, open/openat
+  only for reading unless the process has a writable path or GPU nodes (then Landlock or the
+  read-only mounts decide where); renaming, deleting and the
   like only with a writable path; what GPU drivers call beyond the CPU's needs only with GPU
   nodes. clone3 and openat2 answer ENOSYS, so that the C library falls back to the calls
   the filter can check.
@@ -33,8 +40,8 @@ them up for good *before* llama.cpp reads the first byte of the model:
 `confine()` applies what the system allows and says what it applied and what is missing; the
 caller decides whether a missing layer is fatal (LLMRUN_SANDBOX=strict). Already open file
 descriptors (the daemon's socket pair, an RPC runner's connections to its workers, the log
-file on stdout/stderr) keep working: both Landlock and the write-open rule act when a file is
-opened, not on descriptors held.
+pipe on stdout/stderr) keep working: Landlock, the read-only mounts and the write-open rule
+act when a file is opened, not on descriptors held.
 """
 
 from __future__ import annotations
@@ -48,15 +55,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmrun.engine.sandbox import mounts, namespaces
 from llmrun.engine.sandbox.landlock import c_library, gpu_nodes, landlock_abi, restrict_files
 from llmrun.engine.sandbox.limits import CORE, OPEN_FILES_MAX, Limits
 from llmrun.engine.sandbox.limits import apply as apply_limits
 from llmrun.engine.sandbox.namespaces import enter as isolate
 from llmrun.engine.sandbox.seccomp import libseccomp, restrict_syscalls
 
-__all__ = ["LANDLOCK", "NO_CORE_DUMPS", "NO_NEW_PRIVS", "SECCOMP", "Confinement", "Limits",
-           "confine", "gpu_nodes", "isolate", "landlock_abi", "restrict_files",
-           "restrict_syscalls"]
+__all__ = ["LANDLOCK", "NO_CORE_DUMPS", "NO_NEW_PRIVS", "READ_ONLY", "SECCOMP", "Confinement",
+           "Limits", "confine", "gpu_nodes", "isolate", "landlock_abi", "restrict_files",
+           "restrict_syscalls", "writes_confinable"]
 
 log = logging.getLogger("llmrun.runner")
 
@@ -64,6 +72,7 @@ log = logging.getLogger("llmrun.runner")
 NO_CORE_DUMPS = CORE
 NO_NEW_PRIVS = "no-new-privs"
 LANDLOCK = "landlock"
+READ_ONLY = mounts.READ_ONLY
 SECCOMP = "seccomp"
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -110,6 +119,17 @@ def _no_new_privs() -> None:
         raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
 
 
+def writes_confinable(isolated: tuple[list[str], list[str]]) -> bool:
+    """Whether this process's writes can be kept to the paths it names: by Landlock, or,
+    without it, in the mount namespace namespaces.enter() made (`isolated`: what it applied).
+    A process that must write and cannot be kept so must not write at all."""
+    try:
+        landlock_abi()
+        return True
+    except OSError:
+        return namespaces.MOUNT in isolated[0]
+
+
 def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
             devices: Iterable[Path] = (), limits: Limits | None = None,
             isolated: tuple[list[str], list[str]] = ([], [])) -> Confinement:
@@ -117,12 +137,16 @@ def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
 
     `read`: files and directories the process must still read (the model, its adapters);
     `read_write`: the only paths it may write (then opening for writing stays allowed in the
-    seccomp filter and Landlock alone decides where; without Landlock such a process can
-    write wherever its user can, and `missing` says so); `devices`: the GPU device nodes it
-    uses (gpu_nodes()), which it may open read-write (then only opening for writing stays
-    allowed in the filter: renaming, deleting and the rest do not); `limits`: its resource
-    limits (none but core dumps when None); `isolated`: what namespaces.enter() applied and
-    could not apply, earlier, while the process had a single thread."""
+    seccomp filter, and Landlock or, without it, read-only mounts decide where); `devices`:
+    the GPU device nodes it uses (gpu_nodes()), which it may open read-write (then only
+    opening for writing stays allowed in the filter: renaming, deleting and the rest do not);
+    `limits`: its resource limits (none but core dumps when None); `isolated`: what
+    namespaces.enter() applied and could not apply, earlier, while the process had a single
+    thread.
+
+    Where neither Landlock nor read-only mounts can keep the writes in place (no Landlock,
+    no mount namespace), the filter allows no write-open at all and `missing` says so: such
+    a process writes nothing, rather than anywhere its user can."""
     read_write, devices = list(read_write), list(devices)
     result = Confinement(applied=list(isolated[0]), unavailable=list(isolated[1]))
     seccomp_lib = libseccomp()  # before Landlock: find_library runs ldconfig
@@ -137,6 +161,8 @@ def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
         result.missing += [f"{NO_NEW_PRIVS}: {_why(exc)}", f"{LANDLOCK}: needs {NO_NEW_PRIVS}",
                            f"{SECCOMP}: needs {NO_NEW_PRIVS}"]
         return result
+    may_write = bool(read_write or devices)
+    writes_kept = True
     try:
         abi = restrict_files(read, read_write, devices)
         result.applied.append(LANDLOCK)
@@ -144,13 +170,36 @@ def confine(read: Iterable[Path] = (), read_write: Iterable[Path] = (),
     except OSError as exc:
         absent = exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP)
         why = f"{LANDLOCK}: {'not available in this kernel' if absent else _why(exc)}"
-        if absent and not read_write and not devices:
+        if may_write:
+            writes_kept = _read_only_mounts(result, read_write, devices)
+        if absent:
             result.unavailable.append(why)
-        else:  # a kernel that has it refused, or this process's writes would go unconfined
-            result.missing.append(why + (" (its writes would go unconfined)" if absent else ""))
+        else:  # a kernel that has it refused
+            result.missing.append(why)
     try:
-        restrict_syscalls(seccomp_lib, fs_changes=bool(read_write), write_opens=bool(devices))
+        # writes only where Landlock or the mounts keep them; else none (a GPU runner's
+        # driver then fails its device opens: boot.py refuses such a runner first)
+        restrict_syscalls(seccomp_lib, fs_changes=bool(read_write) and writes_kept,
+                          write_opens=bool(devices) and writes_kept, gpu=bool(devices))
         result.applied.append(SECCOMP)
     except OSError as exc:
         result.missing.append(f"{SECCOMP}: {_why(exc)}")
     return result
+
+
+def _read_only_mounts(result: Confinement, read_write: list[Path], devices: list[Path]) -> bool:
+    """Without Landlock: keep the writes of a process that must write to `read_write` (and
+    its device nodes) by remounting the rest read-only in its mount namespace. Whether that
+    held; when not, `result.missing` says why its writes are refused instead."""
+    if namespaces.MOUNT not in result.applied:
+        result.missing.append(f"{mounts.READ_ONLY}: needs a {namespaces.MOUNT}, so this "
+                              "process may write nothing")
+        return False
+    try:
+        mounts.read_only_except(read_write, devices)
+    except OSError as exc:
+        result.missing.append(f"{mounts.READ_ONLY}: {_why(exc)}, so this process may write "
+                              "nothing")
+        return False
+    result.applied.append(mounts.READ_ONLY)
+    return True

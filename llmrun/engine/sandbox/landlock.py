@@ -36,6 +36,11 @@ GPU_NODE_PREFIXES = ("/dev/nvidia", "/dev/dri/renderD", "/dev/kfd")
 # Nodes NVIDIA's driver shares among its GPUs and may open after initialising one (the
 # unified-memory node as memory is first allocated).
 NVIDIA_SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# Test-only: set to 1, this process and the runners and quantizer children it starts behave
+# as on a kernel without Landlock (landlock_abi() answers ENOSYS), so that the tests, on a
+# machine that has it, can check what confines a process there instead (sandbox/mounts.py).
+# It only ever takes a layer away; llmrun/childenv.py passes it on to those children.
+TEST_NO_LANDLOCK = "LLMRUN_SANDBOX_TEST_NO_LANDLOCK"
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -76,6 +81,8 @@ def gpu_nodes(prefixes: tuple[str, ...] = GPU_NODE_PREFIXES) -> list[Path]:
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version; raises OSError (ENOSYS: not built in, EOPNOTSUPP:
     disabled at boot) when there is none."""
+    if os.environ.get(TEST_NO_LANDLOCK) == "1":
+        raise OSError(errno.ENOSYS, f"{os.strerror(errno.ENOSYS)} ({TEST_NO_LANDLOCK}=1)")
     libc = c_library()
     abi = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
                        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))

@@ -15,8 +15,14 @@ back to an illegal instruction), and a test's or a user's `kill -ABRT` would do 
 third process as init would avoid that, at the price of two more processes per model. What
 the namespace would hide, Landlock and the seccomp filter already refuse: other processes'
 /proc entries (EACCES), signals and ptrace to them (EPERM); tests/integration/test_redteam.py
-tries each. Nor a mount namespace: Landlock already shrinks the file system to what the
-runner may read.
+tries each.
+
+A mount namespace too, where the user namespace (or root) allows one: nothing changes in it
+while Landlock confines the process's files, but where Landlock is missing, a process that
+must write (a prompt-cache directory, a GPU's device nodes, the quantizer's output) remounts
+everything read-only in it except its output (sandbox/mounts.py), which a filter on open
+flags alone could not do. It has to be made here: a mount namespace, like a user namespace,
+is a thread's, and only one made while the process had a single thread is every thread's.
 
 `unshare` works only while the process has a single thread, so this is the runner's first
 step after reading its Load message, before llama.cpp or any library starts a thread.
@@ -29,7 +35,9 @@ import os
 
 USER = "user-namespace"
 NETWORK = "network-namespace"
+MOUNT = "mount-namespace"
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 
@@ -54,29 +62,31 @@ def _map_ids(uid: int, gid: int) -> None:
 
 
 def enter(keep_network: bool = False) -> tuple[list[str], list[str]]:
-    """Move this process into a user namespace of its own and, unless `keep_network` (a
-    runner that talks to RPC workers), an empty network namespace.
+    """Move this process into a user namespace of its own, a mount namespace and, unless
+    `keep_network` (a runner that talks to RPC workers), an empty network namespace.
     Returns the layers applied and, for those the kernel refused, "layer: why"."""
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWUSER | (0 if keep_network else CLONE_NEWNET)
+    flags = CLONE_NEWUSER | CLONE_NEWNS | (0 if keep_network else CLONE_NEWNET)
     try:
         _unshare(flags)
     except OSError as exc:
         # Unprivileged user namespaces can be switched off (kernel.unprivileged_userns_clone,
         # user.max_user_namespaces=0, AppArmor's restriction on Ubuntu 24.04). Root can still
-        # make a network namespace without one.
+        # make a network and a mount namespace without one.
         why = f"{USER}: {exc.strerror or exc}"
-        if keep_network or uid != 0:
-            return [], [why] + ([] if keep_network else [f"{NETWORK}: needs a {USER}"])
+        if uid != 0:
+            return [], [why, f"{MOUNT}: needs a {USER}"] + (
+                [] if keep_network else [f"{NETWORK}: needs a {USER}"])
         try:
-            _unshare(CLONE_NEWNET)
-        except OSError as net_exc:
-            return [], [why, f"{NETWORK}: {net_exc.strerror or net_exc}"]
-        return [NETWORK], [why]
+            _unshare(CLONE_NEWNS | (0 if keep_network else CLONE_NEWNET))
+        except OSError as ns_exc:
+            return [], [why, f"{MOUNT}: {ns_exc.strerror or ns_exc}"] + (
+                [] if keep_network else [f"{NETWORK}: {ns_exc.strerror or ns_exc}"])
+        return [MOUNT, *([] if keep_network else [NETWORK])], [why]
     net = [] if keep_network else [NETWORK]
     try:
         _map_ids(uid, gid)
     except OSError as exc:
         # (the process still runs, as the overflow ID; it writes no file then)
-        return [USER, *net], [f"user-id-map: {exc.strerror}"]
-    return [USER, *net], []
+        return [USER, MOUNT, *net], [f"user-id-map: {exc.strerror}"]
+    return [USER, MOUNT, *net], []

@@ -3,7 +3,8 @@ systemd use), on the system calls a confined process may make. See the package's
 for what the sandbox as a whole stops.
 
 It is an allowlist: the calls syscalls.py names, in its groups, are allowed; a few only with
-conditions on their arguments (clone for threads, signals and prlimit64 to itself, open and
+conditions on their arguments (clone for threads, signals and prlimit64 to itself,
+setpriority on the calling thread, open and
 openat read-only, ioctl for Python's few requests, unless the process may write or has GPU
 nodes); clone3 and openat2 answer ENOSYS so that the C library falls back to clone and
 openat, which the filter can check; every other call answers EPERM (DEFAULT_ACTION says why
@@ -95,8 +96,11 @@ class _Filter:
 
 
 
-def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
-    for name in syscalls.allowed_names(fs_changes=fs_changes, gpu=write_opens):
+PRIO_PROCESS = 0
+
+
+def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool, gpu: bool) -> None:
+    for name in syscalls.allowed_names(fs_changes=fs_changes, gpu=gpu):
         f.rule(SCMP_ACT_ALLOW, name)
     for name in syscalls.ENOSYS:
         f.rule(_errno_action(errno.ENOSYS), name)
@@ -113,14 +117,19 @@ def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
     for target in (0, pid):
         f.rule(SCMP_ACT_ALLOW, "prlimit64", _ArgCmp(0, SCMP_CMP_EQ, target, 0),
                _ArgCmp(2, SCMP_CMP_EQ, 0, 0))
+    # priority: only of the calling thread (who 0 with PRIO_PROCESS is the caller's thread on
+    # Linux): another pid (the daemon) or PRIO_PGRP/PRIO_USER (every process of the user)
+    # would let it slow down, or as root speed up, what is not its own
+    f.rule(SCMP_ACT_ALLOW, "setpriority", _ArgCmp(0, SCMP_CMP_EQ, PRIO_PROCESS, 0),
+           _ArgCmp(1, SCMP_CMP_EQ, 0, 0))
     # ioctl: a GPU driver's requests are its own; anyone else's only Python's few (not
     # TIOCSTI, which types into a terminal)
-    if write_opens:
+    if gpu:
         f.rule(SCMP_ACT_ALLOW, "ioctl")
     else:
         for request in syscalls.IOCTLS.values():
             f.rule(SCMP_ACT_ALLOW, "ioctl", _ArgCmp(1, SCMP_CMP_EQ, request, 0))
-    if fs_changes or write_opens:  # Landlock decides which files it may open for writing
+    if fs_changes or write_opens:  # Landlock or read-only mounts decide where it may write
         f.rule(SCMP_ACT_ALLOW, "open")
         f.rule(SCMP_ACT_ALLOW, "openat")
         return
@@ -128,7 +137,7 @@ def _add_rules(f: _Filter, fs_changes: bool, write_opens: bool) -> None:
     f.rule(SCMP_ACT_ALLOW, "openat", _ArgCmp(2, SCMP_CMP_MASKED_EQ, WRITE_FLAGS, 0))
 
 
-def _install_filter(lib: ctypes.CDLL, fs_changes: bool, write_opens: bool) -> None:
+def _install_filter(lib: ctypes.CDLL, fs_changes: bool, write_opens: bool, gpu: bool) -> None:
     ctx = lib.seccomp_init(DEFAULT_ACTION)
     if not ctx:
         raise OSError("seccomp_init failed")
@@ -147,7 +156,7 @@ def _install_filter(lib: ctypes.CDLL, fs_changes: bool, write_opens: bool) -> No
         # (5.11+) skips the filter altogether for calls it allows whatever their arguments,
         # such as futex, so this matters only on older kernels and for the conditional ones.
         lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2)
-        _add_rules(_Filter(lib, ctx), fs_changes, write_opens)
+        _add_rules(_Filter(lib, ctx), fs_changes, write_opens, gpu)
         rc = lib.seccomp_load(ctx)
         if rc < 0:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
@@ -156,14 +165,15 @@ def _install_filter(lib: ctypes.CDLL, fs_changes: bool, write_opens: bool) -> No
 
 
 def restrict_syscalls(lib: ctypes.CDLL | None, *, fs_changes: bool = False,
-                      write_opens: bool = False) -> None:
+                      write_opens: bool = False, gpu: bool | None = None) -> None:
     """Install the allowlist with `lib` (libseccomp(), looked up before Landlock hides the
     tools find_library runs); needs no_new_privs first. `fs_changes` also allows opening for
     writing and the calls that change the file system (rename, unlink...), for a process
-    whose writes Landlock confines to named paths; `write_opens` allows opening for writing
-    and what GPU drivers call (syscalls.GPU_DRIVERS), for a runner with GPU device nodes,
-    which its driver opens read-write (Landlock allows no other file). Raises OSError when
-    it cannot be installed."""
+    whose writes Landlock or read-only mounts confine to named paths; `write_opens` allows
+    opening for writing, for a runner with GPU device nodes, which its driver opens
+    read-write (Landlock, or the mounts, allow no other file); `gpu` (by default as
+    `write_opens`) what GPU drivers call (syscalls.GPU_DRIVERS, any ioctl). Raises OSError
+    when it cannot be installed."""
     if lib is None:
         raise OSError(errno.ENOENT, "libseccomp not found (install libseccomp2)")
-    _install_filter(lib, fs_changes, write_opens)
+    _install_filter(lib, fs_changes, write_opens, write_opens if gpu is None else gpu)

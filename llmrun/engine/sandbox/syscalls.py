@@ -40,9 +40,9 @@ GROUPS: dict[str, Group] = {
         "CONDITIONAL): waiting and waking (futex), glibc's per-thread registrations "
         "(robust futex list, restartable sequences), yielding while spinning, the CPUs "
         "they may use, and the lowest priority the prompt cache's writer gives its own "
-        "thread (setpriority: an unprivileged process can only lower its user's)",
+        "thread (setpriority: see CONDITIONAL)",
         ("futex", "set_robust_list", "rseq", "sched_yield", "sched_getaffinity",
-         "setpriority", "exit", "exit_group")),
+         "exit", "exit_group")),
     "time": Group(
         "clock reads (the vDSO answers them without a system call where the clock source "
         "allows; these are its fallbacks, on some virtual machines every read) and sleeps",
@@ -110,6 +110,10 @@ CONDITIONAL: dict[str, str] = {
     "rt_sigqueueinfo": "to its own pid only",
     "rt_tgsigqueueinfo": "to its own pid only",
     "prlimit64": "reading its own limits only (pid 0 or its own, no new limit)",
+    "setpriority": "its calling thread only (PRIO_PROCESS, who 0): the prompt cache's writer "
+                   "lowers its own priority; any other target (the daemon, PRIO_USER: every "
+                   "process of the user) is refused, as an unprivileged user may renice all "
+                   "its own processes",
     "open": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
     "openat": "read-only (no O_WRONLY, O_RDWR, O_CREAT, O_TRUNC) unless it may write",
     "ioctl": "the requests Python makes on its descriptors (TCGETS, TIOCGWINSZ: is it a "
