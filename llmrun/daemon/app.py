@@ -23,6 +23,7 @@ from llmrun.api.dialect import Backends
 from llmrun.daemon import web
 from llmrun.daemon.dialects import DIALECTS, dialect, error_body
 from llmrun.daemon.intake import BodyLimit, RateLimit
+from llmrun.daemon.jsonshape import JSONShape
 from llmrun.daemon.security import Security, authorized
 from llmrun.request import EngineError
 from llmrun.server.devices import DeviceList
@@ -146,9 +147,11 @@ def create_app(store: Store | None = None,
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     # outermost last: identity header, Security, RateLimit (after the key check, so it can
-    # count per key), BodyLimit, JSONBodies, metrics
+    # count per key), BodyLimit, JSONShape (the body's values and depth, within BodyLimit's
+    # size), JSONBodies, metrics
     app.add_middleware(OnResponseStart, hook=metrics.count_response)
     app.add_middleware(JSONBodies)
+    app.add_middleware(JSONShape)
     app.add_middleware(BodyLimit)
     app.add_middleware(RateLimit)
     app.add_middleware(Security)

@@ -30,7 +30,7 @@ from llmrun.api.openai.stream import (
     completion_stream,
     start_choices,
 )
-from llmrun.api.openai.transcribe import Task, answer, parse
+from llmrun.api.openai.transcribe import Task, answer, parse, read
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody, RerankBody
 from llmrun.request import ChatRequest, EngineError
 from llmrun.server.service import Service
@@ -118,7 +118,7 @@ def router(service: Service) -> APIRouter:
 
     async def speech(request: Request, task: Task) -> Response:
         try:
-            t = parse(task, request.headers.get("content-type", ""), await request.body())
+            t = parse(task, *await read(request))
         except ApiError as exc:
             return api_error(exc)
         return await unless_disconnected(request, answer(service, t))

@@ -4,11 +4,12 @@ There is no speech model here, only chat models whose projector hears: a transcr
 chat turn, the sound file in a user message with an instruction to write down (or translate
 into English) what is said, answered greedily unless `temperature` says otherwise. The form
 is OpenAI's multipart one (`file`, `model`, `language`, `prompt`, `response_format`,
-`temperature`, `stream`), read with the standard library's MIME parser (the daemon bounds
-the body's size before it is read). Each `response_format` is answered in OpenAI's shape;
-the model gives no timings, so `srt`, `vtt` and `verbose_json` hold one segment spanning the
-sound (its duration read from the file's header). `stream=true` answers with server-sent
-`transcript.text.delta` events and one `transcript.text.done`.
+`temperature`, `stream`), read as it arrives by api/forms.py (python-multipart), within
+bounds that such a form never reaches: one file, FORM_FIELDS text fields of at most
+FIELD_BYTES each, the file within LLMRUN_MAX_AUDIO_SIZE. Each `response_format` is answered
+in OpenAI's shape; the model gives no timings, so `srt`, `vtt` and `verbose_json` hold one
+segment spanning the sound (its duration read from the file's header). `stream=true`
+answers with server-sent `transcript.text.delta` events and one `transcript.text.done`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import base64
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from email import policy
-from email.parser import BytesParser
 from typing import Any, Literal
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from llmrun import bounds
 from llmrun.api.dialect import http_status
+from llmrun.api.forms import FormError, Limits, read_form
 from llmrun.api.images import from_audio
 from llmrun.api.openai.errors import ApiError, api_error, engine_error_fields, error_body
 from llmrun.api.openai.stream import Choices, sse, start_choices
@@ -36,6 +37,12 @@ FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # Most tokens a transcript may take: about 12 minutes of speech at ~150 words a minute (the
 # sound itself is bounded by its duration, bounds.MAX_SOUND_SECONDS)
 MAX_TRANSCRIPT_TOKENS = 2048
+# The form's text fields: OpenAI's have eight (model, language, prompt, response_format,
+# temperature, stream, and the array fields include[] and timestamp_granularities[]), sent
+# once each; repeats and unknown fields count too. FIELD_BYTES: the longest is `prompt`,
+# which OpenAI caps at 224 tokens, about 1 KB.
+FORM_FIELDS = 32
+FIELD_BYTES = 64 * 1024
 
 
 @dataclass
@@ -49,27 +56,28 @@ class Transcription:
     language: str | None
 
 
-def _form(content_type: str, body: bytes) -> tuple[dict[str, str], tuple[str, bytes] | None]:
-    """A multipart/form-data body's text fields and its `file` (name, bytes)."""
+def _check_file(name: str, size: int) -> None:
+    """The sound file's size as it arrives: refused the moment it passes the limit."""
+    try:
+        bounds.check_audio_size(size, name)
+    except EngineError as exc:
+        raise FormError(http_status(exc), exc.message, name) from None
+
+
+LIMITS = Limits(files=frozenset({"file"}), max_fields=FORM_FIELDS, max_field_bytes=FIELD_BYTES,
+                check_file=_check_file)
+
+
+async def read(request: Request) -> tuple[dict[str, str], tuple[str, bytes] | None]:
+    """The form's text fields and its `file` (name, bytes); ApiError for a form refused."""
+    content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise ApiError(400, "expected a multipart/form-data body (the sound in 'file')")
-    head = b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n"
-    message = BytesParser(policy=policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise ApiError(400, "the multipart/form-data body could not be read")
-    fields: dict[str, str] = {}
-    upload: tuple[str, bytes] | None = None
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str):
-            continue
-        data = part.get_payload(decode=True)
-        raw = data if isinstance(data, bytes) else b""
-        if name == "file":
-            upload = (part.get_filename() or "audio", raw)
-        else:
-            fields[name] = raw.decode("utf-8", "replace")
-    return fields, upload
+    try:
+        form = await read_form(request, LIMITS)
+    except FormError as exc:
+        raise ApiError(exc.status, exc.message, exc.param) from None
+    return form.fields, form.files.get("file")
 
 
 def instruction(task: Task, language: str | None, prompt: str | None) -> str:
@@ -87,9 +95,8 @@ def instruction(task: Task, language: str | None, prompt: str | None) -> str:
     return text
 
 
-def parse(task: Task, content_type: str, body: bytes) -> Transcription:
-    """The form, checked: ApiError (400) naming the field at fault."""
-    fields, upload = _form(content_type, body)
+def parse(task: Task, fields: dict[str, str], upload: tuple[str, bytes] | None) -> Transcription:
+    """The form's fields and file, checked: ApiError (400) naming the field at fault."""
     if upload is None or not upload[1]:
         raise ApiError(400, "a sound file is required in 'file'", "file")
     model = fields.get("model", "").strip()
