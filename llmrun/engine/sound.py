@@ -2,11 +2,15 @@
 
 Audio decoders are attack surface, as image decoders are (engine/pixels.py): a request's
 bytes reach this code, so it runs only in the confined runner. The header is read first, in
-Python (llmrun/bounds.py's check_sound_header, which the daemon applies too), and a file is
-refused before a sample is decoded when it declares too long a sound, a sample rate outside
-what speech models take, or more data than it holds (a truncated file); an MP3's frames are
-walked, so a bomb never reaches the decoder. Then libmtmd's own helper (miniaudio) decodes
-and resamples to the projector's rate. Only WAV and MP3 are taken (what OpenAI's
+Python (llmrun/bounds.py's check_sound, which the daemon applies too), and a file is
+refused before a sample is decoded when it declares too long a sound, a coding whose length
+its header does not give (ADPCM), a sample rate outside what speech models take, or more
+data than it holds (a truncated file); an MP3's frames are walked, so a bomb never reaches
+the decoder. Then libmtmd's own helper (miniaudio) decodes and resamples to the projector's
+rate, given only what was read: a WAV file written here from the coding and samples read,
+an MP3's frames end to end (no tag, no junk between frames: miniaudio tries its decoders in
+turn and each reads a file its own way, so bytes the header walk skipped could otherwise be
+decoded). Only WAV and MP3 are taken (what OpenAI's
 `input_audio` names); anything else is refused by its first bytes. FLAC is not: its header
 declares a length, but only decoding its frames tells what they hold (a frame of one
 constant value stands for 65,535 samples in a few bytes), so no header walk bounds it.
@@ -52,20 +56,21 @@ def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray], rate: int,
     except (binascii.Error, ValueError):
         raise ValueError("a sound file is not valid base64") from None
     try:  # the daemon checked it too, but a request may be built anywhere
-        bounds.check_sound_header(data)
+        layout = bounds.check_sound(data)
     except EngineError as exc:  # worded as the runner words a request's fault
         raise ValueError(exc.message) from None
-    if not piece_seconds:
-        return [_hashed(decoder(data), rate)]
-    if data[:4] == b"RIFF":
-        layout = bounds.wav_layout(data)
-        step = bounds.piece_frames(piece_seconds, layout.rate) * layout.block
-        if layout.size <= step:  # one piece: the file as it is
-            return [_hashed(decoder(data), rate)]
+    if isinstance(layout, bounds.Mp3Layout):  # its frames, not the file (bounds.py)
+        whole = decoder(layout.stream())
+        if not piece_seconds:
+            return [_hashed(whole, rate)]
+    else:  # a WAV file written from what was read, never the file
         samples = data[layout.start:layout.start + layout.size]
+        step = bounds.piece_frames(piece_seconds, layout.rate) * layout.block \
+            if piece_seconds else layout.size
+        if layout.size <= step:  # one piece
+            return [_hashed(decoder(_wav(layout, samples)), rate)]
         return [_hashed(decoder(_wav(layout, samples[at:at + step])), rate)
                 for at in _starts(len(samples), step, layout.rate * layout.block)]
-    whole = decoder(data)
     step = bounds.piece_frames(piece_seconds, rate)
     return [_hashed(whole[at:at + step], rate) for at in _starts(len(whole), step, rate)]
 
@@ -78,9 +83,10 @@ def _starts(n: int, step: int, per_second: int) -> list[int]:
 
 
 def _wav(layout: bounds.WavLayout, samples: bytes) -> bytes:
-    """A WAV file of `samples`, in the format `layout` describes (its own format chunk)."""
-    fmt = layout.fmt + b"\0" * (len(layout.fmt) & 1)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(layout.fmt)) + fmt \
+    """A WAV file of `samples`, in the coding `layout` read: its plain 16-byte format chunk
+    and one data chunk, nothing the file had besides (what dr_wav reads of it is what
+    bounds.py read)."""
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(layout.fmt)) + layout.fmt \
         + b"data" + struct.pack("<I", len(samples)) + samples
     return b"RIFF" + struct.pack("<I", len(body)) + body
 

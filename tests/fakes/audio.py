@@ -193,3 +193,55 @@ def mp3_bomb(seconds: float = 1500.0) -> bytes:
 def not_audio() -> bytes:
     """Bytes no audio decoder recognises."""
     return b"this is not a sound, just some text\x00\x01\x02 that no decoder knows\n" * 8
+
+
+# -- hand-built headers: what a decoder believes and a length check must not miss ----------
+
+
+def riff(fmt: bytes, samples: bytes, before_data: bytes = b"") -> bytes:
+    """A RIFF/WAVE file of the format chunk body `fmt` and the data chunk `samples`, with
+    `before_data` (whole chunks) between them."""
+    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + before_data
+            + b"data" + struct.pack("<I", len(samples)) + samples)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def fmt_chunk(tag: int, channels: int, rate: int, bits: int, block: int | None = None,
+              byte_rate: int | None = None) -> bytes:
+    """A 16-byte format chunk body; the block alignment and byte rate are the coding's own
+    unless given."""
+    block = channels * bits // 8 if block is None else block
+    return struct.pack("<HHIIHH", tag, channels, rate,
+                       rate * block if byte_rate is None else byte_rate, block, bits)
+
+
+def extensible(sub: int, channels: int, rate: int, bits: int) -> bytes:
+    """A WAVE_FORMAT_EXTENSIBLE format chunk body whose subformat is the GUID of tag `sub`
+    (KSDATAFORMAT_SUBTYPE_PCM is sub 1)."""
+    return (fmt_chunk(0xFFFE, channels, rate, bits) + struct.pack("<HHI", 22, bits, 4)
+            + struct.pack("<H", sub) + bytes.fromhex("0000000010008000" "00aa00389b71"))
+
+
+def adpcm_wav(n_bytes: int = 80_000, block: int = 65_535) -> bytes:
+    """An MS ADPCM WAV (format 2) whose block alignment says its `n_bytes` hold a fraction
+    of a block (0.15 ms at data / block / rate): miniaudio's dr_wav decodes about two
+    samples a byte (80 KB: 20 s at 8 kHz), whatever the alignment says."""
+    return riff(fmt_chunk(2, 1, 8_000, 4, block=block, byte_rate=4_000) + b"\0\0",
+                bytes(n_bytes))
+
+
+# MPEG-1 layer III, no CRC, 32 kbit/s, 48 kHz, mono: 96 bytes for 24 ms (1152 samples)
+MP3_FRAME_48K = bytes((0xFF, 0xFB, 0x14, 0xC0)) + bytes(92)
+
+
+def mp3_resync_bomb(seconds: float = 1500.0) -> bytes:
+    """One frame, a junk byte, then frames adding up to `seconds` (about 6 MB for 25 min):
+    a walk that stops at the junk reads 24 ms; a decoder scans past it and decodes them
+    all."""
+    return MP3_FRAME_48K + b"\0" + MP3_FRAME_48K * round(seconds / 0.024)
+
+
+def xing_frame(count: int, frame: bytes = MP3_FRAME_48K) -> bytes:
+    """`frame` (MPEG-1 mono: 17 bytes of side information) holding a Xing tag that says the
+    stream has `count` frames: dr_mp3 makes that many frames' worth of samples."""
+    return frame[:21] + b"Xing" + struct.pack(">II", 1, count) + frame[33:]

@@ -28,7 +28,9 @@ import pytest
 from llmrun.bounds import SOUND_PIECE_SECONDS, piece_frames
 from tests.conftest import Daemon, make_home
 from tests.fakes.audio import (
+    adpcm_wav,
     mp3_bomb,
+    mp3_resync_bomb,
     n_positions,
     noise,
     not_audio,
@@ -118,6 +120,8 @@ HOSTILE_SOUNDS = [
     (wav_384khz(), "384000 Hz"),
     (mp3_bomb(), "declares"),
     (not_audio(), "not a sound file"),
+    (adpcm_wav(), r"format 0x0002 \(MS ADPCM\)"),  # a coding whose length is not its header's
+    (mp3_resync_bomb(), "declares"),  # hours of frames after a junk byte
 ]
 
 
@@ -125,7 +129,7 @@ HOSTILE_SOUNDS = [
 def test_hostile_sounds_are_400_and_the_runner_serves_on(oa: openai.OpenAI, bad: bytes,
                                                          words: str) -> None:
     with pytest.raises(openai.BadRequestError, match=words):
-        ask_openai(oa, bad, fmt="mp3" if bad == mp3_bomb() else "wav")
+        ask_openai(oa, bad, fmt="mp3" if bad[:1] == b"\xff" else "wav")
     assert ask_openai(oa, wav(sine(440.0, 1.0)))[0]  # the same runner answers
 
 
