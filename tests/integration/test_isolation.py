@@ -364,12 +364,16 @@ def test_engine_heartbeats_while_reading_a_long_prompt(tiny: Model,
 # -- (e) IPC frames and large embedding batches ----------------------------------------------
 
 def test_embed_batch_over_the_cap_is_413_and_the_runner_lives(daemon: Daemon) -> None:
-    inputs = [f"w{i}" for i in range(50_000)]
+    inputs = [f"w{i}" for i in range(3000)]  # over the inputs' cap, under the JSON values'
     with httpx.Client(base_url=daemon.url, timeout=120) as api:
         r = api.post("/api/embed", json={"model": "smollm2", "input": inputs})
         assert r.status_code == 413 and "2048" in r.json()["error"]
         r = api.post("/v1/embeddings", json={"model": "smollm2", "input": inputs})
         assert r.status_code == 413 and "2048" in r.json()["error"]["message"]
+        # far more is refused before it is parsed, by the body's count of values
+        many = [f"w{i}" for i in range(50_000)]
+        r = api.post("/api/embed", json={"model": "smollm2", "input": many})
+        assert r.status_code == 413 and "32768 values" in r.json()["error"]
         ok = api.post("/api/embed", json={"model": "smollm2", "input": ["a", "b"]})
         assert ok.status_code == 200 and len(ok.json()["embeddings"]) == 2
 
