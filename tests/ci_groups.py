@@ -12,7 +12,7 @@ install or Vulkan build broke (or whose wheel lacked the patches) stayed green w
 features untested.
 
 On a machine that cannot have a group's environment, the skip is asked for by name:
-LLMRUN_TEST_SKIP=browser,vulkan (comma-separated groups, see GROUPS). Those tests then skip,
+LLMRUN_TEST_SKIP=browser,vulkan,agents (comma-separated groups, see GROUPS). Those tests then skip,
 and the run's summary says so.
 
 What counts:
@@ -43,6 +43,8 @@ GROUPS = {
     "repack": "llmrun's repacked CPU kernels against llama.cpp's own (tests/integration/"
               "test_repack*.py; llama.cpp with scripts/llama-patches, from "
               "scripts/llama-wheel.sh, and CMake)",
+    "agents": "Claude Code and Codex driven through their own CLIs (tests/e2e/; each a "
+              "pinned version from npm, installed once under ~/.cache/llmrun/npm)",
 }
 MARK = "needs_env"
 

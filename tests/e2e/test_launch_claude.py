@@ -5,7 +5,8 @@ requests of one session (`claude -p`, then `--continue`); both go through the An
 dialect and SmolLM2's chat template as the daemon would render them, and the second's
 tokens must start with everything of the first that came before its last user message.
 
-Without npm (or with no way to reach its registry) the test is skipped: it is about Claude
+Without npm (or with no way to reach its registry) the test fails (LLMRUN_TEST_SKIP=agents
+skips it on purpose): it is about Claude
 Code's requests, which only Claude Code makes.
 """
 
@@ -28,25 +29,38 @@ from llmrun.engine.draft import common_prefix
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
 from llmrun.request import ChatRequest
+from tests.ci_groups import needs
 from tests.fakes.httpserve import serving
 
 CLAUDE_CODE = "2.1.332"
+NPM_ROOT = Path.home() / ".cache" / "llmrun" / "npm" / f"claude-code-{CLAUDE_CODE}"
+
+
+def _npm_missing() -> str:
+    """Why Claude Code cannot be had here ("": installed, or npm is there to install it)."""
+    if (NPM_ROOT / "node_modules" / ".bin" / "claude").exists() or shutil.which("npm"):
+        return ""
+    return "npm is not installed (Debian's nodejs and npm)"
+
+
+# CI must run these (tests/ci_groups.py): without npm, or when npm cannot install Claude Code,
+# they fail; LLMRUN_TEST_SKIP=agents skips them on purpose.
+pytestmark = needs("agents", _npm_missing)
 
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
     """The pinned Claude Code, installed once under ~/.cache/llmrun/npm."""
-    root = Path.home() / ".cache" / "llmrun" / "npm" / f"claude-code-{CLAUDE_CODE}"
-    exe = root / "node_modules" / ".bin" / "claude"
+    root, exe = NPM_ROOT, NPM_ROOT / "node_modules" / ".bin" / "claude"
     if not exe.exists():
         npm = shutil.which("npm")
         if npm is None:
-            pytest.skip("npm is not installed")
+            pytest.fail("npm is not installed")
         r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
                             f"@anthropic-ai/claude-code@{CLAUDE_CODE}"],
                            capture_output=True, text=True, timeout=900)
         if r.returncode != 0 or not exe.exists():
-            pytest.skip(f"npm could not install Claude Code: {r.stderr[-300:]}")
+            pytest.fail(f"npm could not install Claude Code: {r.stderr[-300:]}")
     return exe
 
 

@@ -4,7 +4,8 @@ finishes with exit code 0 after the daemon read its whole ~9k-token prompt, and
 a second `codex exec` in the same directory reads that prefix from the cache. And Codex's
 `--oss --local-provider ollama` mode gets past its Ollama version check.
 
-Without npm (or with no way to reach its registry) these are skipped: they are about what
+Without npm (or with no way to reach its registry) these fail (LLMRUN_TEST_SKIP=agents skips
+them on purpose): they are about what
 Codex sends, which only Codex does.
 """
 
@@ -21,26 +22,39 @@ import pytest
 
 from llmrun.cli.launch import codex_args
 from llmrun.store import Store, catalog, names
+from tests.ci_groups import needs
 from tests.conftest import Daemon
 
 CODEX = "0.169.0"
+NPM_ROOT = Path.home() / ".cache" / "llmrun" / "npm" / f"codex-{CODEX}"
+
+
+def _npm_missing() -> str:
+    """Why Codex cannot be had here ("": installed, or npm is there to install it)."""
+    if (NPM_ROOT / "node_modules" / ".bin" / "codex").exists() or shutil.which("npm"):
+        return ""
+    return "npm is not installed (Debian's nodejs and npm)"
+
+
+# CI must run these (tests/ci_groups.py): without npm, or when npm cannot install Codex,
+# they fail; LLMRUN_TEST_SKIP=agents skips them on purpose.
+pytestmark = needs("agents", _npm_missing)
 GEMMA = "gemma3-32k"
 
 
 @pytest.fixture(scope="module")
 def codex() -> Path:
     """The pinned Codex CLI, installed once under ~/.cache/llmrun/npm."""
-    root = Path.home() / ".cache" / "llmrun" / "npm" / f"codex-{CODEX}"
-    exe = root / "node_modules" / ".bin" / "codex"
+    root, exe = NPM_ROOT, NPM_ROOT / "node_modules" / ".bin" / "codex"
     if not exe.exists():
         npm = shutil.which("npm")
         if npm is None:
-            pytest.skip("npm is not installed")
+            pytest.fail("npm is not installed")
         r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
                             f"@openai/codex@{CODEX}"],
                            capture_output=True, text=True, timeout=900)
         if r.returncode != 0 or not exe.exists():
-            pytest.skip(f"npm could not install Codex: {r.stderr[-300:]}")
+            pytest.fail(f"npm could not install Codex: {r.stderr[-300:]}")
     return exe
 
 
