@@ -188,6 +188,13 @@ def test_deep_and_wide_json_is_refused_beside_a_heartbeat(ears: Daemon,
                                              "application/json"))
     assert r.status_code == 413 and "more than 32768 values" in openai_message(r)
     assert longest < MAX_BEAT, f"a heartbeat waited {longest:.2f} s"
+    # just under the bound: one error, not one per null and alternative (96,001 of them took
+    # the loop about a second to collect and word)
+    nulls = b'{"model":"smollm2","prompt":[' + b",".join([b"null"] * 32_000) + b"]}"
+    r, longest = beside_heartbeat(ears, post(ears, "/v1/completions", nulls,
+                                             "application/json"))
+    assert r.status_code == 400 and "item 0 is not a string" in openai_message(r)
+    assert longest < MAX_BEAT, f"a heartbeat waited {longest:.2f} s"
     # a request within the bounds is answered as before
     out = oa.chat.completions.create(model="smollm2", max_tokens=4, messages=[
         {"role": "user", "content": "Say hi."}])
