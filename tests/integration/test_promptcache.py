@@ -193,10 +193,11 @@ def test_a_stop_past_its_time_drops_the_write_whole(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from llmrun.engine import promptcache
 
-    # one byte per write call: this 8 MB state would take far longer than the stop allows
+    # one byte per write call: this 64 MB state would take far longer than the stop allows
+    # (an 8 MB one was written whole in about 2 s here, sometimes before the stop was asked)
     monkeypatch.setattr(promptcache, "WRITE_PIECE", 1)
-    cache = make(tmp_path, max_bytes=64 << 20, ram_bytes=0)
-    cache.add(list(range(1, 40)), state(8 << 20))
+    cache = make(tmp_path, max_bytes=256 << 20, ram_bytes=0)
+    cache.add(list(range(1, 40)), state(64 << 20))
     wait_until(lambda: list(tmp_path.glob(".kv-*")), what="the write to start")
     assert not cache.close(timeout=0.2)
     assert list(tmp_path.iterdir()) == []  # no half-written state, no temporary file
