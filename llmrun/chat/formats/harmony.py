@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.formats.xml import free_text
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
@@ -205,9 +206,9 @@ class Harmony(Family):
         mark = marker_writer(special)
         return "\n".join([
             "start: thought? call",
-            f'thought: {mark(CHANNEL)} "analysis" {mark(MESSAGE)} thought_body {mark(END)} '
+            f'thought: {mark(CHANNEL)} "analysis" {mark(MESSAGE)} thought_body '
             f'{mark(START)} "assistant"',
-            "thought_body[lazy]: /(?s:.*)/",
+            free_text("thought_body", END, special),
             f'call: {mark(CHANNEL)} "commentary to=functions." tail',
             *self._rules(list(chosen), plan.strict, special)]) + "\n"
 

@@ -124,22 +124,34 @@ def _properties_of(check: ToolCheck, name: str) -> dict[str, Any]:
     return props if isinstance(props, dict) else {}
 
 
-def _value_rule(name: str, schema: Any, strict: bool) -> list[str]:
-    """Lark rules `name`: one parameter's value as the model writes it (its end tag
-    follows)."""
+def free_text(name: str, close: str, special: dict[str, int] | None) -> str:
+    """Lark rule `name`: free text and the `close` marker after it. Written out, the
+    marker ends a lazy lexeme (its first occurrence ends the text: a lexeme that stops
+    where the next one could start would stop at once); a special token cannot be part of
+    text, so the text runs until the model writes it."""
+    if special and close in special:
+        return f"{name}: /(?s:.*)/ <[{special[close]}]>"
+    pattern = re.escape(close).replace("\\\n", "\\n").replace("/", "\\/")
+    return f"{name}[lazy]: /(?s:.*){pattern}/"
+
+
+def _value_rule(name: str, schema: Any, strict: bool, close: str,
+                special: dict[str, int] | None) -> list[str]:
+    """Lark rules `name`: one parameter's value as the model writes it, and `close`."""
     if isinstance(schema, dict) and "$ref" not in json.dumps(schema):
         if "const" in schema and isinstance(schema["const"], str):
-            return [f"{name}: {lit(schema['const'])}"]
+            return [f"{name}: {lit(schema['const'])} {marker_writer(special)(close)}"]
         enum = schema.get("enum")
         if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-            return [f"{name}: " + " | ".join(lit(v) for v in enum)]
+            return [f"{name}: (" + " | ".join(lit(v) for v in enum) + ") "
+                    + marker_writer(special)(close)]
         types = _types(schema)
         if types and "string" not in types:
             body = {**prepare_schema(schema), "x-guidance": {**JSON_OPTIONS,
                                                               "lenient": not strict}}
-            return [f"{name}: %json {json.dumps(body, allow_nan=False)}"]
-    # free text up to the end tag (a lazy lexeme stops where what follows it can match)
-    return [f"{name}[lazy]: /(?s:.*)/"]
+            return [f"{name}: json_{name} {marker_writer(special)(close)}",
+                    f"json_{name}: %json {json.dumps(body, allow_nan=False)}"]
+    return [free_text(name, close, special)]
 
 
 class QwenCoder(Tagged):
@@ -175,26 +187,29 @@ class QwenCoder(Tagged):
             return None
         return out
 
-    def _tool_rules(self, i: int, tool: Tool, strict: bool, mark: Any) -> list[str]:
+    def _tool_rules(self, i: int, tool: Tool, strict: bool,
+                    special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
         props = _properties(tool)
         required = set((tool.parameters or {}).get("required") or [])
         parts: list[str] = []
         rules: list[str] = []
         for k, (key, schema) in enumerate(props.items()):
             value = f"v{i}_{k}"
-            rules += _value_rule(value, schema, strict)
-            close = ' "\\n</parameter>\\n"'
-            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + chr(10))} {value}{close}")
+            rules += _value_rule(value, schema, strict, "\n</parameter>\n", special)
+            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + chr(10))} {value}")
             parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
         rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
         rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
                      f'"</function>\\n" {mark("</tool_call>")}')
         return rules
 
-    def _rules(self, chosen: list[Tool], strict: bool, mark: Any) -> list[str]:
+    def _rules(self, chosen: list[Tool], strict: bool,
+               special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
-            rules += self._tool_rules(i, tool, strict, mark)
+            rules += self._tool_rules(i, tool, strict, special)
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
         rules.append(f'call: {mark("<tool_call>")} "\\n<function=" tail')
         return rules
@@ -203,20 +218,18 @@ class QwenCoder(Tagged):
         chosen = choice(plan)
         if chosen is None:
             return None
-        mark = marker_writer(special)
         root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, mark)]) + "\n"
+        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun when `<function=` is followed by a tool's name and `>`: the
         grammar starts at the name."""
         if plan.choice != "auto":
             return None
-        mark = marker_writer(special)
         names = "|".join(re.escape(t.name) for t in plan.tools)
         root = 'tail ("\\n" call)*' if plan.parallel else "tail"
         grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, mark)]) + "\n"
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
         return Steering([f"<function=(?=(?:{names})>)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
@@ -257,7 +270,9 @@ class GLM(Tagged):
             pos = m.end()
         return out
 
-    def _rules(self, chosen: list[Tool], strict: bool, mark: Any) -> list[str]:
+    def _rules(self, chosen: list[Tool], strict: bool,
+               special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             props = _properties(tool)
@@ -265,10 +280,9 @@ class GLM(Tagged):
             parts = []
             for k, (key, schema) in enumerate(props.items()):
                 value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict)
-                close = f' {mark("</arg_value>")} "\\n"'
+                rules += _value_rule(value, schema, strict, "</arg_value>", special)
                 rules.append(f"p{i}_{k}: {mark('<arg_key>')} {lit(key)} {mark('</arg_key>')} "
-                             f'"\\n" {mark("<arg_value>")} {value}{close}')
+                             f'"\\n" {mark("<arg_value>")} {value} "\\n"')
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
             rules.append(f"tail{i}: {lit(tool.name + chr(10))} "
                          + " ".join(parts) + f" {mark('</tool_call>')}")
@@ -280,19 +294,17 @@ class GLM(Tagged):
         chosen = choice(plan)
         if chosen is None:
             return None
-        mark = marker_writer(special)
         root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, mark)]) + "\n"
+        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun when `<tool_call>` is followed by a tool's name and a newline."""
         if plan.choice != "auto":
             return None
-        mark = marker_writer(special)
         names = "|".join(re.escape(t.name) for t in plan.tools)
         root = 'tail ("\\n" call)*' if plan.parallel else "tail"
         grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, mark)]) + "\n"
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
         return Steering([f"<tool_call>(?=(?:{names})\\n)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
