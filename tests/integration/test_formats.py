@@ -4,7 +4,7 @@ a model of that family writes, read in the OpenAI dialect whole and streamed (to
 reasoning_content, no markup in the content); and a call forced by tool_choice in the
 family's own syntax (its grammar, formats/), read in the Anthropic dialect. The forced
 grammars are also checked against SmolLM2's vocabulary: they let a model write the calls as
-the family writes them."""
+the family writes them, and each steering grammar starts at its trigger (outside a thought)."""
 
 from __future__ import annotations
 
@@ -172,3 +172,34 @@ def test_forced_grammar_writes_the_family_calls(smollm2_tokenizer: Any, family: 
     assert consumed(smollm2_tokenizer, grammar, call), (grammar, call)
     bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
     assert not consumed(smollm2_tokenizer, grammar, bad)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_steering_starts_at_the_family_trigger(smollm2_tokenizer: Any, family: str) -> None:
+    """tool_choice "auto": nothing is constrained before the family's call begins (a thought
+    aside: harmony's analysis channel is no trigger), and from its trigger on the grammar
+    takes the call as the family writes it."""
+    from llmrun.engine import constraint
+
+    fmt = formats.BY_NAME[family]
+    weather = Tool(name="get_weather", parameters=WEATHER["function"]["parameters"])
+    steer = fmt.steering(ToolPlan(INFO, [weather], "auto"))
+    assert steer is not None
+    pair = fmt.think_pair("<think>")
+    think = (pair[0].encode(), pair[1].encode()) if pair else None
+    text = written(family)
+    if family == "harmony":  # a trigger's text inside the thought does not count
+        text = text.replace("The user wants weather.",
+                            "maybe <|channel|>commentary to=functions.get_weather")
+    lazy = constraint.Lazy(smollm2_tokenizer, constraint.from_grammar(steer.grammar),
+                           steer.triggers, think)
+    ids = smollm2_tokenizer.tokenize_str(text)
+    for n, token in enumerate(ids):
+        found = lazy.feed(smollm2_tokenizer.decode_bytes([token]))
+        if found is not None:
+            before = smollm2_tokenizer.decode_str(ids[:n + 1])
+            assert "<|end|>" in before or family != "harmony"  # after the thought
+            assert all(found.consume_token(t) for t in ids[n + 1:]), family
+            return
+        assert not lazy.over, family
+    pytest.fail(f"{family}: no trigger matched")
