@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmrun.chat.textstream import partial_match
 
@@ -118,7 +118,16 @@ class ThinkStream:
         return "", held
 
 
-def filter_events(streams: dict[str, ThinkStream],
+class Splitter(Protocol):
+    """What splits a request's streamed text into (thinking, content): a ThinkStream, or a
+    chat format's own (formats/: harmony's channels)."""
+
+    def push(self, text: str) -> tuple[str, str]: ...
+
+    def finish(self) -> tuple[str, str]: ...
+
+
+def filter_events(streams: dict[str, Splitter],
                   events: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
     """Pass runner events through the think streams of the requests that have one.
 

@@ -274,13 +274,14 @@ def chat_inputs(messages: list[Message], system: str | None, template: str | Non
 
 # -- grammar --------------------------------------------------------------------------------
 
-def special_markers(tokenizer: Any) -> dict[str, int]:
-    """The CONTROL_MARKERS that are one special token of the vocabulary of `tokenizer` (an
-    llguidance LLTokenizer), with their ids: a grammar must name such a marker by its token,
-    because the matcher never takes a special token for the characters it renders as (and
-    spelling `<tool_call>` out piece by piece is not what the model was trained to do)."""
+def special_markers(tokenizer: Any, extra: tuple[str, ...] = ()) -> dict[str, int]:
+    """The CONTROL_MARKERS (and `extra`: a chat format's) that are one special token of the
+    vocabulary of `tokenizer` (an llguidance LLTokenizer), with their ids: a grammar must
+    name such a marker by its token, because the matcher never takes a special token for
+    the characters it renders as (and spelling `<tool_call>` out piece by piece is not what
+    the model was trained to do)."""
     out: dict[str, int] = {}
-    for marker in CONTROL_MARKERS:
+    for marker in (*CONTROL_MARKERS, *extra):
         ids = tokenizer.tokenize_str(marker, parse_special=True)
         if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
             out[marker] = ids[0]

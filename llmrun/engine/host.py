@@ -18,7 +18,7 @@ import os
 from typing import Any, cast
 
 from llmrun import ipc, protocol
-from llmrun.chat import thinking, tools
+from llmrun.chat import formats, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
 from llmrun.engine.crossencoder import CrossEncoder
 from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
@@ -225,12 +225,15 @@ class ModelHost:
             plan = tools.plan(req, source) if req.suffix is None else None
             media: list[tuple[int, ImageChunk]] = []
             prompt, text = self.prompt.render(req, plan, media)
-            pair = thinking.markers(source) if req.prompt is None else None
+            # the family's format: how its output is read, its calls steered and forced
+            fmt = formats.detect(source) if req.prompt is None else formats.DEFAULT
+            pair = fmt.think_pair(source) if req.prompt is None else None
             if req.think and req.think_required and pair is None and req.prompt is None:
                 raise ValueError("this model does not support thinking (its chat template "
                                  "has no way to switch it)")
-            matcher = grammar_matcher(self.model, req, plan)
-            lazy = tool_steering(self.model, req, plan, pair, text) if matcher is None else None
+            matcher = grammar_matcher(self.model, req, plan, fmt)
+            lazy = tool_steering(self.model, req, plan, pair, text, fmt) \
+                if matcher is None else None
             truncated = (0, 0)
             if len(prompt) >= self.n_ctx_seq and req.options.truncate:
                 req, prompt, text, truncated = self.prompt.truncate(req, plan, prompt, text)
@@ -254,7 +257,7 @@ class ModelHost:
         params = SeqParams.of(
             req, matcher=matcher, lazy=lazy, truncated=truncated, images=media,
             pieces=self.prompt.control_pieces() if plan is not None or pair is not None else {})
-        if matcher is not None and pair is not None:
+        if matcher is not None and pair is not None and not fmt.grammar_thinks:
             # The thought stays free; the constraint starts with the answer: after the end
             # marker when the prompt opened a thought, else from the first token unless that
             # token opens one (thinking not switched off).
@@ -268,7 +271,8 @@ class ModelHost:
                 and len(prompt) >= self.prompt_cache.min_tokens:
             params.save_at = self.prompt.boundary(req, plan, prompt, self.prompt_cache.min_tokens)
         opened = pair is not None and thinking.opens(text, pair)
-        self.outputs.watch(req_id, plan, pair, opened=opened, keep=req.think is not False)
+        self.outputs.watch(req_id, plan, pair, opened=opened, keep=req.think is not False,
+                           fmt=fmt)
         self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
 

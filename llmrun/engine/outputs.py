@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from llmrun.chat import thinking, toolcalls, tools
+from llmrun.chat import formats, thinking, toolcalls, tools
 from llmrun.engine import constraint
 from llmrun.engine.batcher import Event
 from llmrun.engine.llama import Model
@@ -18,23 +18,32 @@ from llmrun.request import ChatRequest, error_event
 log = logging.getLogger("llmrun.runner")
 
 
-def grammar_matcher(model: Model, req: ChatRequest, plan: tools.ToolPlan | None) -> Any:
+def grammar_matcher(model: Model, req: ChatRequest, plan: tools.ToolPlan | None,
+                    fmt: formats.Format = formats.DEFAULT) -> Any:
     """The llguidance matcher `req` decodes under (None: unconstrained), built here on the
-    message thread, never the engine's: a forced tool call's grammar, else the request's
-    raw grammar, else its format. A grammar llguidance refuses is a ValueError (a 400)."""
+    message thread, never the engine's: a forced tool call's grammar (in `fmt`'s syntax),
+    else the request's raw grammar, else its format. A grammar llguidance refuses is a
+    ValueError (a 400)."""
     forced_call = plan is not None and plan.choice != "auto"
     if not forced_call and req.grammar is None and req.format is None:
         return None
     tok = constraint.tokenizer(model)  # built at start-up (serve); cached
     # markers that are one special token are forced as that token, as the model was
     # trained to write them, not spelled out character by character
-    forced = plan.grammar(tools.special_markers(tok)) if forced_call and plan else None
+    forced = fmt.grammar(plan, special_markers(tok, fmt)) if forced_call and plan else None
     grammar = constraint.compile(req, tok, forced)
     return None if grammar is None else constraint.matcher(tok, grammar)
 
 
+def special_markers(tok: Any, fmt: formats.Format) -> dict[str, int]:
+    """The markers of tools.py's families and of `fmt` that are one special token of this
+    vocabulary, with their ids (tools.special_markers)."""
+    return tools.special_markers(tok, fmt.markers)
+
+
 def tool_steering(model: Model, req: ChatRequest, plan: tools.ToolPlan | None,
-                  pair: tuple[str, str] | None, text: str) -> constraint.Lazy | None:
+                  pair: tuple[str, str] | None, text: str,
+                  fmt: formats.Format = formats.DEFAULT) -> constraint.Lazy | None:
     """For tool_choice "auto": the grammar that takes over once the model begins a call
     (tools.steering), built here on the message thread. None when nothing is offered or
     the request is constrained otherwise; a grammar llguidance refuses (a schema it
@@ -43,7 +52,7 @@ def tool_steering(model: Model, req: ChatRequest, plan: tools.ToolPlan | None,
         return None
     tok = constraint.tokenizer(model)
     try:  # ~20 ms for Claude Code's tools; no separate check: the matcher's build is one
-        steer = plan.steering(tools.special_markers(tok))
+        steer = fmt.steering(plan, special_markers(tok, fmt))
         if steer is None:
             return None
         grammar = constraint.from_grammar(steer.grammar)
@@ -71,18 +80,20 @@ class OutputFilters:
 
     def __init__(self, cancel: Callable[[str], None]) -> None:
         self._cancel = cancel  # the engine's: a request failed here is stopped there
-        self.tool_streams: dict[str, toolcalls.ToolStream] = {}  # requests that offer tools
-        self.think_streams: dict[str, thinking.ThinkStream] = {}  # ... that may think
+        # requests that offer tools / that may think: their format's reader and splitter
+        self.tool_streams: dict[str, formats.CallReader] = {}
+        self.think_streams: dict[str, formats.Splitter] = {}
         self._dropped: set[str] = set()  # failed here: their further events are not sent
 
     def watch(self, rid: str, plan: tools.ToolPlan | None, pair: tuple[str, str] | None,
-              opened: bool, keep: bool) -> None:
-        """Filter request `rid`'s output: tool calls by `plan`, thoughts between `pair`
-        (`opened`: the prompt opened one; `keep`: thoughts are reported, not dropped)."""
+              opened: bool, keep: bool, fmt: formats.Format = formats.DEFAULT) -> None:
+        """Filter request `rid`'s output as `fmt` reads it: tool calls by `plan`, thoughts
+        between `pair` (`opened`: the prompt opened one; `keep`: thoughts are reported, not
+        dropped)."""
         if plan is not None:
-            self.tool_streams[rid] = plan.stream()
+            self.tool_streams[rid] = fmt.reader(plan)
         if pair is not None:
-            self.think_streams[rid] = thinking.ThinkStream(pair, inside=opened, keep=keep)
+            self.think_streams[rid] = fmt.splitter(pair, inside=opened, keep=keep)
 
     def forget(self, rid: str) -> None:
         self.think_streams.pop(rid, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from llmrun.chat import templates, thinking, tools
+from llmrun.chat import formats, templates, thinking, tools
 from llmrun.engine import pixels, sound
 from llmrun.engine.batcher import image_ids
 from llmrun.engine.draft import common_prefix
@@ -66,7 +66,7 @@ class Prompter:
                                                                          media_of(m))})
                       if m.images or m.audio else m for m in req.messages]
             messages, extra = tools.chat_inputs(marked, req.system, source, plan)
-            if thinking.markers(source):
+            if formats.detect(source).think_pair(source):
                 extra.update(thinking.template_vars(req.think))
             text = templates.render(source, messages, bos_token=self.bos_text,
                                     eos_token=self.eos_text, **extra)
@@ -227,7 +227,8 @@ class Prompter:
         by default), as the text the tool parser looks for."""
         if self._control_pieces is None:
             self._control_pieces = {}
-            for marker in (*tools.CONTROL_MARKERS, *thinking.CONTROL_MARKERS):
+            for marker in (*tools.CONTROL_MARKERS, *thinking.CONTROL_MARKERS,
+                           *formats.CONTROL_MARKERS):
                 toks = self.model.tokenize(marker, add_special=False, parse_special=True)
                 if len(toks) == 1 and not self.model.piece(toks[0]):
                     self._control_pieces[toks[0]] = marker.encode()

@@ -32,12 +32,13 @@ from llmrun.chat.toolcalls.stream import (
     MAYBE,
     NO,
     YES,
+    CallReader,
     Finished,
     ToolStream,
     filter_events,
     shape,
 )
 
-__all__ = ["MARKERS", "MAX_DEPTH", "MAX_TRIES", "MAYBE", "NO", "YES", "Finished", "ToolCheck",
-           "ToolStream", "cut_call", "filter_events", "nesting", "new_call_id", "parse_calls",
-           "shape"]
+__all__ = ["MARKERS", "MAX_DEPTH", "MAX_TRIES", "MAYBE", "NO", "YES", "CallReader", "Finished",
+           "ToolCheck", "ToolStream", "cut_call", "filter_events", "nesting", "new_call_id",
+           "parse_calls", "shape"]

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.toolcalls.check import ToolCheck
@@ -188,7 +188,16 @@ class ToolStream:
         return Finished(held, lps, [])
 
 
-def filter_events(streams: dict[str, ToolStream],
+class CallReader(Protocol):
+    """What reads a request's calls out of its streamed text: a ToolStream, or a chat
+    format's own (formats/)."""
+
+    def push(self, text: str, logprobs: list[Any] | None = None) -> tuple[str, list[Any]]: ...
+
+    def finish(self, truncated: bool = False) -> Finished: ...
+
+
+def filter_events(streams: dict[str, CallReader],
                   events: list[tuple[str, str, Any]]) -> list[tuple[str, str, Any]]:
     """Pass runner events through the `streams` of tool-enabled requests.
 

@@ -1,0 +1,54 @@
+"""Chat formats: one object per family that reads its output (whole and streamed: calls,
+thought, content), gives the trigger that starts the lazy grammar of tool_choice "auto",
+builds the grammar of a forced call in the family's own syntax, and writes past calls.
+
+    fmt = formats.detect(template)       # by markers only that family's template writes
+    pair = fmt.think_pair(template)      # what a thought lies between (None: no thinking)
+    fmt.splitter(pair, inside, keep)     # (thinking, content) of the streamed text
+    fmt.reader(plan)                     # the calls out of the content
+    fmt.grammar(plan, special)           # "required" / a named tool; None for "auto"
+    fmt.steering(plan, special)          # "auto": triggers and the grammar after them
+
+The runner applies it (engine/host.py, engine/outputs.py); the engine sees only grammars,
+triggers and markers. A template of no family here gets the default: the tolerant reader
+(toolcalls/) and tools.py's Hermes, Llama 3, Mistral and JSON grammars. Adding a family is
+a class and a line in FORMATS (and its tests).
+
+    family          detected by                      reads / forces / steers
+    harmony         <|channel|> and <|message|>      gpt-oss: analysis = thought, calls
+                                                     to=functions.NAME, final = answer
+    kimi-k2         <|tool_calls_section_begin|>     Kimi K2 sections, ids functions.NAME:N
+    deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
+    glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
+    qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
+from llmrun.chat.formats.harmony import Harmony
+from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
+from llmrun.chat.formats.xml import GLM, QwenCoder, convert
+
+# In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
+# also write `<tool_call>`, which is the default's Hermes marker).
+FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder())
+BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
+# Every family's markers: those that are special tokens of a vocabulary are rendered as text
+CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))
+
+
+@lru_cache(maxsize=32)
+def detect(template: str | None) -> Format:
+    """The format of the family whose template `template` is, else the default."""
+    if template:
+        for fmt in FORMATS:
+            if fmt.matches(template):
+                return fmt
+    return DEFAULT
+
+
+__all__ = ["BY_NAME", "CONTROL_MARKERS", "DEFAULT", "FORMATS", "CallReader", "Format",
+           "Splitter", "convert", "detect"]

@@ -1,0 +1,165 @@
+"""Families whose calls are JSON arguments between markers, in a section of their own:
+
+    DeepSeek V3.1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
+                   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    Kimi K2        <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+                   <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+
+(the markers are special tokens of those vocabularies). Thoughts, where the model has them,
+are `<think>` pairs: the default's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
+from llmrun.request import ToolCall
+
+
+class Sections(Family):
+    section_begin = ""
+    section_end = ""
+    call_begin = ""
+    sep = ""  # between the name and the arguments
+    call_end = ""
+    name_prefix = ""  # written before the name (Kimi's `functions.`)
+    indexed = False  # `:N` after the name (Kimi's call index)
+    detect_marker = ""
+
+    def __init__(self) -> None:
+        self.markers = (self.section_begin, self.section_end, self.call_begin, self.sep,
+                        self.call_end)
+        self.starts = (self.section_begin, self.call_begin)
+        index = r"(?::\d{1,4})?" if self.indexed else ""
+        self._head = re.compile(
+            r"\s*" + re.escape(self.call_begin) + r"\s*" + re.escape(self.name_prefix)
+            + r"([^\s<>{}]{1,256}?)" + index + r"\s*" + re.escape(self.sep) + r"\s*")
+
+    def matches(self, template: str) -> bool:
+        return self.detect_marker in template
+
+    def parse(self, text: str, check: ToolCheck,
+              truncated: bool) -> tuple[list[ToolCall], str] | None:
+        if nesting(text) > MAX_DEPTH:
+            return None
+        at = [i for i in (text.find(self.section_begin), text.find(self.call_begin))
+              if i != -1]
+        if not at:
+            return None
+        start = min(at)
+        head = text[:start]
+        pos = start + len(self.section_begin) if text.startswith(self.section_begin, start) \
+            else start
+        calls: list[ToolCall] = []
+        for _ in range(MAX_TRIES):
+            m = self._head.match(text, pos)
+            if m is None:
+                break
+            end = balanced(text, m.end()) if text[m.end():m.end() + 1] == "{" else None
+            args = None
+            if end is not None:
+                try:
+                    args = loads(text[m.end():end])
+                except ValueError:
+                    args = None
+            if end is None or not isinstance(args, dict):
+                if truncated and calls:
+                    return calls, head.strip()  # a further call cut off: dropped
+                return None
+            if not check.accepts(m.group(1), args):
+                return None
+            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
+            pos = end
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            if text.startswith(self.call_end, pos):
+                pos += len(self.call_end)
+        if not calls:
+            return None
+        tail = text[pos:].lstrip()
+        if tail.startswith(self.section_end):
+            tail = tail[len(self.section_end):]
+        return calls, (head.strip() + " " + tail.strip()).strip()
+
+    def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
+        at = text.rfind(self.call_begin)
+        m = self._head.match(text, at) if at != -1 else None
+        if m is None or m.group(1) not in names:
+            return None
+        return m.group(1), text[m.end():].rstrip()
+
+    def _name(self, name: str, index: int | None = None) -> str:
+        suffix = "" if not self.indexed else f":{index}" if index is not None else ""
+        return self.name_prefix + name + suffix
+
+    def _calls(self, plan: ToolPlan, chosen: list[object], special: dict[str, int] | None,
+               ) -> list[str]:
+        mark = marker_writer(special)
+        rules = []
+        for i, tool in enumerate(chosen):
+            name = json.dumps(self.name_prefix + tool.name)  # type: ignore[attr-defined]
+            index = ' /:[0-9]{1,3}/' if self.indexed else ""
+            rules.append(f"call{i}: {mark(self.call_begin)} {name}{index} {mark(self.sep)} "
+                         f"args{i} {mark(self.call_end)}")
+            rules.append(args_rule(f"args{i}", tool, plan.strict))
+        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
+        return rules
+
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        mark = marker_writer(special)
+        calls = "call+" if plan.parallel else "call"
+        return "\n".join([f"start: {mark(self.section_begin)} {calls} "
+                          f"{mark(self.section_end)}",
+                          *self._calls(plan, list(chosen), special)]) + "\n"
+
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        """The section's marker starts the grammar: the calls and the section's end."""
+        if plan.choice != "auto":
+            return None
+        mark = marker_writer(special)
+        calls = "call+" if plan.parallel else "call"
+        grammar = "\n".join([f"start: {calls} {mark(self.section_end)}",
+                             *self._calls(plan, list(plan.tools), special)]) + "\n"
+        return Steering([re.escape(self.section_begin)], grammar)
+
+    def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
+        return self.section_begin + "".join(
+            self.call_begin + self._name(c.name, i) + self.sep
+            + json.dumps(c.arguments, ensure_ascii=False) + self.call_end
+            for i, c in enumerate(calls)) + self.section_end
+
+
+class DeepSeekV31(Sections):
+    name = "deepseek-v3.1"
+    section_begin = "<｜tool▁calls▁begin｜>"
+    section_end = "<｜tool▁calls▁end｜>"
+    call_begin = "<｜tool▁call▁begin｜>"
+    sep = "<｜tool▁sep｜>"
+    call_end = "<｜tool▁call▁end｜>"
+
+    # V3.1 writes the name, then the separator, then the JSON (R1 and V3 write
+    # `function<｜tool▁sep｜>NAME` and a fenced JSON: another family)
+    _DETECT = re.compile(r"tool▁call▁begin｜>'\s*\+\s*tool\['function'\]\['name'\]")
+
+    def matches(self, template: str) -> bool:
+        return bool(self._DETECT.search(template))
+
+
+class KimiK2(Sections):
+    name = "kimi-k2"
+    section_begin = "<|tool_calls_section_begin|>"
+    section_end = "<|tool_calls_section_end|>"
+    call_begin = "<|tool_call_begin|>"
+    sep = "<|tool_call_argument_begin|>"
+    call_end = "<|tool_call_end|>"
+    name_prefix = "functions."
+    indexed = True
+    detect_marker = "<|tool_calls_section_begin|>"

@@ -1,0 +1,316 @@
+"""Families that write each argument as text between tags, converted by the tool's schema:
+
+    Qwen3-Coder  <tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nvalue\\n</parameter>\\n
+                 </function>\\n</tool_call>                      (Qwen 3.5 writes the same)
+    GLM 4.6/4.7  <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>value</arg_value>\\n
+                 </tool_call>                                       thoughts in <think>
+
+A value arrives as text; the tool's schema for that parameter says what it is, as the
+models' own parsers read it: integer, number, boolean and null by their JSON spelling, an
+object or array parsed as JSON, anything else (and a value that does not parse as its
+type) kept as the string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
+from llmrun.request import Tool, ToolCall
+
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+def _types(schema: Any) -> list[str]:
+    """The JSON types a parameter's schema allows (its `anyOf`/`oneOf` members' too)."""
+    if not isinstance(schema, dict):
+        return []
+    t = schema.get("type")
+    out = [t] if isinstance(t, str) else [x for x in t if isinstance(x, str)] \
+        if isinstance(t, list) else []
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            out += _types(sub)
+    if not out and "enum" in schema:
+        out = ["string"] if all(isinstance(v, str) for v in schema["enum"]) else []
+    return out
+
+
+def convert(value: str, schema: Any) -> Any:
+    """A parameter's text as the value its schema's type says (see the module's doc)."""
+    types = _types(schema)
+    text = value.strip()
+    for t in types:
+        if t == "integer" and re.fullmatch(r"-?\d{1,300}", text):
+            return int(text)
+        if t == "number" and _NUMBER.fullmatch(text) and len(text) <= 300:
+            number = float(text)
+            return int(number) if number.is_integer() and "." not in text and "e" not in \
+                text.lower() else number
+        if t == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        if t == "null" and text == "null":
+            return None
+        if t in ("object", "array") and text[:1] in "{[":
+            try:
+                parsed = json.loads(text)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(parsed, dict if t == "object" else list):
+                return parsed
+    return value
+
+
+def _properties(tool: Tool) -> dict[str, Any]:
+    props = (tool.parameters or {}).get("properties")
+    return props if isinstance(props, dict) else {}
+
+
+class Tagged(Family):
+    """What Qwen3-Coder's and GLM's forms share: a call is a name and (key, value) pairs."""
+
+    def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
+        """The (key, value) pairs of a call's body; None if it holds anything else.
+        `whole_only`: those written whole, of a body the token limit cut."""
+        raise NotImplementedError
+
+    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
+        """(start, end, name, body, closed) of each call in `text`."""
+        raise NotImplementedError
+
+    def parse(self, text: str, check: ToolCheck,
+              truncated: bool) -> tuple[list[ToolCall], str] | None:
+        calls: list[ToolCall] = []
+        rest: list[str] = []
+        pos = 0
+        for start, end, name, body, closed in self._calls_at(text)[:MAX_TRIES]:
+            pairs = self._pairs(body)
+            if pairs is None or (not closed and truncated):
+                if truncated and calls:
+                    break  # a further call cut off: dropped
+                return None
+            schemas = _properties_of(check, name)
+            args = {k: convert(v, schemas.get(k)) for k, v in pairs}
+            if not check.accepts(name, args):
+                return None
+            calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
+            rest.append(text[pos:start])
+            pos = end
+        else:
+            rest.append(text[pos:])
+        if not calls:
+            return None
+        return calls, " ".join(r.strip() for r in rest if r.strip())
+
+    def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
+        found = self._calls_at(text)
+        if not found or found[-1][2] not in names:
+            return None
+        _, _, name, body, _ = found[-1]
+        pairs = self._pairs(body, whole_only=True) or []
+        args = json.dumps(dict(pairs), ensure_ascii=False)
+        # the members written whole, the object left open: more may have followed
+        return name, args[:-1] if pairs else "{"
+
+
+def _properties_of(check: ToolCheck, name: str) -> dict[str, Any]:
+    schema = check.schemas.get(name) or {}
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def free_text(name: str, close: str, special: dict[str, int] | None) -> str:
+    """Lark rule `name`: free text and the `close` marker after it. Written out, the
+    marker ends a lazy lexeme (its first occurrence ends the text: a lexeme that stops
+    where the next one could start would stop at once); a special token cannot be part of
+    text, so the text runs until the model writes it."""
+    if special and close in special:
+        return f"{name}: /(?s:.*)/ <[{special[close]}]>"
+    pattern = re.escape(close).replace("\\\n", "\\n").replace("/", "\\/")
+    return f"{name}[lazy]: /(?s:.*){pattern}/"
+
+
+def _value_rule(name: str, schema: Any, strict: bool, close: str,
+                special: dict[str, int] | None) -> list[str]:
+    """Lark rules `name`: one parameter's value as the model writes it, and `close`."""
+    if isinstance(schema, dict) and "$ref" not in json.dumps(schema):
+        if "const" in schema and isinstance(schema["const"], str):
+            return [f"{name}: {lit(schema['const'])} {marker_writer(special)(close)}"]
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+            return [f"{name}: (" + " | ".join(lit(v) for v in enum) + ") "
+                    + marker_writer(special)(close)]
+        types = _types(schema)
+        if types and "string" not in types:
+            body = {**prepare_schema(schema), "x-guidance": {**JSON_OPTIONS,
+                                                              "lenient": not strict}}
+            return [f"{name}: json_{name} {marker_writer(special)(close)}",
+                    f"json_{name}: %json {json.dumps(body, allow_nan=False)}"]
+    return [free_text(name, close, special)]
+
+
+class QwenCoder(Tagged):
+    name = "qwen3-coder"
+    markers = ("<tool_call>", "</tool_call>")
+    starts = ("<tool_call>", "<function=")
+    _CALL = re.compile(r"(?:<tool_call>\s*)?<function=([^\s<>]{1,256})>(.*?)"
+                       r"(?:(</function>)\s*(?:</tool_call>)?|(?=<tool_call>|<function=)|$)",
+                       re.S)
+    _PARAM = re.compile(r"<parameter=([^\s<>]{1,256})>\n?(.*?)(?:\n?</parameter>|"
+                        r"(?=<parameter=)|$)", re.S)
+
+    def matches(self, template: str) -> bool:
+        # (Seed-OSS wraps the same calls in `<seed:tool_call>`: not this family's reader)
+        return "<function=" in template and "<parameter=" in template \
+            and "<seed:" not in template
+
+    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
+        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
+                for m in self._CALL.finditer(text)]
+
+    def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
+        out = []
+        pos = 0
+        for m in self._PARAM.finditer(body):
+            if body[pos:m.start()].strip():
+                return None  # something else between the parameters
+            if whole_only and not m.group(0).endswith("</parameter>"):
+                break
+            out.append((m.group(1), m.group(2)))
+            pos = m.end()
+        if body[pos:].strip() and not whole_only:
+            return None
+        return out
+
+    def _tool_rules(self, i: int, tool: Tool, strict: bool,
+                    special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
+        props = _properties(tool)
+        required = set((tool.parameters or {}).get("required") or [])
+        parts: list[str] = []
+        rules: list[str] = []
+        for k, (key, schema) in enumerate(props.items()):
+            value = f"v{i}_{k}"
+            rules += _value_rule(value, schema, strict, "\n</parameter>\n", special)
+            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + chr(10))} {value}")
+            parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+        rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
+        rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
+                     f'"</function>\\n" {mark("</tool_call>")}')
+        return rules
+
+    def _rules(self, chosen: list[Tool], strict: bool,
+               special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
+        rules: list[str] = []
+        for i, tool in enumerate(chosen):
+            rules += self._tool_rules(i, tool, strict, special)
+        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(f'call: {mark("<tool_call>")} "\\n<function=" tail')
+        return rules
+
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        root = 'call ("\\n" call)*' if plan.parallel else "call"
+        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
+
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        """A call has begun when `<function=` is followed by a tool's name and `>`: the
+        grammar starts at the name."""
+        if plan.choice != "auto":
+            return None
+        names = "|".join(re.escape(t.name) for t in plan.tools)
+        root = 'tail ("\\n" call)*' if plan.parallel else "tail"
+        grammar = "\n".join([f"start: {root}",
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        return Steering([f"<function=(?=(?:{names})>)"], grammar)
+
+    def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
+        return "\n".join(
+            f"<tool_call>\n<function={c.name}>\n" + "".join(
+                f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+                "\n</parameter>\n" for k, v in c.arguments.items())
+            + "</function>\n</tool_call>" for c in calls)
+
+
+class GLM(Tagged):
+    name = "glm"
+    markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+               "</arg_value>")
+    starts = ("<tool_call>",)
+    _CALL = re.compile(r"<tool_call>\s*([^\s<>]{1,256})\s*(.*?)(?:(</tool_call>)|"
+                       r"(?=<tool_call>)|$)", re.S)
+    _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:(</arg_value>)|$)",
+                       re.S)
+
+    def matches(self, template: str) -> bool:
+        return "<arg_key>" in template and "<arg_value>" in template
+
+    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
+        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
+                for m in self._CALL.finditer(text)]
+
+    def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
+        out: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(body.rstrip()):
+            m = self._PAIR.match(body, pos)
+            if m is None:
+                return out if whole_only else None
+            if m.group(3) is None and whole_only:
+                break
+            out.append((m.group(1).strip(), m.group(2)))
+            pos = m.end()
+        return out
+
+    def _rules(self, chosen: list[Tool], strict: bool,
+               special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
+        rules: list[str] = []
+        for i, tool in enumerate(chosen):
+            props = _properties(tool)
+            required = set((tool.parameters or {}).get("required") or [])
+            parts = []
+            for k, (key, schema) in enumerate(props.items()):
+                value = f"v{i}_{k}"
+                rules += _value_rule(value, schema, strict, "</arg_value>", special)
+                rules.append(f"p{i}_{k}: {mark('<arg_key>')} {lit(key)} {mark('</arg_key>')} "
+                             f'"\\n" {mark("<arg_value>")} {value} "\\n"')
+                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            rules.append(f"tail{i}: {lit(tool.name + chr(10))} "
+                         + " ".join(parts) + f" {mark('</tool_call>')}")
+        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(f"call: {mark('<tool_call>')} tail")
+        return rules
+
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        root = 'call ("\\n" call)*' if plan.parallel else "call"
+        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
+
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        """A call has begun when `<tool_call>` is followed by a tool's name and a newline."""
+        if plan.choice != "auto":
+            return None
+        names = "|".join(re.escape(t.name) for t in plan.tools)
+        root = 'tail ("\\n" call)*' if plan.parallel else "tail"
+        grammar = "\n".join([f"start: {root}",
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        return Steering([f"<tool_call>(?=(?:{names})\\n)"], grammar)
+
+    def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
+        return "".join(
+            f"<tool_call>{c.name}\n" + "".join(
+                f"<arg_key>{k}</arg_key>\n<arg_value>"
+                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+                "</arg_value>\n" for k, v in c.arguments.items())
+            + "</tool_call>" for c in calls)

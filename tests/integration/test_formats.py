@@ -1,0 +1,205 @@
+"""Each chat format through the real daemon: a copy of SmolLM2 given the family's real chat
+template (tests/fakes/templates/), its output forced (llama-server's `grammar` field) to what
+a model of that family writes, read in the OpenAI dialect whole and streamed (tool_calls,
+reasoning_content, no markup in the content); and a call forced by tool_choice in the
+family's own syntax (its grammar, formats/), read in the Anthropic dialect. The forced
+grammars are also checked against SmolLM2's vocabulary: they let a model write the calls as
+the family writes them, and each steering grammar starts at its trigger (outside a thought)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from llmrun.chat import formats
+from llmrun.chat.tools import TemplateInfo, ToolPlan
+from llmrun.request import Tool, ToolCall
+from tests.conftest import Daemon
+
+TEMPLATES = Path(__file__).parents[1] / "fakes" / "templates"
+FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.jinja",
+            "glm": "GLM-4.6.jinja", "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
+            "kimi-k2": "moonshotai-Kimi-K2.jinja"}
+WEATHER: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+CALL = ToolCall(id="a", name="get_weather", arguments={"city": "Zürich", "days": 3})
+INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
+
+
+def written(family: str) -> str:
+    """What a model of `family` writes to call get_weather (harmony: after a thought)."""
+    body = formats.BY_NAME[family].write_calls([CALL], INFO)
+    if family == "harmony":
+        return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
+                "<|start|>assistant" + body[len("<|start|>assistant"):])
+    return "Checking. " + body
+
+
+@pytest.fixture(scope="module")
+def models(daemon: Daemon) -> Iterator[dict[str, str]]:
+    c = ollama.Client(host=daemon.url)
+    names = {}
+    for family, template in FAMILIES.items():
+        names[family] = f"smollm2-{family.replace('.', '')}"
+        c.create(model=names[family], from_="smollm2",
+                 template=(TEMPLATES / template).read_text())
+    yield names
+    for name in names.values():
+        c.delete(name)
+
+
+def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Weather in Zürich?"}],
+            "tools": [WEATHER], "max_tokens": 200, "temperature": 0,
+            "grammar": "start: " + json.dumps(written(family)), **kw}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: dict[str, str],
+                                                    family: str) -> None:
+    r = api.post("/v1/chat/completions", json=body(models[family], family), timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls", message
+    [call] = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == CALL.arguments
+    content = message.get("content") or ""
+    assert "<" not in content and "|" not in content, content
+    if family == "harmony":
+        assert message.get("reasoning_content") == "The user wants weather."
+        assert content == ""
+    else:
+        assert content.strip() == "Checking."
+
+    thought, text, finish = "", "", None
+    calls: dict[int, dict[str, str]] = {}
+    with api.stream("POST", "/v1/chat/completions",
+                    json=body(models[family], family, stream=True), timeout=120) as s:
+        for line in s.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            c = json.loads(line[6:])["choices"][0]
+            delta = c["delta"]
+            thought += delta.get("reasoning_content") or ""
+            text += delta.get("content") or ""
+            for tc in delta.get("tool_calls") or []:
+                entry = calls.setdefault(tc["index"], {"name": "", "arguments": ""})
+                entry["name"] += tc.get("function", {}).get("name") or ""
+                entry["arguments"] += tc.get("function", {}).get("arguments") or ""
+            finish = c.get("finish_reason") or finish
+    assert finish == "tool_calls"
+    assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == \
+        [("get_weather", CALL.arguments)]
+    assert text == content and thought == (message.get("reasoning_content") or "")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
+                                                    models: dict[str, str],
+                                                    family: str) -> None:
+    """tool_choice "any", one call: the format's own grammar writes it (the unit is an
+    enum, so the call is short whatever the model prefers)."""
+    tool = {"name": "set_unit", "description": "Set the unit",
+            "input_schema": {"type": "object", "properties": {
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["unit"]}}
+    r = api.post("/v1/messages", json={
+        "model": models[family], "max_tokens": 120, "temperature": 0,
+        "messages": [{"role": "user", "content": "Use celsius."}],
+        "tools": [tool],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["stop_reason"] == "tool_use", out
+    uses = [b for b in out["content"] if b["type"] == "tool_use"]
+    assert [u["name"] for u in uses] == ["set_unit"]
+    assert uses[0]["input"]["unit"] in ("celsius", "fahrenheit")
+    assert not any("<" in b.get("text", "") for b in out["content"] if b["type"] == "text")
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_path: Any) -> Iterator[Any]:
+    import warnings
+
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    from llmrun.engine.llama import Model
+
+    model = Model(smollm2_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield lltokenizer_from_vocab(model.vocab)
+    model.close()
+
+
+def consumed(tokenizer: Any, grammar: str, text: str) -> bool:
+    """Whether the grammar lets a model write `text` whole (and end there)."""
+    import llguidance
+
+    from llmrun.engine import constraint
+
+    matcher = llguidance.LLMatcher(tokenizer, constraint.from_grammar(grammar))
+    assert not matcher.is_error(), matcher.get_error()
+    ids = tokenizer.tokenize_str(text)
+    return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
+        and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_forced_grammar_writes_the_family_calls(smollm2_tokenizer: Any, family: str) -> None:
+    fmt = formats.BY_NAME[family]
+    weather = Tool(name="get_weather", parameters=WEATHER["function"]["parameters"])
+    plan = ToolPlan(INFO, [weather], "required", parallel=True)
+    grammar = fmt.grammar(plan)
+    assert grammar is not None
+    call = fmt.write_calls([CALL], INFO)
+    if family == "harmony":
+        call = call[len("<|start|>assistant"):]
+        assert consumed(smollm2_tokenizer, grammar, "<|channel|>analysis<|message|>Hm <b>."
+                        "<|end|><|start|>assistant" + call)
+    assert consumed(smollm2_tokenizer, grammar, call), (grammar, call)
+    bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
+    assert not consumed(smollm2_tokenizer, grammar, bad)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_steering_starts_at_the_family_trigger(smollm2_tokenizer: Any, family: str) -> None:
+    """tool_choice "auto": nothing is constrained before the family's call begins (a thought
+    aside: harmony's analysis channel is no trigger), and from its trigger on the grammar
+    takes the call as the family writes it."""
+    from llmrun.engine import constraint
+
+    fmt = formats.BY_NAME[family]
+    weather = Tool(name="get_weather", parameters=WEATHER["function"]["parameters"])
+    steer = fmt.steering(ToolPlan(INFO, [weather], "auto"))
+    assert steer is not None
+    pair = fmt.think_pair("<think>")
+    think = (pair[0].encode(), pair[1].encode()) if pair else None
+    text = written(family)
+    if family == "harmony":  # a trigger's text inside the thought does not count
+        text = text.replace("The user wants weather.",
+                            "maybe <|channel|>commentary to=functions.get_weather")
+    lazy = constraint.Lazy(smollm2_tokenizer, constraint.from_grammar(steer.grammar),
+                           steer.triggers, think)
+    ids = smollm2_tokenizer.tokenize_str(text)
+    for n, token in enumerate(ids):
+        found = lazy.feed(smollm2_tokenizer.decode_bytes([token]))
+        if found is not None:
+            before = smollm2_tokenizer.decode_str(ids[:n + 1])
+            assert "<|end|>" in before or family != "harmony"  # after the thought
+            assert all(found.consume_token(t) for t in ids[n + 1:]), family
+            return
+        assert not lazy.over, family
+    pytest.fail(f"{family}: no trigger matched")
