@@ -24,6 +24,7 @@ from llmrun.chat.toolcalls import (
     parse_calls,
 )
 from llmrun.chat.toolcalls.jsontext import whole_object
+from llmrun.chat.toolcalls.stream import release
 from llmrun.chat.tools import Steering, ToolPlan
 from llmrun.request import PartialCall, ToolCall
 
@@ -166,25 +167,8 @@ class MarkedReader:
         return self._release(len(held) - partial_match(held, self.family.starts))
 
     def _release(self, n: int) -> tuple[str, list[Any]]:
-        out: list[str] = []
-        lps: list[Any] = []
-        keep: list[tuple[str, list[Any]]] = []
-        count = 0
-        for text, entries in self._pieces:
-            if count >= n and (text or keep):
-                keep.append((text, entries))
-            elif count + len(text) <= n:
-                out.append(text)
-                lps += entries
-                count += len(text)
-            else:
-                cut = n - count
-                out.append(text[:cut])
-                lps += entries
-                keep.append((text[cut:], []))
-                count = n
-        self._pieces = keep
-        return "".join(out), lps
+        text, lps, self._pieces = release(self._pieces, n)
+        return text, lps
 
     def finish(self, truncated: bool = False) -> Finished:
         held = "".join(t for t, _ in self._pieces)

@@ -139,25 +139,8 @@ class ToolStream:
         return self._release(len(held) - partial_match(held, MARKERS))
 
     def _release(self, n: int) -> tuple[str, list[Any]]:
-        out: list[str] = []
-        lps: list[Any] = []
-        keep: list[tuple[str, list[Any]]] = []
-        count = 0
-        for text, entries in self._pieces:
-            if count >= n and (text or keep):
-                keep.append((text, entries))
-            elif count + len(text) <= n:
-                out.append(text)
-                lps += entries
-                count += len(text)
-            else:
-                cut = n - count
-                out.append(text[:cut])
-                lps += entries
-                keep.append((text[cut:], []))
-                count = n
-        self._pieces = keep
-        return "".join(out), lps
+        text, lps, self._pieces = release(self._pieces, n)
+        return text, lps
 
     def finish(self, truncated: bool = False) -> Finished:
         """The end of generation (`truncated`: by the token limit): the calls, and whatever
@@ -250,3 +233,27 @@ def filter_events(streams: dict[str, CallReader],
                 streams.pop(rid, None)
             out.append(event)
     return out
+
+
+def release(pieces: list[tuple[str, list[Any]]], n: int
+            ) -> tuple[str, list[Any], list[tuple[str, list[Any]]]]:
+    """The first `n` characters of held `pieces` (text and its logprob entries, a piece cut
+    in two keeping its entries with the part let go), those entries, and what stays held."""
+    out: list[str] = []
+    lps: list[Any] = []
+    keep: list[tuple[str, list[Any]]] = []
+    count = 0
+    for text, entries in pieces:
+        if count >= n and (text or keep):
+            keep.append((text, entries))
+        elif count + len(text) <= n:
+            out.append(text)
+            lps += entries
+            count += len(text)
+        else:
+            cut = n - count
+            out.append(text[:cut])
+            lps += entries
+            keep.append((text[cut:], []))
+            count = n
+    return "".join(out), lps, keep
