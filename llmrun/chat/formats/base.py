@@ -24,7 +24,7 @@ from llmrun.chat.toolcalls import (
     parse_calls,
 )
 from llmrun.chat.toolcalls.jsontext import whole_object
-from llmrun.chat.toolcalls.stream import release
+from llmrun.chat.toolcalls.stream import distinct, release
 from llmrun.chat.tools import Steering, ToolPlan
 from llmrun.request import PartialCall, ToolCall
 
@@ -106,18 +106,6 @@ def only_tool(plan: ToolPlan) -> str | None:
     if isinstance(plan.choice, tools.NamedTool):
         return plan.choice.name
     return plan.tools[0].name if len(plan.tools) == 1 else None
-
-
-def distinct(calls: list[ToolCall]) -> list[ToolCall]:
-    """Calls without exact repeats (toolcalls/stream.py's rule)."""
-    seen: set[str] = set()
-    out = []
-    for call in calls:
-        key = json.dumps([call.name, call.arguments], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(call)
-    return out
 
 
 class Family(Format):

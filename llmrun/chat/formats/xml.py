@@ -83,6 +83,31 @@ class Tagged(Family):
         """(start, end, name, body, closed) of each call in `text`."""
         raise NotImplementedError
 
+    # the steering trigger, a pattern with `{names}` for the tools' names (escaped, joined)
+    trigger = ""
+
+    def _rules(self, chosen: list[Tool], strict: bool,
+               special: dict[str, int] | None) -> list[str]:
+        """The grammar's rules for calls to `chosen`: `call`, and `tail` (what follows the
+        trigger)."""
+        raise NotImplementedError
+
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        root = 'call ("\\n" call)*' if plan.parallel else "call"
+        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
+
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        if plan.choice != "auto":
+            return None
+        names = "|".join(re.escape(t.name) for t in plan.tools)
+        root = 'tail ("\\n" call)*' if plan.parallel else "tail"
+        grammar = "\n".join([f"start: {root}",
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        return Steering([self.trigger.format(names=names)], grammar)
+
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         calls: list[ToolCall] = []
@@ -214,23 +239,10 @@ class QwenCoder(Tagged):
         rules.append(f'call: {mark("<tool_call>")} "\\n<function=" tail')
         return rules
 
-    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
-        chosen = choice(plan)
-        if chosen is None:
-            return None
-        root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
 
-    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
-        """A call has begun when `<function=` is followed by a tool's name and `>`: the
-        grammar starts at the name."""
-        if plan.choice != "auto":
-            return None
-        names = "|".join(re.escape(t.name) for t in plan.tools)
-        root = 'tail ("\\n" call)*' if plan.parallel else "tail"
-        grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
-        return Steering([f"<function=(?=(?:{names})>)"], grammar)
+    # A call has begun when `<function=` is followed by a tool's name and `>`: the grammar
+    # starts at the name.
+    trigger = "<function=(?=(?:{names})>)"
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
         return "\n".join(
@@ -290,22 +302,9 @@ class GLM(Tagged):
         rules.append(f"call: {mark('<tool_call>')} tail")
         return rules
 
-    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
-        chosen = choice(plan)
-        if chosen is None:
-            return None
-        root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
 
-    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
-        """A call has begun when `<tool_call>` is followed by a tool's name and a newline."""
-        if plan.choice != "auto":
-            return None
-        names = "|".join(re.escape(t.name) for t in plan.tools)
-        root = 'tail ("\\n" call)*' if plan.parallel else "tail"
-        grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
-        return Steering([f"<tool_call>(?=(?:{names})\\n)"], grammar)
+    # A call has begun when `<tool_call>` is followed by a tool's name and a newline.
+    trigger = "<tool_call>(?=(?:{names})\\n)"
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
         return "".join(

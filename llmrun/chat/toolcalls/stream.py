@@ -77,7 +77,7 @@ class Finished:
     partial: PartialCall | None = None  # a call the token limit cut off (no whole ones)
 
 
-def _distinct(calls: list[ToolCall]) -> list[ToolCall]:
+def distinct(calls: list[ToolCall]) -> list[ToolCall]:
     """Calls without exact repeats (same function, same arguments): small models, greedy
     ones especially, tend to repeat a call until the token limit."""
     seen: set[str] = set()
@@ -152,7 +152,7 @@ class ToolStream:
             parsed = parse_calls(held, self.family, self.check, truncated)
             if parsed is not None:
                 calls, rest = parsed
-                return Finished(rest, lps, _distinct(calls) if self.parallel else calls[:1])
+                return Finished(rest, lps, distinct(calls) if self.parallel else calls[:1])
         if truncated and (self._capturing or self.forced):
             cut = cut_call(held, self._names, begun=not self.forced)
             if cut is None and self.forced and self.only is not None and held.strip():
