@@ -181,9 +181,12 @@ class Client:
         r = self.http.post("/api/generate", json={"model": model, "keep_alive": 0}, timeout=None)
         self._raise_for(r)
 
-    def load(self, model: str) -> None:
-        """Load a model without generating (an empty chat, as Ollama's clients do)."""
-        r = self.http.post("/api/chat", json={"model": model, "messages": []}, timeout=None)
+    def load(self, model: str, num_ctx: int | None = None) -> None:
+        """Load a model without generating (an empty chat, as Ollama's clients do); with
+        `num_ctx`, as a client that sends X-Llmrun-Num-Ctx gets it (`llmrun launch`)."""
+        headers = {"X-Llmrun-Num-Ctx": str(num_ctx)} if num_ctx else None
+        r = self.http.post("/api/chat", json={"model": model, "messages": []}, timeout=None,
+                           headers=headers)
         self._raise_for(r)
 
     def show(self, model: str) -> dict[str, Any]:

@@ -40,7 +40,9 @@ SETTINGS: list[Setting] = [
     Setting("LLMRUN_NUM_PARALLEL", "4", "Sequences decoded together per model (slots)"),
     Setting("LLMRUN_MAX_LOADED_MODELS", "2", "Models held in memory at once"),
     Setting("LLMRUN_MAX_QUEUE", "64", "Requests waiting for a slot before 503"),
-    Setting("LLMRUN_CONTEXT_LENGTH", "4096", "Default context per request (num_ctx)"),
+    Setting("LLMRUN_CONTEXT_LENGTH", "0",
+            "Default context per request (num_ctx); 0 = by memory: on a GPU 4k, 32k or "
+            "256k by its size, on a CPU what free memory holds; never past the model's own"),
     Setting("LLMRUN_NUM_THREADS", "0",
             "Decode threads per model (0 = all cores, fewer while other processes use some)"),
     Setting("LLMRUN_API_KEYS", "", "Comma-separated keys required when set"),
@@ -263,7 +265,9 @@ def num_parallel() -> int:
 
 
 def context_length() -> int:
-    return max(16, _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int))
+    """LLMRUN_CONTEXT_LENGTH, or 0: chosen by memory (server/context.py)."""
+    n = _parsed("LLMRUN_CONTEXT_LENGTH", _positive_int)
+    return max(16, n) if n else 0
 
 
 def usable_cores() -> int:

@@ -22,7 +22,7 @@ from llmrun import __version__, config
 from llmrun.api.dialect import Backends
 from llmrun.daemon import web
 from llmrun.daemon.dialects import DIALECTS, dialect, error_body
-from llmrun.daemon.intake import BodyLimit, RateLimit
+from llmrun.daemon.intake import BodyLimit, ClientContext, RateLimit
 from llmrun.daemon.jsonshape import JSONShape
 from llmrun.daemon.security import Security, authorized
 from llmrun.request import EngineError
@@ -148,9 +148,10 @@ def create_app(store: Store | None = None,
 
     # outermost last: identity header, Security, RateLimit (after the key check, so it can
     # count per key), BodyLimit, JSONShape (the body's values and depth, within BodyLimit's
-    # size), JSONBodies, metrics
+    # size), ClientContext (X-Llmrun-Num-Ctx), JSONBodies, metrics
     app.add_middleware(OnResponseStart, hook=metrics.count_response)
     app.add_middleware(JSONBodies)
+    app.add_middleware(ClientContext)
     app.add_middleware(JSONShape)
     app.add_middleware(BodyLimit)
     app.add_middleware(RateLimit)

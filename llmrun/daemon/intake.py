@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmrun import config
 from llmrun.api.openai.realtime import CLIENT_SCOPE_KEY
 from llmrun.daemon.security import OPEN_PATHS, send_error, supplied_key
+from llmrun.server.service import CLIENT_NUM_CTX
 from llmrun.tokenbucket import TokenBucket
 
 # Blob uploads are model files: they have their own cap (LLMRUN_MAX_BLOB_SIZE) and are
@@ -187,3 +188,35 @@ async def _refuse_handshake(scope: Scope, receive: Receive, send: Send, status: 
         await send({**message, "type": "websocket." + message["type"]})
 
     await send_error(as_denial, scope["path"], status, message, code, headers=headers)
+
+
+NUM_CTX_HEADER = b"x-llmrun-num-ctx"
+MAX_CLIENT_NUM_CTX = 1 << 24  # past any model's trained context (num_ctx is capped there)
+
+
+class ClientContext:
+    """`X-Llmrun-Num-Ctx: N`: the context this client's requests are loaded with where their
+    body names none (server/service.CLIENT_NUM_CTX). A value that is no whole number from 1
+    to 2**24 is a 400, in the path's dialect, before any route reads the body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = dict(scope.get("headers") or ()).get(NUM_CTX_HEADER) \
+            if scope["type"] == "http" else None
+        if raw is None:
+            await self.app(scope, receive, send)
+            return
+        text = raw.decode("latin-1").strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 9
+                and 1 <= int(text) <= MAX_CLIENT_NUM_CTX):
+            await send_error(send, scope["path"], 400,
+                             f"X-Llmrun-Num-Ctx must be a whole number from 1 to "
+                             f"{MAX_CLIENT_NUM_CTX}, not {text[:40]!r}", "invalid_request")
+            return
+        token = CLIENT_NUM_CTX.set(int(text))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CLIENT_NUM_CTX.reset(token)

@@ -39,10 +39,11 @@ from typing import Any, Protocol
 
 from llmrun import bounds, config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Progress, Started
-from llmrun.server import fit, keepalive, memory
+from llmrun.server import context, fit, keepalive, memory
 from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
+from llmrun.store import gguf as gguf_reader
 from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,12 @@ def _warn_unconfined(info: dict[str, Any]) -> None:
     _warned_unconfined.append(True)
     log.warning("sandbox: model runners run without: %s (LLMRUN_SANDBOX=strict refuses to "
                 "run a model unconfined)", "; ".join(missing))
+
+
+def named_context(manifest: Manifest, options: Options) -> int:
+    """The context something names for a load, 0 if nothing does: the request's num_ctx,
+    then the Modelfile's, then LLMRUN_CONTEXT_LENGTH."""
+    return options.num_ctx or manifest.options().num_ctx or config.context_length()
 
 
 def model_key(manifest: Manifest) -> str:
@@ -221,15 +228,18 @@ class Scheduler:
         self._room = asyncio.Lock()  # held by one load at a time while it makes room
         self._reaper: asyncio.Task[None] | None = None
         self._verified: set[tuple[str, int, int]] = set()
+        self._default_ctx: dict[str, int] = {}  # by model_key: default_context's choice
 
-    def spec_for(self, manifest: Manifest, options: Options) -> RunnerSpec:
+    def spec_for(self, manifest: Manifest, options: Options,
+                 default_ctx: int = context.STEPS[0]) -> RunnerSpec:
         """The runner `options` ask for, with their load-time values capped (as Ollama
         does, quietly): num_ctx to the model's trained context, num_batch to
         bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
         nothing, and each distinct spec would be another reload. Without num_thread (or
         LLMRUN_NUM_THREADS) the runner may use every core and uses fewer while other
-        processes keep some busy."""
-        n_ctx = options.num_ctx or manifest.options().num_ctx or config.context_length()
+        processes keep some busy. Where nothing names a context, `default_ctx` is it
+        (`default_context`)."""
+        n_ctx = named_context(manifest, options) or default_ctx
         trained = manifest.details.context_length
         if trained:
             n_ctx = min(n_ctx, trained)
@@ -327,9 +337,30 @@ class Scheduler:
                 if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
+    async def default_context(self, manifest: Manifest, options: Options) -> int:
+        """The context `manifest` is loaded with where nothing names one (server/context.py),
+        chosen at its first load and kept: a default that followed free memory would
+        reload runners under requests that name no context."""
+        key = model_key(manifest)
+        if key not in self._default_ctx:
+            spec = self.spec_for(manifest, options)  # its KV type, slots and files
+            try:
+                info = await asyncio.to_thread(gguf_reader.read, spec.model_paths[0])
+                n_layer = int(info.arch_value("block_count", 0) or 0)
+                per_token = int(n_layer * fit.kv_width(info) * fit.KV_BYTES[spec.kv_type])
+            except (OSError, IndexError, gguf_reader.GGUFError):
+                per_token = 0  # the load will say what is wrong with the file
+            devices = await self.devices() if self.devices is not None else []
+            self._default_ctx[key] = context.STEPS[0] if per_token <= 0 else context.default(
+                devices, self.free_memory(), manifest.size, per_token, spec.n_slots,
+                manifest.details.context_length)
+        return self._default_ctx[key]
+
     async def _acquire(self, parsed: ModelName, manifest: Manifest, options: Options,
                        ttl: float) -> Lease:
-        spec = self.spec_for(manifest, options)
+        named = named_context(manifest, options)
+        spec = self.spec_for(manifest, options,
+                             named or await self.default_context(manifest, options))
         key = model_key(manifest)
         load_seconds = 0.0
         while True:

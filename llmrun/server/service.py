@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,11 @@ from llmrun.store.gguf import GGUFError
 from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
+
+# The context the client asks its requests be loaded with where a request names none: set
+# per HTTP request from `X-Llmrun-Num-Ctx` (daemon/intake.ClientContext), which `llmrun
+# launch` has each agent send, as no agent can put Ollama's `num_ctx` in its own bodies.
+CLIENT_NUM_CTX: ContextVar[int | None] = ContextVar("client_num_ctx", default=None)
 
 # Inputs one embedding request may carry (OpenAI's limit too). The runner gets them in pieces
 # (server/runners.py), so this bounds the work and the answer's size, not a frame.
@@ -220,7 +226,10 @@ class Service:
             yield self._counted(Held(RemoteRunner(target.upstream, req.model), target.manifest,
                                      0.0), kind)
             return
-        async with self.scheduler.use((target.name, target.manifest), req.options,
+        options = req.options
+        if options.num_ctx is None and CLIENT_NUM_CTX.get() is not None:
+            options = options.model_copy(update={"num_ctx": CLIENT_NUM_CTX.get()})
+        async with self.scheduler.use((target.name, target.manifest), options,
                                       req.keep_alive) as lease:
             yield self._counted(Held(lease.runner, lease.manifest, lease.load_seconds), kind)
 

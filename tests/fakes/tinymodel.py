@@ -48,12 +48,14 @@ def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_LAYER,
-                     seed: int = 0, fim: bool = False, pooling: int | None = None) -> Path:
+                     seed: int = 0, fim: bool = False, pooling: int | None = None,
+                     n_ctx: int = N_CTX) -> Path:
     """Write a tiny llama model to `path`: matrices in `dtype` (float16 or float32), 1-D norms
     in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match. With
     `fim`, the vocabulary has fill-in-the-middle tokens (ids 3, 4, 5). `pooling`: the
     header's pooling type (gguf.PoolingType), as an embedding model or a reranker declares it
-    (the header only: no classification head is written)."""
+    (the header only: no classification head is written). `n_ctx`: the context it says it
+    was trained for."""
     tokens, scores, types = vocabulary(fim)
     n_vocab = len(tokens)
     head_dim = N_EMBD // N_HEAD
@@ -70,7 +72,7 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
     w.add_name("tiny-llama")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16
                     else gguf.LlamaFileType.ALL_F32)
-    w.add_context_length(N_CTX)
+    w.add_context_length(n_ctx)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_embedding_length(N_EMBD)

@@ -169,8 +169,9 @@ def test_version() -> None:
 
 
 def test_launch_claude_print_env(home_with_model: Path) -> None:
-    r = llmrun("launch", "claude", "--model", "smollm2", "--print-env")
+    r = llmrun("launch", "claude", "--model", "smollm2", "--print-env", "--context", "8192")
     assert r.returncode == 0, r.stderr
+    assert "export ANTHROPIC_CUSTOM_HEADERS='X-Llmrun-Num-Ctx: 8192'" in r.stdout
     host = os.environ["LLMRUN_HOST"]
     assert f"export ANTHROPIC_BASE_URL=http://{host}" in r.stdout
     assert "export ANTHROPIC_DEFAULT_SONNET_MODEL=smollm2" in r.stdout
@@ -181,25 +182,68 @@ def test_launch_claude_print_env(home_with_model: Path) -> None:
 
 def test_launch_codex_and_opencode_print_their_setup(home_with_model: Path) -> None:
     host = os.environ["LLMRUN_HOST"]
-    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env", "--", "exec", "hi")
+    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env", "--context", "8192", "--",
+               "exec", "hi")
     assert r.returncode == 0, r.stderr
+    assert 'model_providers.llmrun.http_headers={ "X-Llmrun-Num-Ctx" = "8192" }' in r.stdout
     assert f"model_providers.llmrun.base_url=\"http://{host}/v1\"" in r.stdout
     assert "model_providers.llmrun.wire_api=\"responses\"" in r.stdout
     assert r.stdout.rstrip().endswith("exec hi")
-    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env",
+    r = llmrun("launch", "codex", "-m", "smollm2", "--print-env", "--context", "8192",
                env={"LLMRUN_API_KEYS": "sk-abc"})
     assert "export LLMRUN_API_KEY=sk-abc" in r.stdout  # asked for: shown
     assert "model_providers.llmrun.env_key=\"LLMRUN_API_KEY\"" in r.stdout
-    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-config")
+    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-config", "--context", "8192")
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
+    assert cfg["provider"]["llmrun"]["options"]["headers"] == {"X-Llmrun-Num-Ctx": "8192"}
     assert cfg["model"] == "llmrun/smollm2"
     assert cfg["provider"]["llmrun"]["options"]["baseURL"] == f"http://{host}/v1"
-    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-env")
+    r = llmrun("launch", "opencode", "-m", "smollm2", "--print-env", "--context", "8192")
     path = Path(r.stdout.split("OPENCODE_CONFIG=")[1].split()[0])
     assert json.loads(path.read_text()) == cfg and path.stat().st_mode & 0o077 == 0
     r = llmrun("launch", "vim")
     assert r.returncode != 0 and "claude, codex, opencode" in r.stderr
+
+
+def test_launch_says_plainly_when_a_model_is_too_short_for_the_agent(
+        home_with_model: Path) -> None:
+    """SmolLM2 was trained for 8192 tokens; Claude Code's own prompt is about 20k: launch
+    refuses before the agent starts, in words, and --context lets a user try anyway."""
+    for tool in ("claude", "codex", "opencode"):
+        r = llmrun("launch", tool, "-m", "smollm2", "--print-env")
+        assert r.returncode == 1
+        assert "holds at most 8192 tokens" in r.stderr and "--context" in r.stderr, r.stderr
+    r = llmrun("launch", "claude", "-m", "ghost", "--print-env")
+    assert r.returncode == 1 and "ghost" in r.stderr
+    r = llmrun("launch", "claude", "-m", "smollm2", "--print-env", "--context", "0")
+    assert r.returncode == 2  # typer's usage error: not a context
+
+
+def test_launch_loads_the_model_with_the_agents_context(home_with_model: Path,
+                                                        gemma3_path: Path,
+                                                        tmp_path: Path) -> None:
+    """Gemma 3 270M holds 32k: launch loads it with that (not the daemon's default, 1024 in
+    these tests) before the agent starts, and the agent is set to send it with each request
+    (the stand-in `claude` records its environment, then asks as Claude Code would)."""
+    from llmrun.store import Store
+
+    Store(home_with_model).create("gemma", f"FROM {gemma3_path}\n")
+    fake = tmp_path / "bin" / "claude"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/env\n")
+    fake.chmod(0o755)
+    r = llmrun("launch", "claude", "-m", "gemma",
+               env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()
+               if "=" in line)
+    assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-Llmrun-Num-Ctx: 32768"
+    import httpx
+
+    models = httpx.get(f"http://{os.environ['LLMRUN_HOST']}/api/ps").json()["models"]
+    assert [(m["name"].split(":")[0], m["context_length"]) for m in models] == \
+        [("gemma", 32768)], models
 
 
 def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
@@ -213,8 +257,8 @@ def test_launch_claude_runs_it_with_a_stable_prompt_setup(home_with_model: Path,
     fake.chmod(0o755)
     path = f"{fake.parent}:{os.environ['PATH']}"
     key = "sk-local-7f3a9e"
-    r = llmrun("launch", "claude", "-m", "smollm2", "--", "-p", "hello there",
-               env={"PATH": path, "LLMRUN_API_KEYS": key})
+    r = llmrun("launch", "claude", "-m", "smollm2", "--context", "2048", "--", "-p",
+               "hello there", env={"PATH": path, "LLMRUN_API_KEYS": key})
     assert r.returncode == 0, r.stderr
     assert key not in r.stderr + r.stdout  # a key is printed only when asked (--print-env)
     env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines()

@@ -486,3 +486,45 @@ def test_no_gpu_listed_is_the_cpu_as_before(store: Store, tmp_path: Path) -> Non
         finally:
             await sched.shutdown()
     run(main())
+
+
+def test_the_default_context_follows_memory_once_and_what_names_one_wins(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing names a context: a fake 30 GiB GPU gets Ollama's 32k, a CPU with room the
+    largest step (capped at the model's trained 1M); chosen at the first load and kept when
+    free memory falls, so the next request reuses the runner. A request's num_ctx, or
+    LLMRUN_CONTEXT_LENGTH, wins over it."""
+    monkeypatch.delenv("LLMRUN_CONTEXT_LENGTH", raising=False)
+    big = write_tiny_llama(tmp_path / "long.gguf", n_ctx=1 << 20)
+    store.create("long", f"FROM {big}\n")
+    store.create("long2", f"FROM {write_tiny_llama(tmp_path / 'l2.gguf', seed=9, n_ctx=1 << 20)}\n")
+
+    async def main() -> None:
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free,
+                          devices=gpu_devices(30 << 30))
+        try:
+            async with holding(sched, "long") as lease:
+                assert lease.runner.spec.n_ctx == 32768  # type: ignore[attr-defined]
+        finally:
+            await sched.shutdown()
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free)
+        try:
+            async with holding(sched, "long2"):
+                pass
+            assert farm.of("long2")[0].spec.n_ctx == 262144
+            farm.memory = 1 << 30  # memory falls: the choice stands, the runner is reused
+            async with holding(sched, "long2"):
+                pass
+            assert len(farm.of("long2")) == 1
+            async with holding(sched, "long2", num_ctx=4096):
+                pass
+            assert farm.of("long2")[-1].spec.n_ctx == 4096
+            monkeypatch.setenv("LLMRUN_CONTEXT_LENGTH", "8192")
+            async with holding(sched, "long2"):
+                pass
+            assert farm.of("long2")[-1].spec.n_ctx == 8192
+        finally:
+            await sched.shutdown()
+    run(main())
