@@ -127,7 +127,7 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
     says. `rerank`: the Modelfile makes a chat model a reranker (PARAMETER rerank...); it
     still chats. What the GGUF itself is comes first: a rank-pooled model only reranks, an
     embedding model (encoder-only, or pooled) only embeds, whatever its template says."""
-    from llmrun.chat import thinking
+    from llmrun.chat import formats
 
     if cross_encoder(info):
         return ["rerank"]
@@ -136,7 +136,7 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
     out = ["completion", "tools"]
     if "tokenizer.ggml.fim_pre_token_id" in info:
         out.append("insert")
-    if thinking.markers(template):
+    if formats.detect(template).think_pair(template):  # gpt-oss thinks in channels
         out.append("thinking")
     if vision:
         out.append("vision")

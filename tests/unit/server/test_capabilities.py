@@ -172,3 +172,17 @@ def test_an_unreadable_model_is_a_clear_error_not_a_crash(store: Store, tmp_path
         finally:
             await sched.shutdown()
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize(("template", "thinks"), [
+    ("openai-gpt-oss-120b.jinja", True),  # harmony: thoughts in the analysis channel
+    ("Qwen-Qwen3-0.6B.jinja", True),
+    ("GLM-4.6.jinja", True),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", False),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", False),
+])
+def test_thinking_is_read_with_the_templates_chat_format(template: str, thinks: bool) -> None:
+    from llmrun.store.describe import capabilities
+
+    source = (Path(__file__).parents[2] / "fakes" / "templates" / template).read_text()
+    assert ("thinking" in capabilities(source, {})) is thinks
