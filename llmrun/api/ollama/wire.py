@@ -53,11 +53,17 @@ class ChatBody(BaseModel):
     truncate: bool | None = None  # when the prompt outgrows num_ctx: drop the oldest turns
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
     return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
+    # llama-server's `grammar` (Lark or GBNF), as the OpenAI dialects take it: not Ollama's,
+    # which ignores unknown fields, so an Ollama client never sends it by accident
+    grammar: str | None = None
 
     def to_request(self) -> ChatRequest:
         """The internal request; EngineError (400) for what Ollama would refuse."""
         if isinstance(self.format, str) and self.format not in ("json", ""):
             raise _invalid_format(self.format)
+        if self.grammar is not None and self.format:
+            raise EngineError("give one of 'format' and 'grammar': each constrains the "
+                              "whole output", code="invalid_request")
         return ChatRequest(
             model=self.model,
             messages=[_message(m, i) for i, m in enumerate(self.messages)],
@@ -72,6 +78,7 @@ class ChatBody(BaseModel):
             logprobs=self.top_logprobs if self.logprobs else None,
             think=_think(self.think),
             think_required=bool(self.think),
+            grammar=self.grammar,
         )
 
 
@@ -93,11 +100,17 @@ class GenerateBody(BaseModel):
     top_logprobs: int = Field(0, ge=0, le=20)
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
     return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
+    # llama-server's `grammar` (Lark or GBNF), as the OpenAI dialects take it: not Ollama's,
+    # which ignores unknown fields, so an Ollama client never sends it by accident
+    grammar: str | None = None
 
     def to_request(self) -> ChatRequest:
         """The internal request; EngineError (400) for what Ollama would refuse."""
         if isinstance(self.format, str) and self.format not in ("json", ""):
             raise _invalid_format(self.format)
+        if self.grammar is not None and self.format:
+            raise EngineError("give one of 'format' and 'grammar': each constrains the "
+                              "whole output", code="invalid_request")
         if self.images and (self.raw or self.suffix):
             # a raw or fill-in-the-middle prompt is tokenized as is: no turn to place them in
             raise EngineError("images need a chat template; raw prompts (`raw`, `suffix`) "
@@ -127,6 +140,7 @@ class GenerateBody(BaseModel):
             format=cast(Format, self.format or None),
             format_strict=True,  # Ollama's `format` is enforced: what cannot be is a 400
             logprobs=self.top_logprobs if self.logprobs else None,
+            grammar=self.grammar,
         )
 
 
