@@ -224,11 +224,13 @@ class Prompter:
 
     def control_pieces(self) -> dict[int, bytes]:
         """Tool-call markers that are control tokens in this vocabulary (rendered as nothing
-        by default), as the text the tool parser looks for."""
+        by default), as the text the tool parser looks for: every named family's, and those
+        derived from the model's own template (formats/derive.py)."""
         if self._control_pieces is None:
             self._control_pieces = {}
+            own = formats.detect(self.template).markers if self.template else ()
             for marker in (*tools.CONTROL_MARKERS, *thinking.CONTROL_MARKERS,
-                           *formats.CONTROL_MARKERS):
+                           *formats.CONTROL_MARKERS, *own):
                 toks = self.model.tokenize(marker, add_special=False, parse_special=True)
                 if len(toks) == 1 and not self.model.piece(toks[0]):
                     self._control_pieces[toks[0]] = marker.encode()

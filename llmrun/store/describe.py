@@ -136,7 +136,8 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
     out = ["completion", "tools"]
     if "tokenizer.ggml.fim_pre_token_id" in info:
         out.append("insert")
-    if formats.detect(template).think_pair(template):  # gpt-oss thinks in channels
+    # (gpt-oss thinks in channels; no probe: the daemon never renders a template)
+    if formats.detect(template, probe=False).think_pair(template):
         out.append("thinking")
     if vision:
         out.append("vision")

@@ -21,6 +21,9 @@ a class and a line in FORMATS (and its tests).
     deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
     qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
+    derived         probe renderings (derive.py)     a template of no family above whose
+                                                     calls are JSON between markers of its
+                                                     own (MiniMax M1's <tool_calls>, ...)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
+from llmrun.chat.formats.derive import Derived, derive
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
 from llmrun.chat.formats.xml import GLM, QwenCoder, convert
@@ -41,14 +45,20 @@ CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m 
 
 
 @lru_cache(maxsize=32)
-def detect(template: str | None) -> Format:
-    """The format of the family whose template `template` is, else the default."""
+def detect(template: str | None, probe: bool = True) -> Format:
+    """The format of the family whose template `template` is; else, with `probe`, the one
+    derived by rendering it (derive.py); else the default. The daemon asks without `probe`:
+    it never renders a template (that is the confined runner's work), so what it says of a
+    model comes from the template's text alone."""
     if template:
         for fmt in FORMATS:
             if fmt.matches(template):
                 return fmt
+        derived = derive(template) if probe else None
+        if derived is not None:
+            return derived
     return DEFAULT
 
 
-__all__ = ["BY_NAME", "CONTROL_MARKERS", "DEFAULT", "FORMATS", "CallReader", "Format",
-           "Splitter", "convert", "detect"]
+__all__ = ["BY_NAME", "CONTROL_MARKERS", "DEFAULT", "FORMATS", "CallReader", "Derived",
+           "Format", "Splitter", "convert", "detect"]
