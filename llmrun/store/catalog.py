@@ -33,6 +33,10 @@ class CatalogModel:
     template: str | None = None
     system: str | None = None
     projector: Source | None = None  # a vision projector (mmproj GGUF) fetched with the model
+    # The chat format (llmrun.chat.formats) its template is read with: recorded per family so
+    # the catalog states which reader a model's calls and thought go through, and a test can
+    # check that detection on the family's real template agrees.
+    chat_format: str = "default"
 
 
 def catalog_dir() -> Path:
@@ -59,6 +63,7 @@ def _entries(doc: dict[str, Any]) -> dict[str, CatalogModel]:
             template=spec.get("template", doc.get("template")),
             system=spec.get("system", doc.get("system")),
             projector=projector,
+            chat_format=str(doc.get("chat_format") or "default"),
         )
         for t in [str(tag), *map(str, spec.get("aliases", []))]:
             out[t] = model
