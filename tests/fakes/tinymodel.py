@@ -31,11 +31,14 @@ _MERGES = ["he", "ll", "in", "er", "or", "th", "▁t", "▁th", "▁the", "▁a"
 FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]  # ids 3, 4, 5 with fim=True
 
 
-def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of the tiny SentencePiece vocabulary."""
+def vocabulary(fim: bool = False, specials: tuple[str, ...] = ()
+               ) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of the tiny SentencePiece vocabulary: `specials` are
+    control tokens after the FIM ones (ids from 3, or 6 with `fim`)."""
     tt = gguf.TokenType
-    tokens = ["<unk>", "<s>", "</s>", *(FIM_TOKENS if fim else [])]
-    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.CONTROL] * 3 if fim else [])]
+    tokens = ["<unk>", "<s>", "</s>", *(FIM_TOKENS if fim else []), *specials]
+    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.CONTROL] * 3 if fim else []),
+             *([tt.CONTROL] * len(specials))]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [tt.BYTE] * 256
     pieces = ["▁", *_CHARS, *_MERGES]
@@ -48,13 +51,20 @@ def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_LAYER,
-                     seed: int = 0, fim: bool = False, pooling: int | None = None) -> Path:
+                     seed: int = 0, fim: bool = False, pooling: int | None = None,
+                     specials: tuple[str, ...] = (), chat_template: str | None = None,
+                     n_ctx: int = N_CTX) -> Path:
     """Write a tiny llama model to `path`: matrices in `dtype` (float16 or float32), 1-D norms
     in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match. With
     `fim`, the vocabulary has fill-in-the-middle tokens (ids 3, 4, 5). `pooling`: the
     header's pooling type (gguf.PoolingType), as an embedding model or a reranker declares it
-    (the header only: no classification head is written)."""
-    tokens, scores, types = vocabulary(fim)
+    (the header only: no classification head is written). `specials`: further control
+    tokens (vocabulary); `chat_template`: the template in its metadata (default: a plain
+    "role: content" one); `n_ctx`: its training context. With `specials`, the tokenizer adds
+    no space before the text (tokenizer.ggml.add_space_prefix false, as Gemma's): llama.cpp's
+    SentencePiece tokenizer would otherwise write one after every special token as well,
+    which no chat template of these families expects."""
+    tokens, scores, types = vocabulary(fim, specials)
     n_vocab = len(tokens)
     head_dim = N_EMBD // N_HEAD
     rng = np.random.default_rng(seed)
@@ -70,7 +80,7 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
     w.add_name("tiny-llama")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16
                     else gguf.LlamaFileType.ALL_F32)
-    w.add_context_length(N_CTX)
+    w.add_context_length(n_ctx)
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_embedding_length(N_EMBD)
@@ -95,10 +105,12 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
         w.add_uint32("tokenizer.ggml.fim_mid_token_id", 5)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(
+    if specials:
+        w.add_add_space_prefix(False)
+    w.add_chat_template(chat_template or (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
+    ))
 
     w.add_tensor("token_embd.weight", matrix(n_vocab, N_EMBD))
     for i in range(n_layer):
