@@ -63,7 +63,10 @@ def inspect_template(source: str | None) -> TemplateInfo:
     """Which tool-call family a chat template belongs to and what it renders itself."""
     text = source or ""
     if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
-        return TemplateInfo("hermes", native=False, native_calls=False, native_results=False)
+        # no definitions, but maybe past calls and results (DeepSeek V3.1's template writes
+        # them in its own markers and leaves the tools' description to the system prompt)
+        return TemplateInfo("hermes", native=False, native_calls=_renders_calls(text),
+                            native_results=_renders_results(text))
     family: Family
     if "<tool_call>" in text:
         family = "hermes"
@@ -75,10 +78,17 @@ def inspect_template(source: str | None) -> TemplateInfo:
         family = "json"
     return TemplateInfo(
         family, native=True,
-        native_calls="tool_calls" in text or ".ToolCalls" in text,
-        native_results=bool(re.search(r"""['"](tool|ipython)['"]""", text)),
+        native_calls=_renders_calls(text), native_results=_renders_results(text),
         mistral_args=family == "mistral" and "[ARGS]" in text,
     )
+
+
+def _renders_calls(text: str) -> bool:
+    return "tool_calls" in text or ".ToolCalls" in text
+
+
+def _renders_results(text: str) -> bool:
+    return bool(re.search(r"""['"](tool|ipython)['"]""", text))
 
 
 def tool_dict(tool: Tool) -> dict[str, Any]:
