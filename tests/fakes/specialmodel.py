@@ -56,6 +56,9 @@ def template(family: str) -> str:
 
 
 def write_special_model(path: Path, family: str) -> Path:
-    """A tiny model of `family` (a key of FAMILY_TEMPLATES) at `path`."""
+    """A tiny model of `family` (a key of FAMILY_TEMPLATES) at `path`. The harmony one ends a
+    thought as soon as it may (it favours `<|end|>`): harmony's forced call may follow a
+    thought, which random weights would otherwise write until the token limit."""
+    favour = token_id("<|end|>") if family == "harmony" else None
     return write_tiny_llama(path, specials=SPECIALS, chat_template=template(family),
-                            n_ctx=N_CTX)
+                            n_ctx=N_CTX, favour=favour)

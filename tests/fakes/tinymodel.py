@@ -53,7 +53,7 @@ def vocabulary(fim: bool = False, specials: tuple[str, ...] = ()
 def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_LAYER,
                      seed: int = 0, fim: bool = False, pooling: int | None = None,
                      specials: tuple[str, ...] = (), chat_template: str | None = None,
-                     n_ctx: int = N_CTX) -> Path:
+                     n_ctx: int = N_CTX, favour: int | None = None) -> Path:
     """Write a tiny llama model to `path`: matrices in `dtype` (float16 or float32), 1-D norms
     in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match. With
     `fim`, the vocabulary has fill-in-the-middle tokens (ids 3, 4, 5). `pooling`: the
@@ -63,7 +63,10 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
     "role: content" one); `n_ctx`: its training context. With `specials`, the tokenizer adds
     no space before the text (tokenizer.ggml.add_space_prefix false, as Gemma's): llama.cpp's
     SentencePiece tokenizer would otherwise write one after every special token as well,
-    which no chat template of these families expects."""
+    which no chat template of these families expects. `favour`: a token the model writes
+    wherever it may (its logit some 15 above the others': every embedding holds 1.0 in its
+    first dimension, which the final norm keeps the largest, and only this token's output
+    row reads it)."""
     tokens, scores, types = vocabulary(fim, specials)
     n_vocab = len(tokens)
     head_dim = N_EMBD // N_HEAD
@@ -112,7 +115,10 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
         "{% if add_generation_prompt %}assistant: {% endif %}"
     ))
 
-    w.add_tensor("token_embd.weight", matrix(n_vocab, N_EMBD))
+    embd = matrix(n_vocab, N_EMBD)
+    if favour is not None:
+        embd[:, 0] = 1.0
+    w.add_tensor("token_embd.weight", embd)
     for i in range(n_layer):
         blk = f"blk.{i}"
         w.add_tensor(f"{blk}.attn_norm.weight", norm())
@@ -125,7 +131,11 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
         w.add_tensor(f"{blk}.ffn_up.weight", matrix(N_FF, N_EMBD))
         w.add_tensor(f"{blk}.ffn_down.weight", matrix(N_EMBD, N_FF))
     w.add_tensor("output_norm.weight", norm())
-    w.add_tensor("output.weight", matrix(n_vocab, N_EMBD))
+    out = matrix(n_vocab, N_EMBD)  # (the same draws as ever: earlier models stay the same)
+    if favour is not None:
+        out[:, 0] = 0.0
+        out[favour, 0] = 1.0
+    w.add_tensor("output.weight", out)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
