@@ -55,10 +55,14 @@ def template(family: str) -> str:
     return (TEMPLATES / FAMILY_TEMPLATES[family]).read_text()
 
 
+# The token each family's model writes wherever it may: the end of a thought. Random weights
+# would write a thought (free text, before any grammar applies) until the token limit.
+FAVOURED = {"harmony": "<|end|>", "deepseek-v3.1": "</think>"}
+
+
 def write_special_model(path: Path, family: str) -> Path:
-    """A tiny model of `family` (a key of FAMILY_TEMPLATES) at `path`. The harmony one ends a
-    thought as soon as it may (it favours `<|end|>`): harmony's forced call may follow a
-    thought, which random weights would otherwise write until the token limit."""
-    favour = token_id("<|end|>") if family == "harmony" else None
+    """A tiny model of `family` (a key of FAMILY_TEMPLATES) at `path`, ending its thoughts
+    as soon as it may (FAVOURED)."""
+    favour = token_id(FAVOURED[family]) if family in FAVOURED else None
     return write_tiny_llama(path, specials=SPECIALS, chat_template=template(family),
                             n_ctx=N_CTX, favour=favour)

@@ -159,6 +159,27 @@ def test_output_of_special_tokens_is_read_whole_and_streamed(client: httpx.Clien
     assert (s_thought, s_text) == (thought, content)
 
 
+def test_a_thought_ended_by_a_control_token_is_split_off(client: httpx.Client) -> None:
+    """DeepSeek V3.1 thinking: the prompt opens `<think>`, and the model's `</think>` (a
+    control token, rendered as nothing unless the runner gives its text) ends the thought,
+    after which the request's grammar applies."""
+    body = chat("deepseek-v3.1", grammar=forced(written("deepseek-v3.1")),
+                reasoning_effort="high")
+    prompt = client.post("/apply-template", json=body).json()["prompt"]
+    assert prompt.endswith("<｜Assistant｜><think>"), prompt[-80:]
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    message = choice["message"]
+    assert not message.get("reasoning_content")  # this model ends its thought at once
+    assert (message.get("content") or "").strip() == "Checking."
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+    s_thought, s_text, s_calls, finish = streamed(client, body)
+    assert (s_thought, s_text.strip(), finish) == ("", "Checking.", "tool_calls")
+    assert s_calls == [("get_weather", CALL.arguments)]
+
+
 def entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
     return (choice.get("logprobs") or {}).get("content") or []
 
