@@ -408,3 +408,50 @@ def test_special_markers_of_the_vocabulary(prompters: dict[str, Any], family: st
     for marker in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"):
         assert token_id(marker) not in pieces and model.piece(token_id(marker)) == \
             marker.encode()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forced_grammar_takes_each_marker_only_as_its_token(prompters: dict[str, Any],
+                                                            family: str) -> None:
+    """The grammar the runner builds for tool_choice "required" (its markers named by the
+    ids outputs.special_markers finds) takes the call with each marker as its token, and
+    refuses it with a marker spelled out in characters."""
+    import llguidance
+
+    from llmrun.chat.tools import ToolPlan
+    from llmrun.engine import constraint, outputs
+
+    fmt = formats.BY_NAME[family]
+    model = prompters[family].model
+    tok = constraint.tokenizer(model)
+    weather = Tool(name="get_weather", parameters=WEATHER["function"]["parameters"])
+    grammar = fmt.grammar(ToolPlan(INFO, [weather], "required", parallel=False),
+                          outputs.special_markers(tok, fmt))
+    assert grammar is not None
+
+    def as_tokens(text: str, spell: str | None = None) -> list[int]:
+        out: list[int] = []
+        pos = 0
+        for m in [*_MARKER.finditer(text), None]:
+            end = m.start() if m is not None else len(text)
+            out += model.tokenize(text[pos:end], add_special=False, parse_special=False)
+            if m is None:
+                break
+            if m.group() == spell:  # its characters: `<`, then the rest, which no token is
+                out += model.tokenize("<", False, False) + model.tokenize(m.group()[1:],
+                                                                         False, False)
+            else:
+                out.append(token_id(m.group()))
+            pos = m.end()
+        return out
+
+    def takes(ids: list[int]) -> bool:
+        matcher = llguidance.LLMatcher(tok, constraint.from_grammar(grammar))
+        assert not matcher.is_error(), matcher.get_error()
+        return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
+            and matcher.is_accepting()
+
+    text = canonical(family, CALL)
+    assert takes(as_tokens(text)), text
+    for marker in dict.fromkeys(_MARKER.findall(text)):
+        assert not takes(as_tokens(text, spell=marker)), marker
