@@ -64,9 +64,13 @@ def inspect_template(source: str | None) -> TemplateInfo:
     text = source or ""
     if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
         # no definitions, but maybe past calls and results (DeepSeek V3.1's template writes
-        # them in its own markers and leaves the tools' description to the system prompt)
-        return TemplateInfo("hermes", native=False, native_calls=_renders_calls(text),
-                            native_results=_renders_results(text))
+        # them in its own markers and leaves the tools' description to the system prompt).
+        # Not one that tests for a missing content (R1 Distill's writes calls only when the
+        # content `is none`, and a message's content here is always text): its calls stay
+        # text in the content.
+        own = _renders_calls(text) and not re.search(r"\bis\s+none\b", text)
+        return TemplateInfo("hermes", native=False, native_calls=own,
+                            native_results=own and _renders_results(text))
     family: Family
     if "<tool_call>" in text:
         family = "hermes"

@@ -49,3 +49,13 @@ def test_a_template_writing_no_calls_gets_them_as_text() -> None:
     text = rendered(PLAIN)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}' in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
+
+
+def test_a_template_writing_calls_only_without_content_gets_them_as_text() -> None:
+    """DeepSeek R1 Distill's template writes a call only when the message's content is none,
+    which it never is here: the call stays in the content, as Hermes text."""
+    source = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja").read_text()
+    info = tools.inspect_template(source)
+    assert (info.native_calls, info.native_results) == (False, False)
+    text = rendered(source)
+    assert '"arguments": {"city": "Zürich"}' in text and "sunny" in text
