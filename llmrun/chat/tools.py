@@ -63,7 +63,14 @@ def inspect_template(source: str | None) -> TemplateInfo:
     """Which tool-call family a chat template belongs to and what it renders itself."""
     text = source or ""
     if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
-        return TemplateInfo("hermes", native=False, native_calls=False, native_results=False)
+        # no definitions, but maybe past calls and results (DeepSeek V3.1's template writes
+        # them in its own markers and leaves the tools' description to the system prompt).
+        # Not one that tests for a missing content (R1 Distill's writes calls only when the
+        # content `is none`, and a message's content here is always text): its calls stay
+        # text in the content.
+        own = _renders_calls(text) and not re.search(r"\bis\s+none\b", text)
+        return TemplateInfo("hermes", native=False, native_calls=own,
+                            native_results=own and _renders_results(text))
     family: Family
     if "<tool_call>" in text:
         family = "hermes"
@@ -75,10 +82,17 @@ def inspect_template(source: str | None) -> TemplateInfo:
         family = "json"
     return TemplateInfo(
         family, native=True,
-        native_calls="tool_calls" in text or ".ToolCalls" in text,
-        native_results=bool(re.search(r"""['"](tool|ipython)['"]""", text)),
+        native_calls=_renders_calls(text), native_results=_renders_results(text),
         mistral_args=family == "mistral" and "[ARGS]" in text,
     )
+
+
+def _renders_calls(text: str) -> bool:
+    return "tool_calls" in text or ".ToolCalls" in text
+
+
+def _renders_results(text: str) -> bool:
+    return bool(re.search(r"""['"](tool|ipython)['"]""", text))
 
 
 def tool_dict(tool: Tool) -> dict[str, Any]:

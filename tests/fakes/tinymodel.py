@@ -31,11 +31,14 @@ _MERGES = ["he", "ll", "in", "er", "or", "th", "▁t", "▁th", "▁the", "▁a"
 FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]  # ids 3, 4, 5 with fim=True
 
 
-def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of the tiny SentencePiece vocabulary."""
+def vocabulary(fim: bool = False, specials: tuple[str, ...] = ()
+               ) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of the tiny SentencePiece vocabulary: `specials` are
+    control tokens after the FIM ones (ids from 3, or 6 with `fim`)."""
     tt = gguf.TokenType
-    tokens = ["<unk>", "<s>", "</s>", *(FIM_TOKENS if fim else [])]
-    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.CONTROL] * 3 if fim else [])]
+    tokens = ["<unk>", "<s>", "</s>", *(FIM_TOKENS if fim else []), *specials]
+    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.CONTROL] * 3 if fim else []),
+             *([tt.CONTROL] * len(specials))]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [tt.BYTE] * 256
     pieces = ["▁", *_CHARS, *_MERGES]
@@ -49,14 +52,22 @@ def vocabulary(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
 
 def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_LAYER,
                      seed: int = 0, fim: bool = False, pooling: int | None = None,
-                     n_ctx: int = N_CTX) -> Path:
+                     specials: tuple[str, ...] = (), chat_template: str | None = None,
+                     n_ctx: int = N_CTX, favour: int | None = None) -> Path:
     """Write a tiny llama model to `path`: matrices in `dtype` (float16 or float32), 1-D norms
     in float32 (as convert_hf_to_gguf.py writes them); general.file_type set to match. With
     `fim`, the vocabulary has fill-in-the-middle tokens (ids 3, 4, 5). `pooling`: the
     header's pooling type (gguf.PoolingType), as an embedding model or a reranker declares it
-    (the header only: no classification head is written). `n_ctx`: the context it says it
-    was trained for."""
-    tokens, scores, types = vocabulary(fim)
+    (the header only: no classification head is written). `specials`: further control
+    tokens (vocabulary); `chat_template`: the template in its metadata (default: a plain
+    "role: content" one); `n_ctx`: its training context. With `specials`, the tokenizer adds
+    no space before the text (tokenizer.ggml.add_space_prefix false, as Gemma's): llama.cpp's
+    SentencePiece tokenizer would otherwise write one after every special token as well,
+    which no chat template of these families expects. `favour`: a token the model writes
+    wherever it may (its logit some 15 above the others': every embedding holds 1.0 in its
+    first dimension, which the final norm keeps the largest, and only this token's output
+    row reads it)."""
+    tokens, scores, types = vocabulary(fim, specials)
     n_vocab = len(tokens)
     head_dim = N_EMBD // N_HEAD
     rng = np.random.default_rng(seed)
@@ -97,12 +108,17 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
         w.add_uint32("tokenizer.ggml.fim_mid_token_id", 5)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(
+    if specials:
+        w.add_add_space_prefix(False)
+    w.add_chat_template(chat_template or (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
+    ))
 
-    w.add_tensor("token_embd.weight", matrix(n_vocab, N_EMBD))
+    embd = matrix(n_vocab, N_EMBD)
+    if favour is not None:
+        embd[:, 0] = 1.0
+    w.add_tensor("token_embd.weight", embd)
     for i in range(n_layer):
         blk = f"blk.{i}"
         w.add_tensor(f"{blk}.attn_norm.weight", norm())
@@ -115,7 +131,11 @@ def write_tiny_llama(path: Path, *, dtype: type = np.float16, n_layer: int = N_L
         w.add_tensor(f"{blk}.ffn_up.weight", matrix(N_FF, N_EMBD))
         w.add_tensor(f"{blk}.ffn_down.weight", matrix(N_EMBD, N_FF))
     w.add_tensor("output_norm.weight", norm())
-    w.add_tensor("output.weight", matrix(n_vocab, N_EMBD))
+    out = matrix(n_vocab, N_EMBD)  # (the same draws as ever: earlier models stay the same)
+    if favour is not None:
+        out[:, 0] = 0.0
+        out[favour, 0] = 1.0
+    w.add_tensor("output.weight", out)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

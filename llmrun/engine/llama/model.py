@@ -5,6 +5,7 @@ token batches a decode reads (Batch) and the sampler chains that pick tokens (Sa
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class Model:
         # and a saved sequence state keeps only those: it resumes exactly at its end only
         self.n_swa: int = C.llama_model_n_swa(ptr)
         self.add_bos: bool = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.add_eos: bool = bool(C.llama_vocab_get_add_eos(self.vocab))
         self.size: int = C.llama_model_size(ptr)
         self.n_params: int = C.llama_model_n_params(ptr)
         self.n_layer: int = C.llama_model_n_layer(ptr)
@@ -138,6 +140,22 @@ class Model:
         """The vocabulary's text for a special token (e.g. '<|im_end|>'), for templates."""
         raw = C.llama_vocab_get_text(self.vocab, token)
         return raw.decode("utf-8", "replace") if raw else ""
+
+    def special_texts(self, markers: Iterable[str] = ()) -> list[str]:
+        """The texts of the tokens that only parsing special tokens makes (control and
+        unknown ones), and of the user-defined ones among `markers`: a user-defined token
+        is parsed always, and most are plain text (Gemma's `<table>`, runs of spaces), but
+        llama.cpp makes some markers user-defined on load (gpt-oss's `<|channel|>`)."""
+        known = set(markers)
+        out = []
+        for token in range(self.n_vocab):
+            attr = C.llama_token_get_attr(self.vocab, token)
+            if attr & (C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN) or (
+                    attr & C.LLAMA_TOKEN_ATTR_USER_DEFINED and self.token_text(token) in known):
+                text = self.token_text(token)
+                if text:
+                    out.append(text)
+        return out
 
     @property
     def bos(self) -> int:
