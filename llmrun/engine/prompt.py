@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from llmrun.chat import formats, templates, thinking, tools
+from llmrun.chat import formats, prompttext, templates, thinking, tools
 from llmrun.engine import pixels, sound
 from llmrun.engine.batcher import image_ids
 from llmrun.engine.draft import common_prefix
@@ -65,11 +65,8 @@ class Prompter:
             marked = [m.model_copy(update={"content": self._with_markers(m.content,
                                                                          media_of(m))})
                       if m.images or m.audio else m for m in req.messages]
-            messages, extra = tools.chat_inputs(marked, req.system, source, plan)
-            if formats.detect(source).think_pair(source):
-                extra.update(thinking.template_vars(req.think))
-            text = templates.render(source, messages, bos_token=self.bos_text,
-                                    eos_token=self.eos_text, **extra)
+            text = prompttext.render(req, source, plan, bos_token=self.bos_text,
+                                     eos_token=self.eos_text, messages=marked)
             # Most templates write the BOS token themselves; adding another hurts quality.
             add_bos = self.model.add_bos and not (self.bos_text and
                                                   text.startswith(self.bos_text))
