@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from llmrun.chat import templates
+from llmrun.chat.templatelimits import BudgetError
 
 # Markers no template writes by itself: a probe looks for them in what it rendered.
 _SYSTEM = "LLMRUN_PROBE_SYSTEM"
@@ -61,6 +62,8 @@ def _render(source: str, messages: list[dict[str, Any]],
         extra["tools"] = tools
     try:
         return templates.render(source, messages, **extra)
+    except BudgetError:  # no more probes: see `capabilities`
+        raise
     except Exception:  # a probe that fails says the template cannot do that
         return None
 
@@ -68,7 +71,16 @@ def _render(source: str, messages: list[dict[str, Any]],
 @lru_cache(maxsize=32)
 def capabilities(source: str) -> Capabilities:
     """What `source` renders, from a few conversations rendered through it (cached: each
-    costs a render, about a millisecond)."""
+    costs a render, about a millisecond). A template that runs out of its render's budget
+    (templatelimits) in one is not probed further: it is taken to render a system turn and
+    to say nothing of calls, and the request's own render reports it."""
+    try:
+        return _probed(source)
+    except BudgetError:
+        return Capabilities()
+
+
+def _probed(source: str) -> Capabilities:
     plain = _render(source, [{"role": "user", "content": "Hi"}])
     system = _render(source, [{"role": "system", "content": _SYSTEM},
                               {"role": "user", "content": "Hi"}])

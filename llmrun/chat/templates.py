@@ -76,7 +76,7 @@ class _Budget:
                                 f"{templatelimits.MAX_SECONDS:g} seconds")
         if self.failure is not None:
             self.next_check = 0
-            raise TemplateError(self.failure)
+            raise templatelimits.BudgetError(self.failure)
         self.next_check = self.steps + 64
 
 
@@ -388,18 +388,26 @@ class _Generation(Extension):
 _LIST_METHODS = frozenset({"append", "pop"})
 
 
-def _plain(value: Any, depth: int = 0) -> Any:
-    """What a template sees of a variable: JSON-like values copied (dicts, lists; tuples stay
-    tuples), anything else as it is. Hugging Face gives templates such a copy too."""
-    if depth > 64:  # far deeper than any request's JSON may be (daemon/jsonshape.py)
-        raise TemplateError("chat template variables nest deeper than 64")
-    if isinstance(value, dict):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v, depth + 1) for v in value)
-    return value
+def _plain(value: Any) -> Any:
+    """What a template sees of a variable: its dicts and lists copied (Hugging Face gives
+    templates such a copy too), anything else as it is (the variables are JSON-like: a tuple
+    holds no list to change). Iterative: a request's JSON may nest hundreds deep."""
+    def fresh(v: Any) -> Any:
+        return {} if type(v) is dict else [] if type(v) is list else v
+
+    top = fresh(value)
+    stack = [(value, top)] if top is not value else []
+    while stack:
+        src, dst = stack.pop()
+        for key, item in (src.items() if type(src) is dict else enumerate(src)):
+            copy = fresh(item)
+            if type(dst) is dict:
+                dst[key] = copy
+            else:
+                dst.append(copy)
+            if copy is not item:
+                stack.append((item, copy))
+    return top
 
 
 class _Counted:

@@ -350,7 +350,8 @@ def test_pop_and_no_other_mutation() -> None:
             templates.render(unsafe + "{{ d.a }}", [])
 
 
-def test_a_list_holding_itself_fails_in_bounds() -> None:
+def test_a_list_holding_itself_fails_in_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(templatelimits, "MAX_STEPS", 100_000)  # (quicker to the limit)
     loop = "{% set xs = [] %}{% set _ = xs.append(xs) %}"
     with pytest.raises(TemplateError, match="limit"):  # its size is counted, not assumed
         templates.render(loop + "{{ xs }}", [])
@@ -389,3 +390,23 @@ def test_tojson_lists_an_iterator_within_bounds(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(TemplateError, match="limit"):
         templates.render("{{ range(1000) | map('string') | map('center', 100) | tojson }}",
                          [])
+
+
+def test_a_template_out_of_budget_is_probed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probing renders a template several times: one that runs out of its budget stops the
+    probes at the first, so a request's template costs at most one budget more."""
+    calls = []
+    render = templates.render
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        calls.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(templates, "render", counted)
+    slow = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+            "{{ messages[0].content }} tools tool_calls")
+    info = tools.inspect_template(slow)
+    assert len(calls) == 1
+    # what its text says, unconfirmed: it names tools and tool_calls, no tool role
+    assert info.system_role and (info.native, info.native_calls, info.native_results) == \
+        (True, True, False)
