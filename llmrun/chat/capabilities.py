@@ -20,6 +20,7 @@ from llmrun.chat.templatelimits import BudgetError
 
 # Markers no template writes by itself: a probe looks for them in what it rendered.
 _SYSTEM = "LLMRUN_PROBE_SYSTEM"
+_USER = "LLMRUN_PROBE_USER"
 _DESCRIPTION = "LLMRUN_PROBE_DESCRIPTION"
 _ARGUMENT = "LLMRUN_PROBE_ARGUMENT"
 _RESULT = "LLMRUN_PROBE_RESULT"
@@ -81,11 +82,13 @@ def capabilities(source: str) -> Capabilities:
 
 
 def _probed(source: str) -> Capabilities:
-    plain = _render(source, [{"role": "user", "content": "Hi"}])
+    plain = _render(source, [{"role": "user", "content": _USER}])
     system = _render(source, [{"role": "system", "content": _SYSTEM},
-                              {"role": "user", "content": "Hi"}])
-    # Where even a lone user turn fails, nothing is learnt: the system turn stays as it is.
-    system_role = plain is None or (system is not None and _SYSTEM in system)
+                              {"role": "user", "content": _USER}])
+    # No system role: the template renders a user's turn, but not a system turn before it.
+    # (One that fails or drops even a lone user turn teaches nothing: the turn stays.)
+    system_role = plain is None or _USER not in plain or (
+        system is not None and _SYSTEM in system)
     as_object = _render(source, _conversation({"arg": _ARGUMENT}), _TOOLS)
     # A dict printed as Python prints it is not the object reading the template wants
     reads_object = as_object is not None and _ARGUMENT in as_object \

@@ -23,7 +23,10 @@ What the runner does with a request that offers tools (`plan` returns None other
     stream = plan.stream()                      # holds calls back, parses them at the end
 
 `tool_choice="none"` hides the tools entirely; earlier calls and results in the history are
-still rendered (natively, or flattened to text in the Hermes format), never dropped.
+still rendered (natively, or flattened to text: the calls as the template's chat format writes
+them, Hermes' by default, the results as Hermes' <tool_response>), never dropped. What a
+template renders itself (tools, calls, results, a system turn, arguments as an object or as
+JSON text) is found by rendering it (capabilities.py) and kept in its TemplateInfo.
 """
 
 from __future__ import annotations

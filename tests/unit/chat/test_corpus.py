@@ -410,3 +410,17 @@ def test_a_template_out_of_budget_is_probed_once(monkeypatch: pytest.MonkeyPatch
     # what its text says, unconfirmed: it names tools and tool_calls, no tool role
     assert info.system_role and (info.native, info.native_calls, info.native_results) == \
         (True, True, False)
+
+
+@pytest.mark.parametrize(("source", "system_role"), [
+    ("{{ messages[-1].content }}", False),  # a user turn, never the system's
+    ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", True),
+    ("{{ 'fixed text' }}", True),  # renders no turn at all: nothing learnt
+    ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no') }}"
+     "{% endif %}{{ m.content }}{% endfor %}", False),
+    ("{{- range .Messages }}{{ if ne .Role \"system\" }}{{ .Content }}{{ end }}{{ end }}",
+     False),  # Go, as Ollama's Modelfiles write them
+    ("{{ .System }}|{{ range .Messages }}{{ .Role }}={{ .Content }};{{ end }}", True),
+])
+def test_the_system_role_as_rendering_shows_it(source: str, system_role: bool) -> None:
+    assert tools.inspect_template(source).system_role is system_role
