@@ -65,6 +65,13 @@ PROBES: dict[str, dict[str, Any]] = {
                 content='{"temp": 21, "sky": "clear"}'),
         Message(role="assistant", content="It is 21 °C and clear."),
         Message(role="user", content="Thanks. And tomorrow?")]},
+    "several calls with text before them": {"tools": [WEATHER], "messages": [
+        Message(role="user", content="Zürich and Tokyo?"),
+        Message(role="assistant", content="Checking both.", tool_calls=[
+            CALL, ToolCall(id="call_2", name="get_weather", arguments={"city": "東京"})]),
+        Message(role="tool", tool_call_id="call_1", name="get_weather", content="21"),
+        Message(role="tool", tool_call_id="call_2", name="get_weather", content="18"),
+        Message(role="assistant", content="21 °C and 18 °C.")]},
     "a past thought": {"messages": [
         Message(role="user", content="What is 2 + 2?"),
         Message(role="assistant", content="4.", thinking="Two and two make four."),
@@ -115,6 +122,13 @@ LLAMA_CPP: dict[str, dict[str, bool]] = {
 }
 
 
+# Conversations a template refuses by its own rule (raise_exception), in llmrun as in Hugging
+# Face's renderer, with the same words: Meta's Llama 3.x templates take one call a turn.
+REFUSED = {(f"meta-llama-Llama-3.{v}.jinja", "several calls with text before them"):
+           "This model only supports single tool-calls at once!"
+           for v in ("1-8B-Instruct", "2-3B-Instruct", "3-70B-Instruct")}
+
+
 def _ours(name: str, probe: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
                                                      dict[str, Any]]:
     source = (TEMPLATES / name).read_text()
@@ -128,12 +142,22 @@ def _ours(name: str, probe: dict[str, Any]) -> tuple[str, list[dict[str, Any]],
 @pytest.mark.parametrize("probe", list(PROBES))
 @pytest.mark.parametrize("name", CORPUS)
 def test_renders_as_hugging_face_renders_it(name: str, probe: str) -> None:
-    text, messages, extra = _ours(name, PROBES[probe])
     source = (TEMPLATES / name).read_text()
-    reference = _hf_template(source, **LLAMA_CPP.get(name, {})).render(
-        messages=json.loads(json.dumps(messages)), bos_token=BOS, eos_token=EOS,
-        add_generation_prompt=True, **json.loads(json.dumps(extra)))
-    assert text == reference
+    req = ChatRequest(model="m", **PROBES[probe])
+    messages, extra = prompttext.variables(req, source, tools.plan(req, source))
+    reference = _hf_template(source, **LLAMA_CPP.get(name, {}))
+    variables = {"messages": json.loads(json.dumps(messages)), "bos_token": BOS,
+                 "eos_token": EOS, "add_generation_prompt": True,
+                 **json.loads(json.dumps(extra))}
+    if (name, probe) in REFUSED:
+        reason = REFUSED[name, probe]
+        with pytest.raises(jinja2.exceptions.TemplateError, match=reason):
+            reference.render(**variables)
+        with pytest.raises(TemplateError, match=reason):
+            _ours(name, PROBES[probe])
+        return
+    text, _, _ = _ours(name, PROBES[probe])
+    assert text == reference.render(**variables)
 
 
 def test_the_corpus_is_all_there() -> None:
