@@ -2,15 +2,15 @@
 Go text/template as Ollama's are: see gotemplate/), rendered safely.
 
 Templates come from model files and from requests, i.e. from strangers: they are rendered in
-Jinja's immutable sandbox (no attribute access to Python internals), with the environment
-Hugging Face's renderer gives them (its helpers `raise_exception` and `strftime_now`, its
-`tojson`, its `{% generation %}` tag) and the one thing llama.cpp's renderer adds that real
-templates use: `append` and `pop` on lists (Kimi K2 queues its call ids in a list). The
-variables are a plain copy of what the caller passed, so a list a template appends to is
-never the caller's. They run in the runner's engine thread, which
-every request on the model shares, so a render is also bounded: steps, output, time, the size of
-every value it builds and the depth of its macro calls (templatelimits.py: one place for both
-languages).
+Jinja's immutable sandbox (no attribute access to Python internals), with what Hugging Face's
+renderer adds to it (`raise_exception`, `strftime_now`, its `tojson` and its arguments, its
+`{% generation %}` tag) and the one thing llama.cpp's renderer allows that real templates
+use: `append` and `pop` on lists (Kimi K2 queues its call ids in one). The variables are a
+copy of what the caller passed, so a list a template appends to is never the caller's.
+tests/unit/chat/test_corpus.py holds the renderer to Hugging Face's, template by template.
+They run in the runner's engine thread, which every request on the model shares, so a render
+is also bounded: steps, output, time, the size of every value it builds and the depth of its
+macro calls (templatelimits.py: one place for both languages).
 """
 
 from __future__ import annotations
