@@ -33,6 +33,12 @@ class TemplateError(ValueError):
     pass
 
 
+class BudgetError(TemplateError):
+    """A render that ran out of steps or time: what a caller rendering a template several
+    times (capabilities.py's probes) stops at, so one request's template costs at most one
+    budget more."""
+
+
 def check_size(source: str) -> None:
     """Refuse a template source over MAX_TEMPLATE_SIZE before anything parses it."""
     if len(source) > MAX_TEMPLATE_SIZE:

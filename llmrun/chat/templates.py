@@ -2,12 +2,15 @@
 Go text/template as Ollama's are: see gotemplate/), rendered safely.
 
 Templates come from model files and from requests, i.e. from strangers: they are rendered in
-Jinja's immutable sandbox (no attribute access to Python internals, no mutation of the objects
-passed in), with only the helpers Hugging Face's renderer provides (`raise_exception`,
-`strftime_now`, a `tojson` that keeps non-ASCII). They run in the runner's engine thread, which
-every request on the model shares, so a render is also bounded: steps, output, time, the size of
-every value it builds and the depth of its macro calls (templatelimits.py: one place for both
-languages).
+Jinja's immutable sandbox (no attribute access to Python internals), with what Hugging Face's
+renderer adds to it (`raise_exception`, `strftime_now`, its `tojson` and its arguments, its
+`{% generation %}` tag) and the one thing llama.cpp's renderer allows that real templates
+use: `append` and `pop` on lists (Kimi K2 queues its call ids in one). The variables are a
+copy of what the caller passed, so a list a template appends to is never the caller's.
+tests/unit/chat/test_corpus.py holds the renderer to Hugging Face's, template by template.
+They run in the runner's engine thread, which every request on the model shares, so a render
+is also bounded: steps, output, time, the size of every value it builds and the depth of its
+macro calls (templatelimits.py: one place for both languages).
 """
 
 from __future__ import annotations
@@ -15,17 +18,19 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache, wraps
 from typing import Any, cast
 
 import jinja2
-from jinja2 import nodes
+import jinja2.parser
+from jinja2 import meta, nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
+from jinja2.ext import Extension
 from jinja2.runtime import LoopContext, Macro, Namespace
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from llmrun.chat import gotemplate, templatelimits
 from llmrun.chat.templatelimits import TemplateError, check_size  # re-exported
@@ -71,7 +76,7 @@ class _Budget:
                                 f"{templatelimits.MAX_SECONDS:g} seconds")
         if self.failure is not None:
             self.next_check = 0
-            raise TemplateError(self.failure)
+            raise templatelimits.BudgetError(self.failure)
         self.next_check = self.steps + 64
 
 
@@ -315,10 +320,43 @@ def _bounded_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _tojson(value: Any, indent: int | str | None = None, **_: Any) -> str:
+def _listed(value: Any) -> list[Any]:
+    """A one-shot iterator (what `map`, `select` and kin return) as the list llama.cpp's
+    renderer would have made of it: DeepSeek R1's template (llama.cpp's copy) writes
+    `tools | map(attribute='function') | tojson`. Bounded as it is read: its items were
+    built lazily, each within bounds, but there may be many."""
+    out: list[Any] = []
+    size = 0
+    for item in value:
+        _tick()
+        out.append(item)
+        _limit_items(len(out))
+        size += _weight(item, templatelimits.MAX_OUTPUT - size)
+        _limit_text(size)
+    return out
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Iterator):
+        return _listed(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    """Hugging Face's tojson (its arguments, non-ASCII kept), with bounded widths."""
     if indent is not None and (len(indent) if isinstance(indent, str) else indent) > 16:
         raise TemplateError("chat template asks tojson for an indent over its limit of 16")
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+    if separators is not None and (
+            not isinstance(separators, list | tuple) or len(separators) != 2
+            or any(not isinstance(x, str) or len(x) > 16 for x in separators)):
+        raise TemplateError("chat template asks tojson for separators other than two "
+                            "strings of at most 16 characters")
+    if isinstance(value, Iterator):
+        value = _listed(value)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=None if separators is None else tuple(separators),
+                      sort_keys=sort_keys, default=_json_default)
 
 
 def _raise(message: str) -> None:
@@ -326,6 +364,50 @@ def _raise(message: str) -> None:
 
 
 # -- the environment ----------------------------------------------------------------------------
+
+
+class _Generation(Extension):
+    """Hugging Face's `{% generation %}...{% endgeneration %}`: it marks the assistant's part
+    for training masks and renders its body unchanged (LFM2.5, Poolside Laguna). Parsed as
+    Hugging Face parses it, a call block, so a `set` inside stays inside as it does there."""
+
+    tags = {"generation"}  # noqa: RUF012 (Jinja's own class attribute)
+
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Macro) -> str:
+        return caller()
+
+
+# Lists a template may grow or shrink, as llama.cpp's renderer lets it: its own lists only,
+# since the variables it sees are copies (_plain).
+_LIST_METHODS = frozenset({"append", "pop"})
+
+
+def _plain(value: Any) -> Any:
+    """What a template sees of a variable: its dicts and lists copied (Hugging Face gives
+    templates such a copy too), anything else as it is (the variables are JSON-like: a tuple
+    holds no list to change). Iterative: a request's JSON may nest hundreds deep."""
+    def fresh(v: Any) -> Any:
+        return {} if type(v) is dict else [] if type(v) is list else v
+
+    top = fresh(value)
+    stack = [(value, top)] if top is not value else []
+    while stack:
+        src, dst = stack.pop()
+        for key, item in (src.items() if type(src) is dict else enumerate(src)):
+            copy = fresh(item)
+            if type(dst) is dict:
+                dst[key] = copy
+            else:
+                dst.append(copy)
+            if copy is not item:
+                stack.append((item, copy))
+    return top
 
 
 class _Counted:
@@ -394,8 +476,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def __init__(self) -> None:
         super().__init__(trim_blocks=True, lstrip_blocks=True,
-                         extensions=["jinja2.ext.loopcontrols"], finalize=self._finalize,
-                         autoescape=False)
+                         extensions=[_Generation, "jinja2.ext.loopcontrols"],
+                         finalize=self._finalize, autoescape=False)
         del self.globals["lipsum"]  # lorem ipsum of any length: no chat template needs it
         self.globals["raise_exception"] = _raise
         self.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -406,6 +488,11 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     def _finalize(value: Any) -> Any:
         """Every `{{ value }}`: printed only once its size is known to fit."""
         return value if isinstance(value, str) else _as_text(value)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if type(obj) is list and attr in _LIST_METHODS:  # see _LIST_METHODS
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
 
     def llmrun_iter(self, iterable: Any) -> Any:
         budget = _BUDGET.get()
@@ -456,7 +543,9 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _tick()
         target = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by the sandbox
         owner = getattr(target, "__self__", None)
-        if isinstance(owner, str | bytes):
+        if type(owner) is list and getattr(target, "__name__", "") == "append":
+            _limit_items(len(owner) + 1)
+        elif isinstance(owner, str | bytes):
             size = _method_size(owner, getattr(target, "__name__", ""), args, kwargs)
             if size is not None:
                 _limit_text(size)
@@ -526,6 +615,22 @@ def check(source: str) -> None:
         _compile(source)
 
 
+@lru_cache(maxsize=16)
+def free_names(source: str) -> frozenset[str]:
+    """The variables a Jinja template reads without setting them itself (none for a Go
+    template, or one that does not compile): what a caller may have to supply."""
+    if gotemplate.looks_like_go(source):
+        return frozenset()
+    check_size(source)
+    token = _BUDGET.set(_Budget())
+    try:
+        return frozenset(meta.find_undeclared_variables(_ENV.parse(source)))
+    except Exception:  # the render reports a broken template; here it just reads nothing
+        return frozenset()
+    finally:
+        _BUDGET.reset(token)
+
+
 def render(source: str, messages: list[dict[str, Any]], *, bos_token: str = "",
            eos_token: str = "", add_generation_prompt: bool = True, **extra: Any) -> str:
     """Render a chat template: Jinja (Hugging Face, GGUF files), or Go text/template as in
@@ -539,8 +644,8 @@ def render(source: str, messages: list[dict[str, Any]], *, bos_token: str = "",
     template = _compile(source)
     try:
         return _generate(template, {
-            "messages": messages, "bos_token": bos_token, "eos_token": eos_token,
-            "add_generation_prompt": add_generation_prompt, **extra})
+            "messages": _plain(messages), "bos_token": bos_token, "eos_token": eos_token,
+            "add_generation_prompt": add_generation_prompt, **_plain(extra)})
     except TemplateError:
         raise
     except jinja2.exceptions.SecurityError as exc:

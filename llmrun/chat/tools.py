@@ -23,7 +23,10 @@ What the runner does with a request that offers tools (`plan` returns None other
     stream = plan.stream()                      # holds calls back, parses them at the end
 
 `tool_choice="none"` hides the tools entirely; earlier calls and results in the history are
-still rendered (natively, or flattened to text in the Hermes format), never dropped.
+still rendered (natively, or flattened to text: the calls as the template's chat format writes
+them, Hermes' by default, the results as Hermes' <tool_response>), never dropped. What a
+template renders itself (tools, calls, results, a system turn, arguments as an object or as
+JSON text) is found by rendering it (capabilities.py) and kept in its TemplateInfo.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from llmrun.chat import templates
+from llmrun.chat import capabilities, templates
 from llmrun.chat.schema import JSON_OPTIONS, bound_numbers, prepare_schema
 from llmrun.chat.toolcalls import ToolCheck, ToolStream, new_call_id  # noqa: F401 (re-export)
 from llmrun.request import ChatRequest, Message, NamedTool, Tool, ToolCall, ToolChoice
@@ -56,23 +59,19 @@ class TemplateInfo:
     native_calls: bool  # ... and assistant `tool_calls`
     native_results: bool  # ... and `tool` messages
     mistral_args: bool = False  # Mistral's newer `name[ARGS]{...}` form
+    system_role: bool = True  # it renders a system message (Gemma 2's refuses one)
+    object_arguments: bool = True  # it reads a call's `arguments` as an object (else as JSON
+    # text, as Functionary 3.2's does)
 
 
 @lru_cache(maxsize=32)
 def inspect_template(source: str | None) -> TemplateInfo:
-    """Which tool-call family a chat template belongs to and what it renders itself."""
+    """Which tool-call family a chat template belongs to and what it renders itself: what
+    its text names, where rendering it shows it does (capabilities.py)."""
     text = source or ""
-    if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
-        # no definitions, but maybe past calls and results (DeepSeek V3.1's template writes
-        # them in its own markers and leaves the tools' description to the system prompt).
-        # Not one that tests for a missing content (R1 Distill's writes calls only when the
-        # content `is none`, and a message's content here is always text): its calls stay
-        # text in the content.
-        own = _renders_calls(text) and not re.search(r"\bis\s+none\b", text)
-        return TemplateInfo("hermes", native=False, native_calls=own,
-                            native_results=own and _renders_results(text))
+    native = bool(re.search(r"\btools\b|\.Tools\b", text))  # Jinja, or Go (Ollama's)
     family: Family
-    if "<tool_call>" in text:
+    if not native or "<tool_call>" in text:
         family = "hermes"
     elif "[TOOL_CALLS]" in text:
         family = "mistral"
@@ -80,19 +79,25 @@ def inspect_template(source: str | None) -> TemplateInfo:
         family = "llama3"
     else:
         family = "json"
+    native_calls = "tool_calls" in text or ".ToolCalls" in text
+    native_results = bool(re.search(r"""['"](tool|ipython)['"]""", text))
+    caps = capabilities.capabilities(source) if source else capabilities.Capabilities()
+    if caps.rendered:  # what the text names, and rendering it shows it does
+        native, native_calls, native_results = (
+            native and caps.tools, native_calls and caps.calls, native_results and caps.results)
+    elif not native:  # a template that names no tools and fails a tool conversation
+        native_calls = native_results = False
+    if "functions" in templates.free_names(text):  # FireFunction: its tools come as text
+        native = native or caps.tools
+    # Results answer calls: where the calls are written into the assistant's text (Hermes'
+    # <tool_call> or the family's), the results go as text beside them (<tool_response>),
+    # even where the template would render a `tool` message (SmolLM3's, as a bare user turn)
+    native_results = native_results and native_calls
     return TemplateInfo(
-        family, native=True,
-        native_calls=_renders_calls(text), native_results=_renders_results(text),
+        family, native=native, native_calls=native_calls, native_results=native_results,
         mistral_args=family == "mistral" and "[ARGS]" in text,
+        system_role=caps.system_role, object_arguments=caps.object_arguments,
     )
-
-
-def _renders_calls(text: str) -> bool:
-    return "tool_calls" in text or ".ToolCalls" in text
-
-
-def _renders_results(text: str) -> bool:
-    return bool(re.search(r"""['"](tool|ipython)['"]""", text))
 
 
 def tool_dict(tool: Tool) -> dict[str, Any]:
@@ -200,9 +205,15 @@ def _join(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def history(messages: list[Message], info: TemplateInfo) -> list[dict[str, Any]]:
+CallWriter = Callable[[list[ToolCall], TemplateInfo], str]
+
+
+def history(messages: list[Message], info: TemplateInfo,
+            write_calls: CallWriter = format_calls) -> list[dict[str, Any]]:
     """Messages as template variables: Hugging Face style where the template renders tool
-    calls and results itself, flattened to Hermes-style text where it does not."""
+    calls and results itself; where it does not, calls written into the assistant's text as
+    the family writes them (`write_calls`: the chat format's, formats.Format.write_calls)
+    and results as Hermes-style <tool_response> text in a user turn."""
     out: list[dict[str, Any]] = []
     merging_results = False  # the last message is a user turn made of tool results
     for m in messages:
@@ -211,12 +222,14 @@ def history(messages: list[Message], info: TemplateInfo) -> list[dict[str, Any]]
             if info.native_calls:
                 mistral = info.family == "mistral"
                 calls = [{"id": _mistral_id(c.id) if mistral else c.id, "type": "function",
-                          "function": {"name": c.name, "arguments": c.arguments}}
+                          "function": {"name": c.name, "arguments": c.arguments
+                                       if info.object_arguments else
+                                       json.dumps(c.arguments, ensure_ascii=False)}}
                          for c in m.tool_calls]
                 out.append({"role": "assistant", "content": m.content, "tool_calls": calls})
             else:
                 out.append({"role": "assistant",
-                            "content": _join(m.content, format_calls(m.tool_calls, info))})
+                            "content": _join(m.content, write_calls(m.tool_calls, info))})
         elif m.role == "tool" and info.native_results:
             d: dict[str, Any] = {"role": "tool", "content": m.content}
             if m.tool_call_id is not None:
@@ -234,9 +247,26 @@ def history(messages: list[Message], info: TemplateInfo) -> list[dict[str, Any]]
         else:
             out.append({"role": m.role, "content": m.content})
         if m.role == "assistant" and m.thinking:
-            out[-1]["reasoning_content"] = m.thinking  # what thinking templates read
+            # what thinking templates read: `reasoning_content` most, `thinking` gpt-oss's
+            # (Hugging Face's renderer fills in both from either)
+            out[-1] = {"thinking": m.thinking, **out[-1], "reasoning_content": m.thinking}
         merging_results = is_result
     return out
+
+
+def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A leading system message joined to the turn after it, for a template that renders no
+    system role (Gemma 2's raises "System role not supported"): what llama.cpp does
+    (common/chat.cpp, system_message_not_supported), so the model still reads it. Alone, it
+    is dropped, as there."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    if len(messages) == 1:
+        return []
+    first, second = messages[0], messages[1]
+    content = second.get("content")
+    joined = first["content"] + "\n" + (content if isinstance(content, str) else "")
+    return [{**second, "content": joined}, *messages[2:]]
 
 
 def preamble(p: ToolPlan) -> str:
@@ -267,23 +297,26 @@ def preamble(p: ToolPlan) -> str:
 
 
 def chat_inputs(messages: list[Message], system: str | None, template: str | None,
-                p: ToolPlan | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(messages, extra template variables) for `templates.render`."""
+                p: ToolPlan | None, write_calls: CallWriter = format_calls,
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(messages, extra template variables) for `templates.render` (`write_calls`: see
+    `history`; prompttext.variables passes the template's chat format's)."""
     info = p.info if p is not None else inspect_template(template)
-    out = templates.with_system(history(messages, info), system)
-    if p is None:
-        return out, {}
-    if info.native:
-        return out, {"tools": [tool_dict(t) for t in p.tools]}
-    text = preamble(p)
-    for i, m in enumerate(out):
-        if m["role"] == "system":
-            out[i] = {**m, "content": _join(m["content"].rstrip(), text) if m["content"]
-                      else text}
-            break
-    else:
-        out.insert(0, {"role": "system", "content": text})
-    return out, {}
+    out = templates.with_system(history(messages, info, write_calls), system)
+    offered = [tool_dict(t) for t in p.tools] if p is not None else []
+    extra = capabilities.context(template, offered) if template else {}
+    if p is not None and info.native:
+        extra["tools"] = offered
+    elif p is not None:
+        text = preamble(p)
+        for i, m in enumerate(out):
+            if m["role"] == "system":
+                out[i] = {**m, "content": _join(m["content"].rstrip(), text) if m["content"]
+                          else text}
+                break
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return (out if info.system_role else _fold_system(out)), extra
 
 
 # -- grammar --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import re
 
-from llmrun.chat import formats, templates, thinking, tools
+from llmrun.chat import formats, prompttext, templates, thinking, tools
 from llmrun.engine import literal, pixels, sound
 from llmrun.engine.batcher import image_ids
 from llmrun.engine.draft import common_prefix
@@ -76,11 +76,9 @@ class Prompter:
             shown = None if plan is None else dataclasses.replace(
                 plan, tools=[guard.tool(t) for t in plan.tools])
             system = guard.text(req.system) if req.system else req.system
-            messages, extra = tools.chat_inputs(marked, system, source, shown)
-            if formats.detect(source).think_pair(source):
-                extra.update(thinking.template_vars(req.think))
-            text = templates.render(source, messages, bos_token=self.bos_text,
-                                    eos_token=self.eos_text, **extra)
+            text = prompttext.render(req.model_copy(update={"system": system}), source, shown,
+                                     bos_token=self.bos_text, eos_token=self.eos_text,
+                                     messages=marked)
             # Most templates write the BOS token themselves; adding another hurts quality.
             add_bos = self.model.add_bos and not (self.bos_text and
                                                   text.startswith(self.bos_text))

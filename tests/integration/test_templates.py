@@ -103,9 +103,13 @@ def test_sandbox_escapes_are_refused(source: str, attribute: str, owner: str) ->
 
 
 def test_templates_cannot_mutate_messages() -> None:
+    """A list may grow (llama.cpp's renderer lets Kimi K2's template append), but only the
+    template's copy of it; dicts stay immutable."""
     msgs = [{"role": "user", "content": "x"}]
+    assert render("{{ messages.append({'role': 'user', 'content': 'y'}) }}"
+                  "{{ messages | length }}", msgs) == "None2"
     with pytest.raises(TemplateError, match="unsafe"):
-        render("{{ messages.append({'role': 'user', 'content': 'y'}) }}", msgs)
+        render("{{ messages[0].update({'content': 'y'}) }}", msgs)
     assert msgs == [{"role": "user", "content": "x"}]
 
 
