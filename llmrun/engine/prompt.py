@@ -6,6 +6,7 @@ fill-in-the-middle. What ModelHost (engine/host.py) hands the engine as tokens."
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from llmrun.chat import formats, templates, thinking, tools
 from llmrun.engine import pixels, sound
@@ -66,10 +67,14 @@ class Prompter:
                                                                          media_of(m))})
                       if m.images or m.audio else m for m in req.messages]
             messages, extra = tools.chat_inputs(marked, req.system, source, plan)
-            if formats.detect(source).think_pair(source):
-                extra.update(thinking.template_vars(req.think))
+            messages = thinking.switch_messages(source, messages, req.think)
+            extra.update(thinking.template_vars(req.think, source, req.think_budget))
+            extra.update(template_kwargs(req))  # the request's own: they win
             text = templates.render(source, messages, bos_token=self.bos_text,
                                     eos_token=self.eos_text, **extra)
+            pair = formats.detect(source).think_pair(source)
+            if req.think is False and pair is not None:
+                text = thinking.closed(text, pair)
             # Most templates write the BOS token themselves; adding another hurts quality.
             add_bos = self.model.add_bos and not (self.bos_text and
                                                   text.startswith(self.bos_text))
@@ -234,6 +239,16 @@ class Prompter:
                     self._control_pieces[toks[0]] = marker.encode()
         return self._control_pieces
 
+
+
+def template_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """The request's own template variables (llama-server's `chat_template_kwargs`); one
+    that names what the renderer itself passes (the messages, the tools) is refused."""
+    taken = sorted(set(req.template_kwargs) & thinking.RESERVED)
+    if taken:
+        raise ValueError(f"chat_template_kwargs cannot set {', '.join(taken)}: the request's "
+                         f"own fields give those")
+    return req.template_kwargs
 
 
 def media_of(m: Message) -> list[tuple[str, str]]:
