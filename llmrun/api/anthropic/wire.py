@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun.api.images import from_media_type, from_url
 from llmrun.request import (
+    MAX_THINK_BUDGET,
     ChatRequest,
     EngineError,
     Message,
@@ -314,12 +315,31 @@ def to_request(body: CountBody) -> ChatRequest:
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
                        stream=stream, format=fmt, format_strict=True, tools=tools,
                        stop_adds=True, tool_choice=choice,
-                       parallel_tool_calls=parallel, think=to_think(body))
+                       parallel_tool_calls=parallel, think=to_think(body),
+                       think_budget=to_budget(body))
 
 
 def shows_thinking(body: CountBody) -> bool:
     """`thinking.display: "omitted"` (Claude Code sends it): think, but send no thoughts."""
     return (body.thinking or {}).get("display") != "omitted"
+
+
+def to_budget(body: CountBody) -> int | None:
+    """`thinking.budget_tokens` of enabled thinking: the most tokens the thought takes (the
+    runner ends it there). Anthropic's own floor of 1024 is not held to, for small local
+    models; its rule that the answer keeps room (budget below max_tokens) is."""
+    thinking = body.thinking or {}
+    if thinking.get("type") != "enabled" or "budget_tokens" not in thinking:
+        return None
+    budget = thinking["budget_tokens"]
+    if not isinstance(budget, int) or isinstance(budget, bool) \
+            or not 1 <= budget <= MAX_THINK_BUDGET:
+        raise _invalid(f"thinking.budget_tokens: expected a whole number of tokens from 1 to "
+                       f"{MAX_THINK_BUDGET}, got {budget!r}")
+    if isinstance(body, MessagesBody) and budget >= body.max_tokens:
+        raise _invalid(f"`max_tokens` must be greater than `thinking.budget_tokens` "
+                       f"({body.max_tokens} <= {budget})")
+    return budget
 
 
 def to_think(body: CountBody) -> bool:
