@@ -67,6 +67,9 @@ class MessagesBody(CountBody):
     temperature: float | None = Field(None, ge=0.0)
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
+    # llama-server's `grammar` (not Anthropic's): the whole output, a thought included, held
+    # to a grammar (Lark or GBNF), as on /v1/chat/completions
+    grammar: str | None = None
 
 
 def _invalid(message: str) -> EngineError:
@@ -299,9 +302,14 @@ def to_request(body: CountBody) -> ChatRequest:
     options = Options()
     stream = False
     fmt = None
+    grammar = None
     if isinstance(body, MessagesBody):
         stream = body.stream
         fmt = to_format(body)
+        grammar = body.grammar
+        if grammar is not None and fmt is not None:
+            raise _invalid("`grammar` and `output_config.format` cannot both be given: one "
+                           "constraint per request")
         client_stops = [s for s in body.stop_sequences or [] if s]
         options = Options(
             num_predict=body.max_tokens,
@@ -313,7 +321,8 @@ def to_request(body: CountBody) -> ChatRequest:
     # strict: Anthropic's structured outputs promise the schema (forced tool inputs are held
     # to theirs the same way), so a keyword that cannot be enforced is a 400, never skipped
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
-                       stream=stream, format=fmt, format_strict=True, tools=tools,
+                       stream=stream, format=fmt, grammar=grammar, format_strict=True,
+                       tools=tools,
                        stop_adds=True, tool_choice=choice,
                        parallel_tool_calls=parallel, think=to_think(body),
                        think_budget=to_budget(body))

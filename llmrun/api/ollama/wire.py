@@ -53,11 +53,17 @@ class ChatBody(BaseModel):
     truncate: bool | None = None  # when the prompt outgrows num_ctx: drop the oldest turns
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
     return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
+    # llama-server's `grammar` (not Ollama's): the whole output, a thought included, held to
+    # a grammar (Lark or GBNF), as on /v1/chat/completions
+    grammar: str | None = None
 
     def to_request(self) -> ChatRequest:
         """The internal request; EngineError (400) for what Ollama would refuse."""
         if isinstance(self.format, str) and self.format not in ("json", ""):
             raise _invalid_format(self.format)
+        if self.grammar is not None and self.format:
+            raise EngineError("`grammar` and `format` cannot both be given: one constraint "
+                              "per request", code="invalid_request")
         return ChatRequest(
             model=self.model,
             messages=[_message(m, i) for i, m in enumerate(self.messages)],
@@ -72,6 +78,7 @@ class ChatBody(BaseModel):
             logprobs=self.top_logprobs if self.logprobs else None,
             think=_think(self.think),
             think_required=bool(self.think),
+            grammar=self.grammar,
         )
 
 
