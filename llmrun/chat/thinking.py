@@ -2,13 +2,16 @@
 splitting the model's output into its thoughts and its answer.
 
 Models that think write their thoughts between markers before the answer: `<think>...</think>`
-(Qwen 3, DeepSeek R1, SmolLM3, ...) or `[THINK]...[/THINK]` (Magistral). Their templates take
-`enable_thinking` (and some `reasoning_effort`); several open the thought in the generation
-prompt itself, so the output starts inside it. Whether a model can think at all is read from
-its template, as Ollama does: a template that never mentions thinking cannot switch it.
+(Qwen 3, DeepSeek R1, SmolLM3, ...) or `[THINK]...[/THINK]` (Magistral). Each template
+switches thinking its own way (a variable, an effort level, a word in the system prompt: see
+SWITCHES), read here from its text; several open the thought in the generation prompt
+itself, so the output starts inside it (thinking off closes it: `closed`). Whether a model
+can think at all is read from its template, as Ollama does: a template that never mentions
+thinking cannot switch it.
 
     pair = thinking.markers(template)            # None: this template does not think
-    extra = thinking.template_vars(job.think)   # for templates.render
+    extra = thinking.template_vars(req.think, template, req.think_budget)  # templates.render
+    messages = thinking.switch_messages(template, messages, req.think)    # /think, /no_think
     stream = ThinkStream(pair, inside=thinking.opens(prompt_text, pair), keep=...)
     events = thinking.filter_events(streams, events)   # thoughts leave as their own chunks
 """
@@ -62,7 +65,6 @@ SWITCHES: dict[str, str] = {
 LEVELS = ("minimal", "low", "medium", "high", "max")  # in order of effort
 OFF_WORDS = ("none", "no_think", "disabled", "off", "minimal")  # an effort meaning "do not"
 _SLASH_SWITCH = re.compile(r"""["']/(?:no_)?think["']\s+(?:not\s+)?in\b""")
-_TAG = re.compile(r"\{%-?(.{0,2000}?)-?%\}", re.S)  # one statement (bounded: no backtracking)
 _WORD = re.compile(r"""["']([a-z_]{1,20})["']""")
 # a template's own (keyword) arguments to render: never a request's template kwargs
 RESERVED = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
@@ -94,8 +96,14 @@ _PARSER = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.
 def _words(template: str, name: str) -> frozenset[str]:
     """The quoted words in the statements of `template` that mention variable `name` (what
     it is compared with, or defaults to)."""
-    return frozenset(w for m in _TAG.finditer(template) if name in m.group(1)
-                     for w in _WORD.findall(m.group(1)))
+    return frozenset(w for statement in _statements(template) if name in statement
+                     for w in _WORD.findall(statement))
+
+
+def _statements(template: str) -> list[str]:
+    """The text of each `{% ... %}` statement, found in one pass (a request may bring its
+    own template: no pattern that could backtrack over it)."""
+    return [part.split("%}", 1)[0] for part in template.split("{%")[1:]]
 
 
 def _effort(template: str, name: str, think: bool | str, boolean: bool) -> str | None:

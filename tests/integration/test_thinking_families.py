@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,33 @@ def test_a_budget_ends_the_thought_and_the_answer_follows(api: httpx.Client,
     none = api.post("/v1/chat/completions", json={**base, "reasoning_budget": 0},
                     timeout=120).json()["choices"][0]["message"]
     assert not none.get("reasoning_content") and none["content"]
+
+
+def test_a_budgeted_request_leaves_its_batch_neighbour_as_it_was(
+        api: httpx.Client, models: dict[str, str]) -> None:
+    """Two requests on one runner, decoded in the same steps: the budget that forces one's
+    tokens changes nothing of the other's (alone, or beside it unbudgeted)."""
+    base = {"model": models["deepseek-v3.1"], "max_tokens": 40, "temperature": 0,
+            "reasoning_effort": "high"}
+    a = {**base, "messages": HI}
+    b = {**base, "messages": [{"role": "user", "content": "Tell me about cats."}]}
+
+    def answer(body: dict[str, Any]) -> tuple[str, str]:
+        r = api.post("/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        return message.get("reasoning_content") or "", message["content"] or ""
+
+    def together(first: dict[str, Any]) -> tuple[tuple[str, str], tuple[str, str]]:
+        with ThreadPoolExecutor(2) as pool:
+            fa, fb = pool.submit(answer, first), pool.submit(answer, b)
+            return fa.result(), fb.result()
+
+    alone = answer(b)
+    free_a, beside_free = together(a)
+    cut_a, beside_cut = together({**a, "reasoning_budget": 3})
+    assert cut_a != free_a and cut_a[1]  # the budget applied: an answer after 3 tokens
+    assert beside_cut == beside_free == alone
 
 
 def test_a_bad_budget_is_a_clear_error(api: httpx.Client, models: dict[str, str]) -> None:

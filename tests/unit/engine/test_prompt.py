@@ -187,3 +187,21 @@ def test_go_templates_keep_ollamas_think() -> None:
 def test_an_unparsable_template_has_no_switch() -> None:
     assert thinking.switches("{% if enable_thinking %}") == ()
     assert thinking.template_vars(True, "{% if enable_thinking %}") == {}
+
+
+def test_template_kwargs_reach_the_template_nested_and_unicode() -> None:
+    source = "{{ custom.a[1] }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert rendered(source, None, system=False,
+                    template_kwargs={"custom": {"a": [1, "Zürich ✓"]}}) == "Zürich ✓Hi"
+
+
+def test_a_hostile_template_is_read_in_one_pass() -> None:
+    """A request may bring its own template: the statements are found without a pattern
+    that backtracks (a million openers and no closer)."""
+    import time
+
+    hostile = "{%" * 1_000_000 + " reasoning_effort == 'low' "
+    start = time.perf_counter()
+    assert thinking.template_vars(False, hostile) == {}  # it does not parse: no switch
+    assert thinking._words(hostile, "reasoning_effort") == frozenset({"low"})
+    assert time.perf_counter() - start < 5
