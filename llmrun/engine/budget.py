@@ -61,7 +61,9 @@ class ThoughtBudget:
         if head.startswith(opener):
             self.state = "inside"
             self._seen = b""
-            self._inside(head[len(opener):])
+            rest = head[len(opener):]
+            self.used += bool(rest)  # a token that opens the thought and goes on is of it
+            self._inside(rest)
         elif opener.startswith(head):
             self._seen = head  # blank, or the opener not yet whole (bounded by its length)
         else:

@@ -180,6 +180,25 @@ def test_a_budget_ends_the_thought_and_the_answer_follows(api: httpx.Client,
     assert not none.get("reasoning_content") and none["content"]
 
 
+def test_after_a_budget_the_answer_keeps_its_format(api: httpx.Client,
+                                                   models: dict[str, str]) -> None:
+    """The format's constraint waits for the thought's end: the end the budget forced
+    starts it, and the answer is the schema's."""
+    model = models["deepseek-v3.1"]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    r = api.post("/v1/chat/completions", json={
+        "model": model, "messages": HI, "max_tokens": 60, "temperature": 0,
+        "reasoning_effort": "high", "reasoning_budget": 4,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "n", "schema": schema, "strict": True}}},
+        timeout=120)
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert 0 < tokens(api, model, message["reasoning_content"]) <= 4
+    assert isinstance(json.loads(message["content"])["n"], int)
+
+
 def test_a_budgeted_request_leaves_its_batch_neighbour_as_it_was(
         api: httpx.Client, models: dict[str, str]) -> None:
     """Two requests on one runner, decoded in the same steps: the budget that forces one's

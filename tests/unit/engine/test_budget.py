@@ -40,7 +40,7 @@ def test_the_thought_is_counted_from_its_opener_and_closed_at_the_limit() -> Non
 def test_a_thought_the_model_ends_itself_is_left_alone() -> None:
     b = budget(3)
     assert feed(b, [b"<4>hm", b"<60", b"><61>", b"more", b"more", b"more"]) == [None] * 6
-    assert b.state == "after" and b.used == 2
+    assert b.state == "after" and b.used == 3  # ended at its limit, by the model itself
 
 
 def test_an_answer_without_a_thought_has_nothing_to_end() -> None:
@@ -57,8 +57,11 @@ def test_a_thought_the_prompt_opened_counts_from_the_first_token() -> None:
 
 
 def test_one_piece_holding_the_opener_and_more() -> None:
+    b = budget(2)
+    assert feed(b, [b"<4>and thought"]) == [None]  # a token of the thought already
+    assert feed(b, [b"x"]) == [60]
     b = budget(1)
-    assert feed(b, [b"<4>and thought"]) == [None]  # the opener's token is no thought token
+    assert feed(b, [b"<4>"]) == [None]  # the opener alone is not
     assert feed(b, [b"x"]) == [60]
 
 
@@ -86,3 +89,19 @@ def test_a_budgeted_sequence_leaves_its_batch_neighbours_as_they_were() -> None:
     budgeted = run_engine({0: budget(2)}, prompts)
     assert budgeted[0] == "<4><5><6><60><61><62><63>" != alone[0]
     assert budgeted[1:] == alone[1:]
+
+
+def test_markers_split_any_way_are_found() -> None:
+    """The opener and the model's own end marker, in pieces cut anywhere (tokens of any
+    size, unicode around them): the thought opens and ends the same."""
+    rng = random.Random(3)
+    text = "\n <4>Zürich ✓ thinks<60><61>Antwort".encode()
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, 12)))
+        pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        b = budget(10_000)
+        assert feed(b, pieces) == [None] * len(pieces)
+        assert b.state == "after" and 0 < b.used <= len(pieces)
+    one = budget(10_000)
+    feed(one, [bytes([c]) for c in text])  # byte by byte
+    assert one.state == "after"
