@@ -232,6 +232,6 @@ def test_a_bad_budget_is_a_clear_error(api: httpx.Client, models: dict[str, str]
                                                "reasoning_budget": -7}, timeout=60)
     assert r.status_code == 400 and "reasoning_budget" in r.text
     r = api.post("/v1/messages", json={"model": model, "messages": HI, "max_tokens": 10,
-                                       "thinking": {"type": "enabled", "budget_tokens": 50}},
+                                       "thinking": {"type": "enabled", "budget_tokens": "50"}},
                  timeout=60)
     assert r.status_code == 400 and "budget_tokens" in r.text

@@ -335,8 +335,9 @@ def shows_thinking(body: CountBody) -> bool:
 
 def to_budget(body: CountBody) -> int | None:
     """`thinking.budget_tokens` of enabled thinking: the most tokens the thought takes (the
-    runner ends it there). Anthropic's own floor of 1024 is not held to, for small local
-    models; its rule that the answer keeps room (budget below max_tokens) is."""
+    runner ends it there). Anthropic's own floor of 1024 and its rule that the budget stays
+    below max_tokens are not held to: a small local model may think less, and a budget at
+    max_tokens or above only never comes before the length does."""
     thinking = body.thinking or {}
     if thinking.get("type") != "enabled" or "budget_tokens" not in thinking:
         return None
@@ -345,9 +346,6 @@ def to_budget(body: CountBody) -> int | None:
             or not 1 <= budget <= MAX_THINK_BUDGET:
         raise _invalid(f"thinking.budget_tokens: expected a whole number of tokens from 1 to "
                        f"{MAX_THINK_BUDGET}, got {budget!r}")
-    if isinstance(body, MessagesBody) and budget >= body.max_tokens:
-        raise _invalid(f"`max_tokens` must be greater than `thinking.budget_tokens` "
-                       f"({body.max_tokens} <= {budget})")
     return budget
 
 
