@@ -59,3 +59,18 @@ def test_the_budget_is_bounded_where_every_dialect_meets() -> None:
         ChatRequest(model="m", messages=[], think_budget=-1)
     with pytest.raises(ValidationError, match="think_budget"):
         ChatRequest(model="m", messages=[], think_budget=MAX_THINK_BUDGET + 1)
+
+
+def test_responses_reasoning_budget() -> None:
+    from llmrun.api.openai.responses.wire import ResponsesBody
+
+    def responses(**kw: Any) -> ChatRequest:
+        body = ResponsesBody.model_validate({"model": "m", "input": "hi", **kw})
+        return body.to_request([])[0]
+
+    req = responses(reasoning={"effort": "low"}, reasoning_budget=16)
+    assert (req.think, req.think_budget) == ("low", 16)
+    assert responses(reasoning_budget=-1).think_budget is None
+    assert responses(reasoning_budget=0).think is False
+    with pytest.raises(ValidationError, match="reasoning_budget"):
+        responses(reasoning_budget=-3)
