@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmrun import config
 
@@ -184,6 +184,8 @@ class Message(BaseModel):
 
 # Thinking: None leaves it to the model's template; an effort level implies on.
 Think = bool | Literal["low", "medium", "high"] | None
+# The most a thinking budget may be (a token count the engine compares with its own).
+MAX_THINK_BUDGET = 2**31 - 1
 
 
 class ChatRequest(BaseModel):
@@ -213,6 +215,12 @@ class ChatRequest(BaseModel):
     template: str | None = None  # overrides the model's chat template for this request
     think: Think = None
     think_required: bool = False  # a model that cannot think is an error (else: ignored)
+    # most tokens a thought may take before the runner ends it (writes its end marker), the
+    # answer following; None: no limit; 0: no thought (as think false)
+    think_budget: int | None = Field(None, ge=0, le=MAX_THINK_BUDGET)
+    # variables for the chat template, over those the runner sets (llama-server's
+    # chat_template_kwargs: `enable_thinking` and the like)
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
     suffix: str | None = None  # fill-in-the-middle: the text after the insertion point
     context: list[int] | None = None  # token ids of an earlier answer (Ollama's generate)
     return_context: bool = False  # report the prompt + output token ids when done
@@ -227,6 +235,14 @@ class ChatRequest(BaseModel):
     # session's sequence in one slot between its requests, so each reads only what is new
     # (engine/slots.py)
     session: str | None = None
+
+    @model_validator(mode="after")
+    def _no_budget_no_thought(self) -> ChatRequest:
+        """A thinking budget of 0 is thinking off: the template is told so and a thought
+        the prompt opens is closed, rather than one the runner would end at once."""
+        if self.think_budget == 0:
+            self.think = False
+        return self
 
 
 Format = Literal["json"] | dict[str, Any] | None  # JSON mode, or a JSON schema

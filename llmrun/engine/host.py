@@ -20,6 +20,7 @@ from typing import Any, cast
 from llmrun import ipc, protocol
 from llmrun.chat import formats, thinking, tools
 from llmrun.engine.batcher import Engine, Event, SeqParams
+from llmrun.engine.budget import ThoughtBudget
 from llmrun.engine.crossencoder import CrossEncoder
 from llmrun.engine.draft import DRAFT_MODEL_DEFAULT, DraftModel
 from llmrun.engine.embed import Embedder
@@ -257,10 +258,12 @@ class ModelHost:
         params = SeqParams.of(
             req, matcher=matcher, lazy=lazy, truncated=truncated, images=media,
             pieces=self.prompt.control_pieces() if plan is not None or pair is not None else {})
-        if matcher is not None and pair is not None and not fmt.grammar_thinks:
+        if matcher is not None and pair is not None and not fmt.grammar_thinks \
+                and req.grammar is None:
             # The thought stays free; the constraint starts with the answer: after the end
             # marker when the prompt opened a thought, else from the first token unless that
-            # token opens one (thinking not switched off).
+            # token opens one (thinking not switched off). A client's raw grammar is the
+            # whole output's, a thought included, as llama-server applies its `grammar`.
             inside = thinking.opens(text, pair)
             if inside or req.think is not False:
                 params.constrain_after = pair[1].encode()
@@ -271,10 +274,22 @@ class ModelHost:
                 and len(prompt) >= self.prompt_cache.min_tokens:
             params.save_at = self.prompt.boundary(req, plan, prompt, self.prompt_cache.min_tokens)
         opened = pair is not None and thinking.opens(text, pair)
+        if req.think_budget and pair is not None and req.think is not False:
+            params.budget = self._budget(req.think_budget, fmt, pair, opened)
         self.outputs.watch(req_id, plan, pair, opened=opened, keep=req.think is not False,
                            fmt=fmt)
         self._inflight.add(req_id)
         self.engine.submit(req_id, prompt, params)
+
+    def _budget(self, limit: int, fmt: formats.Format, pair: tuple[str, str],
+                opened: bool) -> ThoughtBudget | None:
+        """A thinking budget of `limit` tokens: the family's end of a thought as tokens
+        (a marker that is a special token as that token, as the model writes it)."""
+        close = self.model.tokenize(fmt.think_end(pair), add_special=False, parse_special=True)
+        if not close:
+            return None
+        return ThoughtBudget(limit, close, pair[1].encode(),
+                             None if opened else pair[0].encode())
 
     def count(self, req_id: str, raw: dict[str, Any], detail: bool = False) -> None:
         """The prompt length a request renders to, exactly as `generate` would see it (with

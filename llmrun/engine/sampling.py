@@ -124,7 +124,15 @@ class Sampling(EngineState):
             self._finish(seq, "length", events)
             return
         matcher = seq.params.matcher
-        if mask is None:
+        budget = seq.params.budget
+        forced = budget.forced() if budget is not None else None
+        if forced is not None:  # the thinking budget is spent: its end marker is written
+            token = forced
+            seq.sampler.accept(token)
+            if mask is not None and seq.gate is None and not matcher.consume_token(token):
+                raise ConstraintError(f"structured output refused the end of the thought: "
+                                      f"{matcher.get_error()}")
+        elif mask is None:
             token = self.ctx.sample(seq.sampler, idx)
         else:
             if matcher.is_error():
@@ -194,6 +202,8 @@ class Sampling(EngineState):
         piece = seq.params.pieces.get(token) if seq.params.pieces else None
         if piece is None:
             piece = self.model.piece(token)
+        if seq.params.budget is not None:
+            seq.params.budget.feed(token, piece)
         if seq.gate == "after":
             self._await_marker(seq, piece)
         if seq.params.lazy is not None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from llmrun.chat.textstream import TextStream
 from llmrun.engine.backend import Sampler
+from llmrun.engine.budget import ThoughtBudget
 from llmrun.engine.draft import DRAFT_DEFAULT, DRAFT_MAX, Acceptance, History
 from llmrun.engine.llama import ImageChunk, LlamaError
 from llmrun.engine.promptcache import Entry
@@ -99,6 +100,8 @@ class SeqParams:
     # positions hold image_ids
     images: list[tuple[int, ImageChunk]] = field(default_factory=list)
     session: str | None = None  # a realtime session's: its slot is kept for it (Slot.owner)
+    # a thinking budget: the thought's end marker forced after so many of its tokens
+    budget: ThoughtBudget | None = None
 
     @classmethod
     def of(cls, req: ChatRequest, **engine: Any) -> SeqParams:

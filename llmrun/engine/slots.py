@@ -120,8 +120,10 @@ class Slots(Encoder):
         del slot.tokens[n:]
         slot.images = {k: v for k, v in slot.images.items() if k < n}
         seq.text = TextStream(seq.params.stops)
+        # (a budgeted thought never drafts: a token the budget forces would override the
+        # sampler that checks the drafts)
         if seq.params.draft > 0 and seq.params.matcher is None and seq.params.lazy is None \
-                and not seq.params.images:
+                and not seq.params.images and seq.params.budget is None:
             if self.drafter is not None:
                 seq.model_drafts = True
             else:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmrun.api.images import from_media_type, from_url
 from llmrun.request import (
+    MAX_THINK_BUDGET,
     ChatRequest,
     EngineError,
     Message,
@@ -66,6 +67,9 @@ class MessagesBody(CountBody):
     temperature: float | None = Field(None, ge=0.0)
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
+    # llama-server's `grammar` (not Anthropic's): the whole output, a thought included, held
+    # to a grammar (Lark or GBNF), as on /v1/chat/completions
+    grammar: str | None = None
 
 
 def _invalid(message: str) -> EngineError:
@@ -298,9 +302,14 @@ def to_request(body: CountBody) -> ChatRequest:
     options = Options()
     stream = False
     fmt = None
+    grammar = None
     if isinstance(body, MessagesBody):
         stream = body.stream
         fmt = to_format(body)
+        grammar = body.grammar
+        if grammar is not None and fmt is not None:
+            raise _invalid("`grammar` and `output_config.format` cannot both be given: one "
+                           "constraint per request")
         client_stops = [s for s in body.stop_sequences or [] if s]
         options = Options(
             num_predict=body.max_tokens,
@@ -312,14 +321,32 @@ def to_request(body: CountBody) -> ChatRequest:
     # strict: Anthropic's structured outputs promise the schema (forced tool inputs are held
     # to theirs the same way), so a keyword that cannot be enforced is a 400, never skipped
     return ChatRequest(model=body.model, messages=to_messages(body), options=options,
-                       stream=stream, format=fmt, format_strict=True, tools=tools,
+                       stream=stream, format=fmt, grammar=grammar, format_strict=True,
+                       tools=tools,
                        stop_adds=True, tool_choice=choice,
-                       parallel_tool_calls=parallel, think=to_think(body))
+                       parallel_tool_calls=parallel, think=to_think(body),
+                       think_budget=to_budget(body))
 
 
 def shows_thinking(body: CountBody) -> bool:
     """`thinking.display: "omitted"` (Claude Code sends it): think, but send no thoughts."""
     return (body.thinking or {}).get("display") != "omitted"
+
+
+def to_budget(body: CountBody) -> int | None:
+    """`thinking.budget_tokens` of enabled thinking: the most tokens the thought takes (the
+    runner ends it there). Anthropic's own floor of 1024 and its rule that the budget stays
+    below max_tokens are not held to: a small local model may think less, and a budget at
+    max_tokens or above only never comes before the length does."""
+    thinking = body.thinking or {}
+    if thinking.get("type") != "enabled" or "budget_tokens" not in thinking:
+        return None
+    budget = thinking["budget_tokens"]
+    if not isinstance(budget, int) or isinstance(budget, bool) \
+            or not 1 <= budget <= MAX_THINK_BUDGET:
+        raise _invalid(f"thinking.budget_tokens: expected a whole number of tokens from 1 to "
+                       f"{MAX_THINK_BUDGET}, got {budget!r}")
+    return budget
 
 
 def to_think(body: CountBody) -> bool:

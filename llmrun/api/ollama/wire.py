@@ -53,8 +53,8 @@ class ChatBody(BaseModel):
     truncate: bool | None = None  # when the prompt outgrows num_ctx: drop the oldest turns
     shift: bool | None = None  # when the output fills num_ctx: shift it and go on
     return_progress: bool = False  # stream a long prompt's reading (llama-server's name)
-    # llama-server's `grammar` (Lark or GBNF), as the OpenAI dialects take it: not Ollama's,
-    # which ignores unknown fields, so an Ollama client never sends it by accident
+    # llama-server's `grammar` (not Ollama's): the whole output, a thought included, held to
+    # a grammar (Lark or GBNF), as on /v1/chat/completions
     grammar: str | None = None
 
     def to_request(self) -> ChatRequest:
@@ -62,8 +62,8 @@ class ChatBody(BaseModel):
         if isinstance(self.format, str) and self.format not in ("json", ""):
             raise _invalid_format(self.format)
         if self.grammar is not None and self.format:
-            raise EngineError("give one of 'format' and 'grammar': each constrains the "
-                              "whole output", code="invalid_request")
+            raise EngineError("`grammar` and `format` cannot both be given: one constraint "
+                              "per request", code="invalid_request")
         return ChatRequest(
             model=self.model,
             messages=[_message(m, i) for i, m in enumerate(self.messages)],

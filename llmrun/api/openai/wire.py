@@ -14,6 +14,7 @@ from llmrun.api.dialect import http_status
 from llmrun.api.images import from_audio, from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.request import (
+    MAX_THINK_BUDGET,
     ChatRequest,
     EngineError,
     Format,
@@ -145,8 +146,10 @@ class ChatCompletionBody(LlamaExtras):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     user: str | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    # llama-server's way to pass template variables; `enable_thinking` is the one used here
+    # llama-server's: variables for the chat template (over the runner's own thinking
+    # switch), and the most tokens a thought may take (-1: no limit; 0: no thought)
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = Field(None, ge=-1, le=MAX_THINK_BUDGET)
 
     def to_requests(self) -> list[ChatRequest]:
         """One internal request per choice (`n`)."""
@@ -429,8 +432,16 @@ def chat_requests(body: ChatCompletionBody) -> list[ChatRequest]:
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         think=_think(body),
+        think_budget=_budget(body),
+        template_kwargs=body.chat_template_kwargs or {},
     )
     return _replicate(base, body.n)
+
+
+def _budget(body: ChatCompletionBody) -> int | None:
+    """llama-server's `reasoning_budget` (its --reasoning-budget, per request): -1 none."""
+    budget = body.reasoning_budget
+    return None if budget is None or budget < 0 else budget
 
 
 def _replicate(base: ChatRequest, n: int) -> list[ChatRequest]:

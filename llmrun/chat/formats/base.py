@@ -56,6 +56,11 @@ class Format:
     def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> Splitter:
         return thinking.ThinkStream(pair, inside=inside, keep=keep)
 
+    def think_end(self, pair: tuple[str, str]) -> str:
+        """What the runner writes to end a thought whose budget is spent (the answer then
+        follows)."""
+        return pair[1]
+
     def reader(self, plan: ToolPlan) -> CallReader:
         return plan.stream()
 

@@ -140,6 +140,10 @@ class Harmony(Family):
     def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> HarmonySplitter:
         return HarmonySplitter(keep=keep)
 
+    def think_end(self, pair: tuple[str, str]) -> str:
+        # the analysis message ends, and the final channel's opens
+        return END + START + "assistant" + CHANNEL + "final" + MESSAGE
+
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:

@@ -17,6 +17,7 @@ from llmrun.api.images import from_audio, from_url
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import LlamaExtras, tool_arguments
 from llmrun.request import (
+    MAX_THINK_BUDGET,
     ChatRequest,
     EngineError,
     Format,
@@ -49,6 +50,9 @@ class ResponsesBody(LlamaExtras):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
+    # llama-server's, as on chat completions: the most tokens a thought may take (-1: no
+    # limit; 0: no thought)
+    reasoning_budget: int | None = Field(None, ge=-1, le=MAX_THINK_BUDGET)
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
@@ -364,5 +368,7 @@ def to_request(body: ResponsesBody, earlier: list[dict[str, Any]]) -> tuple[Chat
         stream=bool(body.stream), keep_alive=body.keep_alive, format=fmt,
         format_strict=fmt_strict and strict, grammar=body.grammar, tools=tools,
         tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls is not False,
-        think=to_think(body))
+        think=to_think(body),
+        think_budget=None if body.reasoning_budget is None or body.reasoning_budget < 0
+        else body.reasoning_budget)
     return req, mapping
