@@ -5,7 +5,6 @@ streamed in 1-character and random pieces."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import Tool, ToolCall
+from tests.unit.chat.grammarcheck import accepts
 from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 NAMES = ["command-r7b", "command-r-plus", "granite", "apriel", "firefunction"]
@@ -239,40 +239,6 @@ def test_hostile_output_stays_text(name: str) -> None:
         assert not end.calls
 
 
-@functools.lru_cache(maxsize=1)
-def _byte_tokenizer() -> Any:
-    import llguidance
-
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTok()))
-
-
-def _matcher_accepts(grammar: str, text: str) -> bool:
-    """Whether llguidance's matcher (byte-level, no vocabulary needed) takes `text` whole."""
-    import llguidance
-
-    from llmrun.engine import constraint
-
-    tok = _byte_tokenizer()
-    matcher = llguidance.LLMatcher(tok, constraint.from_grammar(grammar))
-    assert not matcher.is_error(), matcher.get_error()
-    ids = list(text.encode())
-    return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
-        and matcher.is_accepting()
-
-
-class _ByteTok:
-    """A vocabulary of the 256 bytes and an end token: enough to check what a grammar
-    lets a model write, character by character."""
-
-    eos_token_id = 256
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-    special_token_ids = (256,)
-
-    def __call__(self, s: Any) -> list[int]:
-        return list(s.encode() if isinstance(s, str) else s)
-
-
 # the calls with their arguments in the schemas' order (the grammar writes them so)
 ORDERED = [ToolCall(id="a", name="get_weather", arguments={"city": "Zürich 東京",
                                                            "unit": "celsius", "days": 3}),
@@ -287,17 +253,17 @@ def test_grammars_write_the_family_calls(name: str) -> None:
         grammar = fmt.grammar(plan)
         assert grammar is not None
         calls = ORDERED if parallel else ORDERED[:1]
-        assert _matcher_accepts(grammar, fmt.write_calls(calls, INFO)), (name, grammar)
+        assert accepts(grammar, fmt.write_calls(calls, INFO)), (name, grammar)
         bad = [ToolCall(id="b", name="get_weather", arguments={"days": 3})]
-        assert not _matcher_accepts(grammar, fmt.write_calls(bad, INFO))
-        assert not _matcher_accepts(grammar, fmt.write_calls(
+        assert not accepts(grammar, fmt.write_calls(bad, INFO))
+        assert not accepts(grammar, fmt.write_calls(
             [ToolCall(id="c", name="get_weather", arguments={"city": "X", "unit": "K"})],
             INFO))
     named = ToolPlan(INFO, TOOLS, formats.base.tools.NamedTool(name="search"), False)
     grammar = fmt.grammar(named)
     assert grammar is not None
-    assert _matcher_accepts(grammar, fmt.write_calls(ORDERED[1:], INFO))
-    assert not _matcher_accepts(grammar, fmt.write_calls(ORDERED[:1], INFO))
+    assert accepts(grammar, fmt.write_calls(ORDERED[1:], INFO))
+    assert not accepts(grammar, fmt.write_calls(ORDERED[:1], INFO))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -313,5 +279,5 @@ def test_steering_starts_after_the_family_marker(name: str) -> None:
     m = re.search(trigger, "Let me look. " + text)
     assert m is not None
     rest = ("Let me look. " + text)[m.end():]
-    assert _matcher_accepts(steer.grammar, rest), (name, steer.grammar, rest)
+    assert accepts(steer.grammar, rest), (name, steer.grammar, rest)
     assert fmt.steering(ToolPlan(INFO, TOOLS, "required")) is None
