@@ -29,6 +29,7 @@ from functools import lru_cache
 
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.functionary import FunctionaryV31, FunctionaryV32
+from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
 from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
@@ -38,7 +39,7 @@ from llmrun.chat.formats.xml import GLM, QwenCoder, convert
 # also write `<tool_call>`, which is the default's Hermes marker).
 FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(),
                                CommandR7B(), CommandRPlus(), Granite(), Apriel(),
-                               Firefunction(), FunctionaryV31(), FunctionaryV32())
+                               Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))

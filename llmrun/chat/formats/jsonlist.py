@@ -66,11 +66,24 @@ class Unwrapped:
 
     def _strip(self, text: str, final: bool) -> str:
         held = self._held + text
-        for marker in self.drop:
-            held = held.replace(marker, "")
-        keep = 0 if final else partial_match(held, self.drop)
-        self._held = held[len(held) - keep:]
-        return held[:len(held) - keep]
+        out: list[str] = []
+        pos = 0
+        for _ in range(len(held) + 1):  # each turn moves past a marker
+            hits = [(i, m) for m in self.drop if (i := held.find(m, pos)) != -1]
+            if not hits:
+                break
+            at = min(i for i, _ in hits)
+            out.append(held[pos:at])
+            if not final and any(len(held) - at < len(m) and m.startswith(held[at:])
+                                 for m in self.drop):
+                self._held = held[at:]  # a longer marker may still be written here
+                return "".join(out)
+            pos = at + max((len(m) for i, m in hits if i == at))
+        rest = held[pos:]
+        keep = 0 if final else partial_match(rest, self.drop)
+        self._held = rest[len(rest) - keep:]
+        out.append(rest[:len(rest) - keep])
+        return "".join(out)
 
 
 def _call(obj: Any, check: ToolCheck) -> ToolCall | None:
