@@ -62,7 +62,9 @@ class TemplateInfo:
 def inspect_template(source: str | None) -> TemplateInfo:
     """Which tool-call family a chat template belongs to and what it renders itself."""
     text = source or ""
-    if not re.search(r"\btools\b|\.Tools\b", text):  # Jinja, or Go (Ollama's templates)
+    # Jinja, or Go (Ollama's templates); Firefunction v2's takes them as `functions` (JSON
+    # text: formats.jsonlist.Firefunction.template_vars)
+    if not re.search(r"\btools\b|\.Tools\b|\+ functions\b", text):
         return TemplateInfo("hermes", native=False, native_calls=False, native_results=False)
     family: Family
     if "<tool_call>" in text:

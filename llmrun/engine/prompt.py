@@ -66,7 +66,9 @@ class Prompter:
                                                                          media_of(m))})
                       if m.images or m.audio else m for m in req.messages]
             messages, extra = tools.chat_inputs(marked, req.system, source, plan)
-            if formats.detect(source).think_pair(source):
+            fmt = formats.detect(source)
+            extra.update(fmt.template_vars(extra))
+            if fmt.think_pair(source):
                 extra.update(thinking.template_vars(req.think))
             text = templates.render(source, messages, bos_token=self.bos_text,
                                     eos_token=self.eos_text, **extra)

@@ -25,12 +25,27 @@ from tests.conftest import Daemon
 TEMPLATES = Path(__file__).parents[1] / "fakes" / "templates"
 FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.jinja",
             "glm": "GLM-4.6.jinja", "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
-            "kimi-k2": "moonshotai-Kimi-K2.jinja"}
+            "kimi-k2": "moonshotai-Kimi-K2.jinja",
+            "command-r7b": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+            "command-r-plus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+            "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja",
+            "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
+            "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
+            "functionary-v3.1": "meetkai-functionary-medium-v3.1.jinja",
+            "functionary-v3.2": "meetkai-functionary-medium-v3.2.jinja",
+            "gemma4": "google-gemma-4-31B-it.jinja"}
+# Through the daemon: Apriel's prompt opens its thought, so a grammar (the request's or a
+# forced call's) waits for the thought's end marker, which SmolLM2 never writes; its
+# grammars are checked on SmolLM2's vocabulary below.
+DAEMON = [f for f in FAMILIES if f != "apriel"]
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
+    # (each parameter described: Command R+'s template writes every one's description)
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "city": {"type": "string", "description": "The city"},
+        "days": {"type": "integer", "description": "How many days"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                 "description": "The unit"}},
         "required": ["city"]}}}
 CALL = ToolCall(id="a", name="get_weather", arguments={"city": "Zürich", "days": 3})
 INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
@@ -42,6 +57,10 @@ def written(family: str) -> str:
     if family == "harmony":
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
                 "<|start|>assistant" + body[len("<|start|>assistant"):])
+    if family == "functionary-v3.2":  # the prompt wrote the first `>>>`
+        return "all\nChecking.>>>" + body
+    if family == "apriel":  # the prompt opened the thought
+        return "The user wants weather.\n[BEGIN FINAL RESPONSE]\nChecking. " + body
     return "Checking. " + body
 
 
@@ -49,7 +68,8 @@ def written(family: str) -> str:
 def models(daemon: Daemon) -> Iterator[dict[str, str]]:
     c = ollama.Client(host=daemon.url)
     names = {}
-    for family, template in FAMILIES.items():
+    for family in DAEMON:
+        template = FAMILIES[family]
         names[family] = f"smollm2-{family.replace('.', '')}"
         c.create(model=names[family], from_="smollm2",
                  template=(TEMPLATES / template).read_text())
@@ -64,7 +84,7 @@ def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
             "grammar": "start: " + json.dumps(written(family)), **kw}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", DAEMON)
 def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: dict[str, str],
                                                     family: str) -> None:
     r = api.post("/v1/chat/completions", json=body(models[family], family), timeout=120)
@@ -105,7 +125,7 @@ def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: d
     assert text == content and thought == (message.get("reasoning_content") or "")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", DAEMON)
 def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
                                                     models: dict[str, str],
                                                     family: str) -> None:
@@ -113,7 +133,8 @@ def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
     enum, so the call is short whatever the model prefers)."""
     tool = {"name": "set_unit", "description": "Set the unit",
             "input_schema": {"type": "object", "properties": {
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                         "description": "The unit"}},
                 "required": ["unit"]}}
     r = api.post("/v1/messages", json={
         "model": models[family], "max_tokens": 120, "temperature": 0,

@@ -69,6 +69,11 @@ class Format:
         """Past calls as the family writes them (for a template that cannot render them)."""
         return tools.format_calls(calls, info)
 
+    def template_vars(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Variables the family's template takes beyond the usual ones (`extra`: those
+        already given, `tools` among them)."""
+        return {}
+
 
 DEFAULT = Format()
 

@@ -281,3 +281,26 @@ def test_steering_starts_after_the_family_marker(name: str) -> None:
     rest = ("Let me look. " + text)[m.end():]
     assert accepts(steer.grammar, rest), (name, steer.grammar, rest)
     assert fmt.steering(ToolPlan(INFO, TOOLS, "required")) is None
+
+
+def test_firefunction_template_renders_with_its_variables() -> None:
+    """Its template takes `functions` and `datetime` (and fails without them): the format
+    gives them, the tools as JSON text."""
+    from llmrun.chat import templates, tools
+    from llmrun.request import ChatRequest
+
+    source = (TEMPLATES / TEMPLATE["firefunction"]).read_text()
+    fmt = formats.detect(source)
+    for offered in (TOOLS, None):
+        req = ChatRequest.model_validate({"model": "m", "messages": [
+            {"role": "user", "content": "Weather in Zürich?"}],
+            "tools": offered or []})
+        plan = tools.plan(req, source)
+        messages, extra = tools.chat_inputs(req.messages, None, source, plan)
+        extra.update(fmt.template_vars(extra))
+        text = templates.render(source, messages, **extra)
+        assert "Weather in Zürich?" in text and "functools[" in text
+        assert ('"name": "get_weather"' in text) == bool(offered)
+        assert "<tool_call>" not in text  # the template's own instructions, not Hermes'
+    with pytest.raises(templates.TemplateError):
+        templates.render(source, messages)
