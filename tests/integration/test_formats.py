@@ -33,7 +33,9 @@ FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.
             "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
             "functionary-v3.1": "meetkai-functionary-medium-v3.1.jinja",
             "functionary-v3.2": "meetkai-functionary-medium-v3.2.jinja",
-            "gemma4": "google-gemma-4-31B-it.jinja"}
+            "gemma4": "google-gemma-4-31B-it.jinja",
+            "minicpm5": "openbmb-MiniCPM5-1B.jinja",
+            "solar-open": "upstage-Solar-Open-100B.jinja"}
 # Through the daemon: Apriel's prompt opens its thought, so a grammar (the request's or a
 # forced call's) waits for the thought's end marker, which SmolLM2 never writes; its
 # grammars are checked on SmolLM2's vocabulary below.
@@ -79,6 +81,10 @@ def models(daemon: Daemon) -> Iterator[dict[str, str]]:
 
 
 def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
+    if family == "solar-open":
+        # SmolLM2's free first token, "<|", may begin Solar's `<|think|>` (one special token
+        # in Solar's own vocabulary), so the grammar would wait for a thought's end: off
+        kw.setdefault("chat_template_kwargs", {"enable_thinking": False})
     return {"model": model, "messages": [{"role": "user", "content": "Weather in Zürich?"}],
             "tools": [WEATHER], "max_tokens": 200, "temperature": 0,
             "grammar": "start: " + json.dumps(written(family)), **kw}

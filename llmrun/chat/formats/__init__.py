@@ -32,14 +32,17 @@ from llmrun.chat.formats.functionary import FunctionaryV31, FunctionaryV32
 from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
+from llmrun.chat.formats.minicpm import MiniCPM5
 from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
+from llmrun.chat.formats.solar import SolarOpen
 from llmrun.chat.formats.xml import GLM, QwenCoder, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
-FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(),
-                               CommandR7B(), CommandRPlus(), Granite(), Apriel(),
-                               Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4())
+FORMATS: tuple[Format, ...] = (
+    Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(), CommandR7B(), CommandRPlus(),
+    Granite(), Apriel(), Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4(),
+    MiniCPM5(), SolarOpen())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))
