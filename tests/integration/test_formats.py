@@ -35,11 +35,15 @@ FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.
             "functionary-v3.2": "meetkai-functionary-medium-v3.2.jinja",
             "gemma4": "google-gemma-4-31B-it.jinja",
             "minicpm5": "openbmb-MiniCPM5-1B.jinja",
-            "solar-open": "upstage-Solar-Open-100B.jinja"}
+            "solar-open": "upstage-Solar-Open-100B.jinja",
+            "muse-glimmer": "muse-glimmer.jinja"}
 # Through the daemon: Apriel's prompt opens its thought, so a grammar (the request's or a
 # forced call's) waits for the thought's end marker, which SmolLM2 never writes; its
 # grammars are checked on SmolLM2's vocabulary below.
 DAEMON = [f for f in FAMILIES if f != "apriel"]
+# A forced call: Muse Glimmer's grammar lets a thought (a message to=self) come first, as
+# the model writes one; SmolLM2 takes that road and never ends the thought.
+FORCED = [f for f in DAEMON if f != "muse-glimmer"]
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     # (each parameter described: Command R+'s template writes every one's description)
@@ -59,6 +63,9 @@ def written(family: str) -> str:
     if family == "harmony":
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
                 "<|start|>assistant" + body[len("<|start|>assistant"):])
+    if family == "muse-glimmer":  # the prompt wrote the first `<|start|>assistant`
+        return (" to=self<|message|>The user wants weather.<|eom|><|start|>assistant to=user"
+                "<|message|>Checking.<|eom|>" + body)
     if family == "functionary-v3.2":  # the prompt wrote the first `>>>`
         return "all\nChecking.>>>" + body
     if family == "apriel":  # the prompt opened the thought
@@ -131,7 +138,7 @@ def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: d
     assert text == content and thought == (message.get("reasoning_content") or "")
 
 
-@pytest.mark.parametrize("family", DAEMON)
+@pytest.mark.parametrize("family", FORCED)
 def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
                                                     models: dict[str, str],
                                                     family: str) -> None:
@@ -192,12 +199,13 @@ def test_forced_grammar_writes_the_family_calls(smollm2_tokenizer: Any, family: 
     grammar = fmt.grammar(plan)
     assert grammar is not None
     call = fmt.write_calls([CALL], INFO)
+    bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
+    if family in ("harmony", "muse-glimmer"):  # the prompt wrote the first header's start
+        call, bad = call[len("<|start|>assistant"):], bad[len("<|start|>assistant"):]
     if family == "harmony":
-        call = call[len("<|start|>assistant"):]
         assert consumed(smollm2_tokenizer, grammar, "<|channel|>analysis<|message|>Hm <b>."
                         "<|end|><|start|>assistant" + call)
     assert consumed(smollm2_tokenizer, grammar, call), (grammar, call)
-    bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
     assert not consumed(smollm2_tokenizer, grammar, bad)
 
 

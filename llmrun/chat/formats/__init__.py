@@ -36,6 +36,8 @@ a class and a line in FORMATS (and its tests).
     minicpm5        <function name=", <param name="  MiniCPM 5 XML calls, CDATA values
     solar-open      <|tool_call:begin|>              Solar Open: a section of JSON calls with
                                                      ids; <|think|>, answer in <|content|>
+    muse-glimmer    <atem:function_calls>, <|eom|>   messages to=self (thought), to=user,
+                                                     to=NAME: ATEM XML calls
 
 Templates that write Hermes <tool_call> JSON (Granite 4, MiMo-VL, Reka Edge, Bielik) or
 Mistral's [TOOL_CALLS] (Ministral 3 and Magistral with [THINK]) are the default's
@@ -52,6 +54,7 @@ from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
 from llmrun.chat.formats.minicpm import MiniCPM5
+from llmrun.chat.formats.muse import MuseGlimmer
 from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
 from llmrun.chat.formats.solar import SolarOpen
 from llmrun.chat.formats.xml import GLM, QwenCoder, convert
@@ -61,7 +64,7 @@ from llmrun.chat.formats.xml import GLM, QwenCoder, convert
 FORMATS: tuple[Format, ...] = (
     Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(), CommandR7B(), CommandRPlus(),
     Granite(), Apriel(), Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4(),
-    MiniCPM5(), SolarOpen())
+    MiniCPM5(), SolarOpen(), MuseGlimmer())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))
