@@ -111,8 +111,7 @@ class JsonList(Family):
 
     def __init__(self) -> None:
         self.starts = (self.open,)
-        self.markers = tuple(m for m in (self.open, self.close, *self.wrappers)
-                             if m.startswith(("<|", "[")))
+        self.markers = tuple(m for m in (self.open, self.close, *self.wrappers) if m)
 
     def matches(self, template: str) -> bool:
         return all(d in template for d in self.detect)

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import lit
+from llmrun.chat.formats.base import lit, marker_writer
 from llmrun.chat.formats.xml import Tagged, _properties, _value_rule
 from llmrun.chat.tools import TemplateInfo
 from llmrun.request import Tool, ToolCall
@@ -22,6 +22,8 @@ _CDATA_OPEN, _CDATA_CLOSE = "<![CDATA[", "]]>"
 
 class MiniCPM5(Tagged):
     name = "minicpm5"
+    # special tokens of MiniCPM 5's vocabulary (llama.cpp preserves them)
+    markers = ("<function", "<param", "</function>", "</param>")
     starts = ("<function name=",)
     _CALL = re.compile(r'<function name="([^"<>\s]{1,256})">(.*?)'
                        r'(?:(</function>)|(?=<function name=)|$)', re.S)
@@ -59,6 +61,7 @@ class MiniCPM5(Tagged):
 
     def _rules(self, chosen: list[Tool], strict: bool,
                special: dict[str, int] | None) -> list[str]:
+        mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             props = _properties(tool)
@@ -67,12 +70,13 @@ class MiniCPM5(Tagged):
             for k, (key, schema) in enumerate(props.items()):
                 value = f"v{i}_{k}"
                 rules += _value_rule(value, schema, strict, "</param>", special)
-                rules.append(f"p{i}_{k}: {lit(f'<param name={json.dumps(key)}>')} {value}")
+                rules.append(f"p{i}_{k}: {mark('<param')} {lit(f' name={json.dumps(key)}>')} "
+                             f"{value}")
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
             rules.append(f"tail{i}: {lit(json.dumps(tool.name)[1:] + '>')} "
-                         + " ".join(parts) + ' "</function>"')
+                         + " ".join(parts) + f" {mark('</function>')}")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append('call: "<function name=\\"" tail')
+        rules.append(f"call: {mark('<function')} {lit(' name=' + chr(34))} tail")
         return rules
 
     # A call has begun when `<function name="` holds a tool's name: the grammar starts there.

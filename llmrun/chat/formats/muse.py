@@ -105,7 +105,9 @@ class MuseSplitter:
 
 class MuseGlimmer(Tagged):
     name = "muse-glimmer"
-    markers = (START, MESSAGE, EOM, EOT, CALLS_OPEN, CALLS_CLOSE)
+    # special tokens of its vocabulary (llama.cpp preserves them)
+    markers = (START, MESSAGE, EOM, EOT, CALLS_OPEN, CALLS_CLOSE, "<atem:invoke",
+               "</atem:invoke>", "<atem:parameter", PARAM_CLOSE)
     starts = (CANON,)
     grammar_thinks = True  # the thought is a message: a grammar takes it in its stride
     _CALL = re.compile(
@@ -153,14 +155,15 @@ class MuseGlimmer(Tagged):
             parts = []
             for k, (key, schema) in enumerate(props.items()):
                 value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, PARAM_CLOSE + "\n", special)
-                rules.append(f"p{i}_{k}: {lit(f'<atem:parameter name={json.dumps(key)}>')} "
-                             f"{value}")
+                rules += _value_rule(value, schema, strict, PARAM_CLOSE, special)
+                rules.append(f"p{i}_{k}: {mark('<atem:parameter')} "
+                             f'{lit(f" name={json.dumps(key)}>")} {value} "\\n"')
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            invoke = f'\n<atem:invoke name={json.dumps(tool.name)}>\n'
             rules.append(f"tail{i}: {lit(tool.name)} {mark(MESSAGE)} {mark(CALLS_OPEN)} "
-                         f"{lit(invoke)} " + " ".join(parts)
-                         + f' "</atem:invoke>\\n" {mark(CALLS_CLOSE)}')
+                         f'"\\n" {mark("<atem:invoke")} '
+                         f"{lit(f' name={json.dumps(tool.name)}>' + chr(10))} "
+                         + " ".join(parts)
+                         + f' {mark("</atem:invoke>")} "\\n" {mark(CALLS_CLOSE)}')
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
         rules.append(f'next: {mark(EOM)} {mark(START)} "assistant to=" tail')
         return rules

@@ -181,3 +181,31 @@ def test_glm_layouts_without_newlines(template: str) -> None:
     [trigger] = steer.triggers
     m = re.search(trigger, "\n" + text)
     assert m is not None and accepts(steer.grammar, ("\n" + text)[m.end():])
+
+
+MINE = ["command-r7b", "command-r-plus", "granite", "apriel", "firefunction",
+        "functionary-v3.1", "functionary-v3.2", "gemma4", "minicpm5", "solar-open",
+        "muse-glimmer"]
+
+
+@pytest.mark.parametrize("name", MINE)
+def test_grammars_build_with_the_markers_as_special_tokens(name: str) -> None:
+    """Where the family's markers are special tokens, the grammars name them by token (and
+    still compile in llguidance)."""
+    import llguidance
+
+    from llmrun.engine import constraint
+
+    fmt = formats.BY_NAME[name]
+    special = {m: 60000 + i for i, m in enumerate(fmt.markers)}
+    for choice in ("required", "auto"):
+        for parallel in (True, False):
+            plan = ToolPlan(tools.inspect_template(None), TOOLS, choice, parallel)
+            grammar = fmt.grammar(plan, special) if choice == "required" else None
+            steer = fmt.steering(plan, special)
+            text = grammar if grammar is not None else steer.grammar if steer else None
+            assert text is not None
+            assert llguidance.LLMatcher.validate_grammar(constraint.from_grammar(text)) == ""
+            if choice == "required" and not name.startswith("functionary"):
+                # (Functionary's calls hold none of its markers)
+                assert any(f"<[{i}]>" in text for i in special.values()), name
