@@ -56,6 +56,11 @@ class Format:
     def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> Splitter:
         return thinking.ThinkStream(pair, inside=inside, keep=keep)
 
+    def answer_splitter(self) -> Splitter | None:
+        """For a template that does not think: what the output goes through all the same
+        (markup of the family's that is never the answer's); None: nothing."""
+        return None
+
     def reader(self, plan: ToolPlan) -> CallReader:
         return plan.stream()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from llmrun.chat.formats.base import Family, Format, args_rule, choice, only_tool
 from llmrun.chat.textstream import partial_match
+from llmrun.chat.thinking import Splitter
 from llmrun.chat.toolcalls import (
     MAX_TRIES,
     CallReader,
@@ -175,7 +176,9 @@ class RecipientReader:
                 else:
                     self._state = "plain"
                 continue
-            if self._state == "text":
+            if self._state in ("text", "plain"):
+                # (an answer whose recipient the splitter took, or none was written: a
+                # call may still follow its `>>>`)
                 at = held.find(SEP)
                 if at != -1:
                     self._state = "calls"
@@ -184,10 +187,6 @@ class RecipientReader:
                 out.append(text_out)
                 lps += entries
                 break
-            if self._state == "plain":
-                text_out, entries, self._pieces = release(self._pieces, len(held))
-                out.append(text_out)
-                lps += entries
             break
         return "".join(out), lps
 
@@ -259,9 +258,37 @@ class RecipientReader:
         return Finished("", lps, [], PartialCall(id=new_call_id(), name=name, arguments=args))
 
 
+@dataclass
+class FirstRecipient:
+    """`FunctionaryV32.answer_splitter`: the output's leading `all\n` (the answer's
+    recipient, its `>>>` the prompt's) taken off, whether tools are offered or not."""
+
+    _held: str = ""
+    _done: bool = False
+
+    def push(self, text: str) -> tuple[str, str]:
+        if self._done:
+            return "", text
+        self._held += text
+        m = re.match(r"\s{0,8}all\n", self._held)
+        if m is None and (ALL + "\n").startswith(self._held.lstrip(" \n")) \
+                and len(self._held) <= 12:
+            return "", ""  # may still become it
+        self._done = True
+        out, self._held = self._held[m.end():] if m else self._held, ""
+        return "", out
+
+    def finish(self) -> tuple[str, str]:
+        held, self._held = self._held, ""
+        return "", "" if held.strip() == ALL else held
+
+
 class FunctionaryV32(Format):
     name = "functionary-v3.2"
     markers = (">>>all",)
+
+    def answer_splitter(self) -> Splitter:
+        return FirstRecipient()
 
     def matches(self, template: str) -> bool:
         return ">>>all" in template and "'>>>' + tool_call" in template

@@ -26,10 +26,17 @@ ORDERED = [ToolCall(id="a", name="get_weather", arguments={"city": "Zürich 東�
 
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", tools: list[Tool] | None = None) -> tuple[str, Any]:
-    """(content, finished) of `text` streamed in `pieces` through the family's reader."""
+    """(content, finished) of `text` streamed in `pieces` through the family's answer
+    splitter (the runner's, for a template that does not think) and reader."""
     assert "".join(pieces) == text
-    reader = BY_NAME[name].reader(ToolPlan(INFO, tools or TOOLS, choice))
-    content = [reader.push(p)[0] for p in pieces]
+    fmt = BY_NAME[name]
+    split = fmt.answer_splitter()
+    reader = fmt.reader(ToolPlan(INFO, tools or TOOLS, choice))
+    content = []
+    for piece in [*pieces, None]:
+        _, c = (split.push(piece) if piece is not None else split.finish()) if split \
+            else ("", piece or "")
+        content.append(reader.push(c)[0])
     end = reader.finish(truncated)
     return "".join(content) + end.text, end
 
@@ -101,6 +108,21 @@ def test_v32_answer_after_a_call() -> None:
         content, end = run(V32, text, pieces)
         assert [(c.name, c.arguments) for c in end.calls] == [("get_weather", {"city": "Paris"})]
         assert content == "Checking now."
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("all\nHello, world!\nWhat's up?", "Hello, world!\nWhat's up?"),
+    ("all", ""), ("al", "al"), ("alright\nthen", "alright\nthen"),
+    ("Hello >>> world", "Hello >>> world"), ("", ""),
+])
+def test_v32_answer_without_tools(text: str, expected: str) -> None:
+    """No tools, no reader: the answer splitter alone takes the recipient off."""
+    for pieces in chunkings(text) if text else [[]]:
+        split = BY_NAME[V32].answer_splitter()
+        assert split is not None
+        out = [split.push(p)[1] for p in pieces]
+        assert "".join(out) + split.finish()[1] == expected, pieces
+    assert BY_NAME[V31].answer_splitter() is None
 
 
 def test_v32_answer_released_as_it_comes() -> None:
@@ -204,3 +226,17 @@ def test_steering_starts_at_the_call(name: str, before: str) -> None:
     prose = "\nall\nI could call get_weather\nor not."
     assert not any(re.search(t, prose) for t in steer.triggers)
     assert fmt.steering(ToolPlan(INFO, TOOLS, "required")) is None
+
+
+def test_the_runner_takes_the_recipient_off_without_tools() -> None:
+    """engine/outputs.py: a template that does not think, no tools offered: the format's
+    answer splitter still filters the output."""
+    from llmrun.engine.outputs import OutputFilters
+
+    filters = OutputFilters(cancel=lambda rid: None)
+    filters.watch("r", None, None, opened=False, keep=True, fmt=BY_NAME[V32])
+    events = filters.apply([("r", "chunk", {"text": "al"}), ("r", "chunk", {"text": "l\nHi"}),
+                            ("r", "chunk", {"text": " there"}), ("r", "done", {})])
+    assert "".join(p.get("text", "") for _, kind, p in events if kind == "chunk") == \
+        "Hi there"
+    assert events[-1][1] == "done"
