@@ -94,6 +94,8 @@ class OutputFilters:
             self.tool_streams[rid] = fmt.reader(plan)
         if pair is not None:
             self.think_streams[rid] = fmt.splitter(pair, inside=opened, keep=keep)
+        elif (answer := fmt.answer_splitter()) is not None:
+            self.think_streams[rid] = answer
 
     def forget(self, rid: str) -> None:
         self.think_streams.pop(rid, None)

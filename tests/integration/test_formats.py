@@ -25,12 +25,33 @@ from tests.conftest import Daemon
 TEMPLATES = Path(__file__).parents[1] / "fakes" / "templates"
 FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.jinja",
             "glm": "GLM-4.6.jinja", "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
-            "kimi-k2": "moonshotai-Kimi-K2.jinja"}
+            "kimi-k2": "moonshotai-Kimi-K2.jinja",
+            "command-r7b": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+            "command-r-plus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+            "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja",
+            "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
+            "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
+            "functionary-v3.1": "meetkai-functionary-medium-v3.1.jinja",
+            "functionary-v3.2": "meetkai-functionary-medium-v3.2.jinja",
+            "gemma4": "google-gemma-4-31B-it.jinja",
+            "minicpm5": "openbmb-MiniCPM5-1B.jinja",
+            "solar-open": "upstage-Solar-Open-100B.jinja",
+            "muse-glimmer": "muse-glimmer.jinja"}
+# Through the daemon: Apriel's prompt opens its thought, so a grammar (the request's or a
+# forced call's) waits for the thought's end marker, which SmolLM2 never writes; its
+# grammars are checked on SmolLM2's vocabulary below.
+DAEMON = [f for f in FAMILIES if f != "apriel"]
+# A forced call: Muse Glimmer's grammar lets a thought (a message to=self) come first, as
+# the model writes one; SmolLM2 takes that road and never ends the thought.
+FORCED = [f for f in DAEMON if f != "muse-glimmer"]
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
+    # (each parameter described: Command R+'s template writes every one's description)
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "city": {"type": "string", "description": "The city"},
+        "days": {"type": "integer", "description": "How many days"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                 "description": "The unit"}},
         "required": ["city"]}}}
 CALL = ToolCall(id="a", name="get_weather", arguments={"city": "Zürich", "days": 3})
 INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
@@ -42,6 +63,13 @@ def written(family: str) -> str:
     if family == "harmony":
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
                 "<|start|>assistant" + body[len("<|start|>assistant"):])
+    if family == "muse-glimmer":  # the prompt wrote the first `<|start|>assistant`
+        return (" to=self<|message|>The user wants weather.<|eom|><|start|>assistant to=user"
+                "<|message|>Checking.<|eom|>" + body)
+    if family == "functionary-v3.2":  # the prompt wrote the first `>>>`
+        return "all\nChecking.>>>" + body
+    if family == "apriel":  # the prompt opened the thought
+        return "The user wants weather.\n[BEGIN FINAL RESPONSE]\nChecking. " + body
     return "Checking. " + body
 
 
@@ -49,7 +77,8 @@ def written(family: str) -> str:
 def models(daemon: Daemon) -> Iterator[dict[str, str]]:
     c = ollama.Client(host=daemon.url)
     names = {}
-    for family, template in FAMILIES.items():
+    for family in DAEMON:
+        template = FAMILIES[family]
         names[family] = f"smollm2-{family.replace('.', '')}"
         c.create(model=names[family], from_="smollm2",
                  template=(TEMPLATES / template).read_text())
@@ -59,12 +88,16 @@ def models(daemon: Daemon) -> Iterator[dict[str, str]]:
 
 
 def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
+    if family == "solar-open":
+        # SmolLM2's free first token, "<|", may begin Solar's `<|think|>` (one special token
+        # in Solar's own vocabulary), so the grammar would wait for a thought's end: off
+        kw.setdefault("chat_template_kwargs", {"enable_thinking": False})
     return {"model": model, "messages": [{"role": "user", "content": "Weather in Zürich?"}],
             "tools": [WEATHER], "max_tokens": 200, "temperature": 0,
             "grammar": "start: " + json.dumps(written(family)), **kw}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", DAEMON)
 def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: dict[str, str],
                                                     family: str) -> None:
     r = api.post("/v1/chat/completions", json=body(models[family], family), timeout=120)
@@ -105,7 +138,7 @@ def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: d
     assert text == content and thought == (message.get("reasoning_content") or "")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FORCED)
 def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
                                                     models: dict[str, str],
                                                     family: str) -> None:
@@ -113,7 +146,8 @@ def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
     enum, so the call is short whatever the model prefers)."""
     tool = {"name": "set_unit", "description": "Set the unit",
             "input_schema": {"type": "object", "properties": {
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                         "description": "The unit"}},
                 "required": ["unit"]}}
     r = api.post("/v1/messages", json={
         "model": models[family], "max_tokens": 120, "temperature": 0,
@@ -165,12 +199,13 @@ def test_forced_grammar_writes_the_family_calls(smollm2_tokenizer: Any, family: 
     grammar = fmt.grammar(plan)
     assert grammar is not None
     call = fmt.write_calls([CALL], INFO)
+    bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
+    if family in ("harmony", "muse-glimmer"):  # the prompt wrote the first header's start
+        call, bad = call[len("<|start|>assistant"):], bad[len("<|start|>assistant"):]
     if family == "harmony":
-        call = call[len("<|start|>assistant"):]
         assert consumed(smollm2_tokenizer, grammar, "<|channel|>analysis<|message|>Hm <b>."
                         "<|end|><|start|>assistant" + call)
     assert consumed(smollm2_tokenizer, grammar, call), (grammar, call)
-    bad = fmt.write_calls([ToolCall(id="b", name="get_weather", arguments={"days": 3})], INFO)
     assert not consumed(smollm2_tokenizer, grammar, bad)
 
 

@@ -21,9 +21,30 @@ a class and a line in FORMATS (and its tests).
     deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
     qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
+    command-r7b     <|START_ACTION|> <|END_ACTION|>  Command R7B, Cohere2 MoE: a JSON list of
+                                                     tool_name/parameters; <|START_THINKING|>
+    command-r-plus  Action:\n```json, "tool_name"    Command R+: the list in a json fence
+    granite         <|tool_call|>, <|start_of_role|> Granite 3.3: <|tool_call|>[...]; <think>,
+                                                     answer in <response>
+    apriel          <tool_calls>[, [BEGIN FINAL      Apriel 1.5/1.6: <tool_calls>[...]; the
+                    RESPONSE]                        thought before [BEGIN FINAL RESPONSE]
+    firefunction    functools[                       Firefunction v2: functools[...]
+    functionary-v3.1 '<function=' + tool_call,       <function=NAME>{...}</function>; the
+                    <|python_tag|>                   python tool's code after <|python_tag|>
+    functionary-v3.2 >>>all, '>>>' + tool_call       >>>NAME\n{...} (the prompt's >>> first)
+    gemma4          '<|tool_call>call:'              Gemma 4's own notation; <|channel>thought
+    minicpm5        <function name=", <param name="  MiniCPM 5 XML calls, CDATA values
+    solar-open      <|tool_call:begin|>              Solar Open: a section of JSON calls with
+                                                     ids; <|think|>, answer in <|content|>
+    muse-glimmer    <atem:function_calls>, <|eom|>   messages to=self (thought), to=user,
+                                                     to=NAME: ATEM XML calls
     derived         probe renderings (derive.py)     a template of no family above whose
                                                      calls are JSON between markers of its
                                                      own (MiniMax M1's <tool_calls>, ...)
+
+Templates that write Hermes <tool_call> JSON (Granite 4, MiMo-VL, Reka Edge, Bielik) or
+Mistral's [TOOL_CALLS] (Ministral 3 and Magistral with [THINK]) are the default's
+(tests/unit/chat/test_formats_corpus.py).
 """
 
 from __future__ import annotations
@@ -32,13 +53,22 @@ from functools import lru_cache
 
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.derive import Derived, derive
+from llmrun.chat.formats.functionary import FunctionaryV31, FunctionaryV32
+from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
+from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
+from llmrun.chat.formats.minicpm import MiniCPM5
+from llmrun.chat.formats.muse import MuseGlimmer
 from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
+from llmrun.chat.formats.solar import SolarOpen
 from llmrun.chat.formats.xml import GLM, QwenCoder, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
-FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder())
+FORMATS: tuple[Format, ...] = (
+    Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(), CommandR7B(), CommandRPlus(),
+    Granite(), Apriel(), Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4(),
+    MiniCPM5(), SolarOpen(), MuseGlimmer())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))

@@ -60,6 +60,10 @@ class Format:
         """What the runner writes to end a thought whose budget is spent (the answer then
         follows)."""
         return pair[1]
+    def answer_splitter(self) -> Splitter | None:
+        """For a template that does not think: what the output goes through all the same
+        (markup of the family's that is never the answer's); None: nothing."""
+        return None
 
     def reader(self, plan: ToolPlan) -> CallReader:
         return plan.stream()

@@ -294,17 +294,19 @@ class GLM(Tagged):
                 value = f"v{i}_{k}"
                 rules += _value_rule(value, schema, strict, "</arg_value>", special)
                 rules.append(f"p{i}_{k}: {mark('<arg_key>')} {lit(key)} {mark('</arg_key>')} "
-                             f'"\\n" {mark("<arg_value>")} {value} "\\n"')
+                             f'"\\n"? {mark("<arg_value>")} {value} "\\n"?')
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"tail{i}: {lit(tool.name + chr(10))} "
+            rules.append(f'tail{i}: {lit(tool.name)} "\\n"? '
                          + " ".join(parts) + f" {mark('</tool_call>')}")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
         rules.append(f"call: {mark('<tool_call>')} tail")
         return rules
 
 
-    # A call has begun when `<tool_call>` is followed by a tool's name and a newline.
-    trigger = "<tool_call>(?=(?:{names})\\n)"
+    # A call has begun when `<tool_call>` is followed by a tool's name and a newline, or
+    # the first key straight after the name (Spark 2.5's and Laguna S 2.1's templates
+    # write no newlines in a call: the grammar lets either layout through).
+    trigger = "<tool_call>(?=(?:{names})(?:\\n|<arg_key>))"
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
         return "".join(
