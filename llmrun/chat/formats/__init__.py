@@ -19,6 +19,17 @@ a class and a line in FORMATS (and its tests).
                                                      to=functions.NAME, final = answer
     kimi-k2         <|tool_calls_section_begin|>     Kimi K2 sections, ids functions.NAME:N
     deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
+    deepseek-r1     type<｜tool▁sep｜>NAME in a call  DeepSeek R1/V3 sections, ```json
+                                                     fenced arguments; <think>
+    deepseek-v3.2   dsml_token, 'function_calls>     DSML invoke/parameter calls; <think>
+    deepseek-v4     dsml_token, 'tool_calls>         the same, its block `tool_calls`
+    minimax-m2      <minimax:tool_call>, <invoke     invoke/parameter calls; <think>
+    seed-oss        <seed:tool_call>                 Qwen3-Coder's calls in seed blocks;
+                                                     <seed:think>
+    apertus         <|tools_prefix|>                 [{"NAME": {...}}]; <|inner_prefix|>
+    nemotron        <TOOLCALL>                       [{"name", "arguments"}]; <think>
+    lfm2            <|tool_list_start|> or "List     [NAME(k="v")] pythonic calls in
+                    of tools: ["                     <|tool_call_start|>; <think>
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
     qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
 """
@@ -29,12 +40,17 @@ from functools import lru_cache
 
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.harmony import Harmony
-from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
-from llmrun.chat.formats.xml import GLM, QwenCoder, convert
+from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, MiniMaxM2
+from llmrun.chat.formats.jsonlist import Apertus, Nemotron
+from llmrun.chat.formats.pythonic import LFM2
+from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
+from llmrun.chat.formats.xml import GLM, QwenCoder, SeedOSS, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
-FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder())
+FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), DeepSeekR1(),
+                               DeepSeekV32(), DeepSeekV4(), MiniMaxM2(), SeedOSS(),
+                               Apertus(), Nemotron(), LFM2(), GLM(), QwenCoder())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))

@@ -179,13 +179,21 @@ def _value_rule(name: str, schema: Any, strict: bool, close: str,
     return [free_text(name, close, special)]
 
 
+def _function_call(open_: str, close: str) -> re.Pattern[str]:
+    """A `<function=NAME>...</function>` call, in its `open_`/`close` block or not."""
+    o, c = re.escape(open_), re.escape(close)
+    return re.compile(rf"(?:{o}\s*)?<function=([^\s<>]{{1,256}})>(.*?)"
+                      rf"(?:(</function>)\s*(?:{c})?|(?={o}|<function=)|$)", re.S)
+
+
 class QwenCoder(Tagged):
     name = "qwen3-coder"
-    markers = ("<tool_call>", "</tool_call>")
-    starts = ("<tool_call>", "<function=")
-    _CALL = re.compile(r"(?:<tool_call>\s*)?<function=([^\s<>]{1,256})>(.*?)"
-                       r"(?:(</function>)\s*(?:</tool_call>)?|(?=<tool_call>|<function=)|$)",
-                       re.S)
+    block = ("<tool_call>", "</tool_call>")
+    markers: tuple[str, ...] = block
+    starts: tuple[str, ...] = ("<tool_call>", "<function=")
+    # what lies between `<parameter=KEY>` and the value, and the value and `</parameter>`
+    value_gap = "\n"
+    _CALL = _function_call(*block)
     _PARAM = re.compile(r"<parameter=([^\s<>]{1,256})>\n?(.*?)(?:\n?</parameter>|"
                         r"(?=<parameter=)|$)", re.S)
 
@@ -219,14 +227,15 @@ class QwenCoder(Tagged):
         required = set((tool.parameters or {}).get("required") or [])
         parts: list[str] = []
         rules: list[str] = []
+        gap = self.value_gap
         for k, (key, schema) in enumerate(props.items()):
             value = f"v{i}_{k}"
-            rules += _value_rule(value, schema, strict, "\n</parameter>\n", special)
-            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + chr(10))} {value}")
+            rules += _value_rule(value, schema, strict, gap + "</parameter>\n", special)
+            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + gap)} {value}")
             parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
         rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
         rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
-                     f'"</function>\\n" {mark("</tool_call>")}')
+                     f'"</function>\\n" {mark(self.block[1])}')
         return rules
 
     def _rules(self, chosen: list[Tool], strict: bool,
@@ -236,20 +245,41 @@ class QwenCoder(Tagged):
         for i, tool in enumerate(chosen):
             rules += self._tool_rules(i, tool, strict, special)
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append(f'call: {mark("<tool_call>")} "\\n<function=" tail')
+        rules.append(f'call: {mark(self.block[0])} "\\n<function=" tail')
         return rules
-
 
     # A call has begun when `<function=` is followed by a tool's name and `>`: the grammar
     # starts at the name.
     trigger = "<function=(?=(?:{names})>)"
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
+        gap = self.value_gap
         return "\n".join(
-            f"<tool_call>\n<function={c.name}>\n" + "".join(
-                f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                "\n</parameter>\n" for k, v in c.arguments.items())
-            + "</function>\n</tool_call>" for c in calls)
+            f"{self.block[0]}\n<function={c.name}>\n" + "".join(
+                f"<parameter={k}>{gap}"
+                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+                f"{gap}</parameter>\n" for k, v in c.arguments.items())
+            + f"</function>\n{self.block[1]}" for c in calls)
+
+
+class SeedOSS(QwenCoder):
+    """ByteDance Seed-OSS: Qwen3-Coder's calls in `<seed:tool_call>` blocks, each value
+    written right against its tags (`<parameter=KEY>value</parameter>`), thoughts in
+    `<seed:think>` (its template's tokens; test-chat.cpp's Seed-OSS outputs)."""
+
+    name = "seed-oss"
+    block = ("<seed:tool_call>", "</seed:tool_call>")
+    think = ("<seed:think>", "</seed:think>")
+    markers = (*block, *think)
+    starts = ("<seed:tool_call>", "<function=")
+    value_gap = ""
+    _CALL = _function_call(*block)
+
+    def matches(self, template: str) -> bool:
+        return "<seed:tool_call>" in template and "<function=" in template
+
+    def think_pair(self, template: str | None) -> tuple[str, str] | None:
+        return self.think
 
 
 class GLM(Tagged):
