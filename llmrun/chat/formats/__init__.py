@@ -28,6 +28,9 @@ a class and a line in FORMATS (and its tests).
                                                      <seed:think>
     apertus         <|tools_prefix|>                 [{"NAME": {...}}]; <|inner_prefix|>
     nemotron        <TOOLCALL>                       [{"name", "arguments"}]; <think>
+    minimax-m1      <tool_calls>\n{"name"             {"name", "arguments"} lines
+    gigachat3       'function call', <|role_sep|>    one {"name", "arguments"} message
+    gigachat3.1     <|function_call|>, <|role_sep|>  one {"name", "arguments"} after it
     lfm2            <|tool_list_start|> or "List     [NAME(k="v")] pythonic calls in
                     of tools: ["                     <|tool_call_start|>; <think>
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
@@ -41,7 +44,7 @@ from functools import lru_cache
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, MiniMaxM2
-from llmrun.chat.formats.jsonlist import Apertus, Nemotron
+from llmrun.chat.formats.jsonlist import Apertus, GigaChat3, GigaChat31, MiniMaxM1, Nemotron
 from llmrun.chat.formats.pythonic import LFM2
 from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
 from llmrun.chat.formats.xml import GLM, QwenCoder, SeedOSS, convert
@@ -50,7 +53,8 @@ from llmrun.chat.formats.xml import GLM, QwenCoder, SeedOSS, convert
 # also write `<tool_call>`, which is the default's Hermes marker).
 FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), DeepSeekR1(),
                                DeepSeekV32(), DeepSeekV4(), MiniMaxM2(), SeedOSS(),
-                               Apertus(), Nemotron(), LFM2(), GLM(), QwenCoder())
+                               Apertus(), Nemotron(), MiniMaxM1(), GigaChat3(), GigaChat31(),
+                               LFM2(), GLM(), QwenCoder())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))
