@@ -17,7 +17,7 @@ import httpx
 import ollama
 import pytest
 
-from llmrun.chat import formats
+from llmrun.chat import formats, templates, thinking
 from llmrun.chat.tools import TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
 from tests.conftest import Daemon
@@ -25,7 +25,33 @@ from tests.conftest import Daemon
 TEMPLATES = Path(__file__).parents[1] / "fakes" / "templates"
 FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.jinja",
             "glm": "GLM-4.6.jinja", "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
-            "kimi-k2": "moonshotai-Kimi-K2.jinja"}
+            "kimi-k2": "moonshotai-Kimi-K2.jinja", "seed-oss": "ByteDance-Seed-OSS.jinja",
+            "minimax-m2": "MiniMax-M2.jinja", "minimax-m1": "MiniMax-M1.jinja",
+            "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+            "deepseek-v3.2": "deepseek-ai-DeepSeek-V3.2.jinja",
+            "deepseek-v4": "deepseek-ai-DeepSeek-V4.jinja",
+            "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja", "apertus": "Apertus-8B-Instruct.jinja",
+            "lfm2": "LFM2-8B-A1B.jinja", "gigachat3": "GigaChat3-10B-A1.8B.jinja",
+            "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja"}
+# The system prompt every request gives: Nemotron Nano 2's template opens a thought in its
+# generation prompt unless the system prompt says `/no_think` (a forced call then waits for
+# the thought's end, which SmolLM2 does not write); the other templates take it as text.
+SYSTEM = "/no_think"
+# MiniMax M2's generation prompt always opens a thought, and a grammar (the request's, or a
+# forced call's) applies after its end, which SmolLM2 never writes: its model gets the
+# template with that opening taken out of the generation prompt (the thought after it is
+# split as the unit tests show, tests/unit/chat/test_formats_tagged.py).
+EDITS = {"minimax-m2": ("']~b]ai' ~ '\\n' ~ '<think>' ~ '\\n'", "']~b]ai' ~ '\\n'")}
+
+
+def template_of(family: str) -> str:
+    """The family's real template (tests/fakes/templates/), with its EDITS."""
+    source = (TEMPLATES / FAMILIES[family]).read_text()
+    if family in EDITS:
+        old, new = EDITS[family]
+        assert old in source
+        source = source.replace(old, new)
+    return source
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {
@@ -36,30 +62,45 @@ CALL = ToolCall(id="a", name="get_weather", arguments={"city": "Zürich", "days"
 INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
 
 
+def opens_thought(family: str) -> tuple[str, str] | None:
+    """The think pair of `family` where its generation prompt leaves a thought open."""
+    source = template_of(family)
+    pair = formats.BY_NAME[family].think_pair(source)
+    if pair is None:
+        return None
+    prompt = templates.render(source, [{"role": "system", "content": SYSTEM},
+                                       {"role": "user", "content": "Weather in Zürich?"}],
+                              tools=[WEATHER])
+    return pair if thinking.opens(prompt, pair) else None
+
+
 def written(family: str) -> str:
-    """What a model of `family` writes to call get_weather (harmony: after a thought)."""
+    """What a model of `family` writes to call get_weather (harmony, and a family whose
+    prompt opens a thought: after a thought)."""
     body = formats.BY_NAME[family].write_calls([CALL], INFO)
     if family == "harmony":
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
                 "<|start|>assistant" + body[len("<|start|>assistant"):])
-    return "Checking. " + body
+    pair = opens_thought(family)
+    return ("The user wants weather." + pair[1] + "\n\n" if pair else "") + "Checking. " + body
 
 
 @pytest.fixture(scope="module")
 def models(daemon: Daemon) -> Iterator[dict[str, str]]:
     c = ollama.Client(host=daemon.url)
     names = {}
-    for family, template in FAMILIES.items():
+    for family in FAMILIES:
         names[family] = f"smollm2-{family.replace('.', '')}"
         c.create(model=names[family], from_="smollm2",
-                 template=(TEMPLATES / template).read_text())
+                 template=template_of(family))
     yield names
     for name in names.values():
         c.delete(name)
 
 
 def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "Weather in Zürich?"}],
+    return {"model": model, "messages": [{"role": "system", "content": SYSTEM},
+                                         {"role": "user", "content": "Weather in Zürich?"}],
             "tools": [WEATHER], "max_tokens": 200, "temperature": 0,
             "grammar": "start: " + json.dumps(written(family)), **kw}
 
@@ -82,6 +123,8 @@ def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: d
         assert content == ""
     else:
         assert content.strip() == "Checking."
+        if opens_thought(family):
+            assert message.get("reasoning_content") == "The user wants weather."
 
     thought, text, finish = "", "", None
     calls: dict[int, dict[str, str]] = {}
@@ -116,7 +159,7 @@ def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                 "required": ["unit"]}}
     r = api.post("/v1/messages", json={
-        "model": models[family], "max_tokens": 120, "temperature": 0,
+        "model": models[family], "max_tokens": 120, "temperature": 0, "system": SYSTEM,
         "messages": [{"role": "user", "content": "Use celsius."}],
         "tools": [tool],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}, timeout=120)
