@@ -284,13 +284,33 @@ class SeedOSS(QwenCoder):
 
 class GLM(Tagged):
     name = "glm"
-    markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
-               "</arg_value>")
-    starts = ("<tool_call>",)
-    _CALL = re.compile(r"<tool_call>\s*([^\s<>]{1,256})\s*(.*?)(?:(</tool_call>)|"
-                       r"(?=<tool_call>)|$)", re.S)
-    _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:(</arg_value>)|$)",
-                       re.S)
+    suffix = ""  # in every tag's name (Hunyuan's `:opensource`)
+    sep = ""  # between the name and the arguments (Hunyuan's `<tool_sep:opensource>`)
+    block: tuple[str, str] | None = None  # what the calls are written in (Hunyuan)
+
+    def __init__(self) -> None:
+        t = self._tag
+        self.markers = tuple(t(n) for n in ("tool_call", "/tool_call", "arg_key", "/arg_key",
+                                            "arg_value", "/arg_value")) \
+            + ((self.sep,) if self.sep else ()) + (self.block or ())
+        self.starts = (t("tool_call"), *(self.block or ())[:1])
+        e = {n: re.escape(t(n)) for n in ("tool_call", "/tool_call", "arg_key", "/arg_key",
+                                          "arg_value", "/arg_value")}
+        sep = rf"(?:{re.escape(self.sep)})?\s*" if self.sep else ""
+        opens = rf"(?:{re.escape(self.block[0])}\s*)?" if self.block else ""
+        closes = rf"(?:\s*{re.escape(self.block[1])})?" if self.block else ""
+        self._CALL = re.compile(
+            rf"{opens}{e['tool_call']}\s*([^\s<>]{{1,256}})\s*{sep}(.*?)"
+            rf"(?:({e['/tool_call']}){closes}|(?={e['tool_call']})|$)", re.S)
+        self._PAIR = re.compile(rf"\s*{e['arg_key']}(.*?){e['/arg_key']}\s*{e['arg_value']}"
+                                rf"(.*?)(?:({e['/arg_value']})|$)", re.S)
+        # A call has begun when its tag is followed by a tool's name (and a newline, or
+        # the separator).
+        self.trigger = re.escape(t("tool_call")).replace("{", "{{").replace("}", "}}") \
+            + "(?=(?:{names})" + (re.escape(self.sep) if self.sep else "\\n") + ")"
+
+    def _tag(self, name: str) -> str:
+        return f"<{name}{self.suffix}>"
 
     def matches(self, template: str) -> bool:
         return "<arg_key>" in template and "<arg_value>" in template
@@ -315,6 +335,7 @@ class GLM(Tagged):
     def _rules(self, chosen: list[Tool], strict: bool,
                special: dict[str, int] | None) -> list[str]:
         mark = marker_writer(special)
+        t = self._tag
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             props = _properties(tool)
@@ -322,24 +343,68 @@ class GLM(Tagged):
             parts = []
             for k, (key, schema) in enumerate(props.items()):
                 value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, "</arg_value>", special)
-                rules.append(f"p{i}_{k}: {mark('<arg_key>')} {lit(key)} {mark('</arg_key>')} "
-                             f'"\\n" {mark("<arg_value>")} {value} "\\n"')
+                rules += _value_rule(value, schema, strict, t("/arg_value"), special)
+                rules.append(f"p{i}_{k}: {mark(t('arg_key'))} {lit(key)} "
+                             f"{mark(t('/arg_key'))} "
+                             f'"\\n" {mark(t("arg_value"))} {value} "\\n"')
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"tail{i}: {lit(tool.name + chr(10))} "
-                         + " ".join(parts) + f" {mark('</tool_call>')}")
+            name = lit(tool.name) + (f" {mark(self.sep)} " if self.sep else " ") + '"\\n"'
+            rules.append(f"tail{i}: {name} " + " ".join(parts) + f" {mark(t('/tool_call'))}")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append(f"call: {mark('<tool_call>')} tail")
+        rules.append(f"call: {mark(t('tool_call'))} tail")
         return rules
 
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        if self.block is None:
+            return super().grammar(plan, special)
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        mark = marker_writer(special)
+        calls = '(call "\\n")+' if plan.parallel else 'call "\\n"'
+        return "\n".join([f'start: {mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
+                          *self._rules(chosen, plan.strict, special)]) + "\n"
 
-    # A call has begun when `<tool_call>` is followed by a tool's name and a newline.
-    trigger = "<tool_call>(?=(?:{names})\\n)"
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        if self.block is None:
+            return super().steering(plan, special)
+        if plan.choice != "auto":
+            return None
+        names = "|".join(re.escape(t.name) for t in plan.tools)
+        more = ' (call "\\n")*' if plan.parallel else ""
+        grammar = "\n".join([f'start: tail "\\n"{more} {marker_writer(special)(self.block[1])}',
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        return Steering([self.trigger.format(names=names)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
-        return "".join(
-            f"<tool_call>{c.name}\n" + "".join(
-                f"<arg_key>{k}</arg_key>\n<arg_value>"
-                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                "</arg_value>\n" for k, v in c.arguments.items())
-            + "</tool_call>" for c in calls)
+        t = self._tag
+        body = [t("tool_call") + c.name + self.sep + "\n" + "".join(
+            f"{t('arg_key')}{k}{t('/arg_key')}\n{t('arg_value')}"
+            f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+            f"{t('/arg_value')}\n" for k, v in c.arguments.items()) + t("/tool_call")
+            for c in calls]
+        if self.block is None:  # (GLM's template opens each call on a line of its own)
+            return "\n".join(body)
+        return self.block[0] + "\n" + "".join(b + "\n" for b in body) + self.block[1]
+
+
+class Hunyuan(GLM):
+    """Tencent Hy3: GLM's key/value calls with every tag named `...:opensource`, a separator
+    after the name, all calls in one `<tool_calls:opensource>` block; thoughts in
+    `<think:opensource>` (its template's special-token variables)."""
+
+    name = "hunyuan"
+    suffix = ":opensource"
+    sep = "<tool_sep:opensource>"
+    block = ("<tool_calls:opensource>", "</tool_calls:opensource>")
+    think = ("<think:opensource>", "</think:opensource>")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.markers = (*self.markers, *self.think)
+
+    def matches(self, template: str) -> bool:
+        return "'<tool_calls{}>'.format(HYTK)" in template and "<arg_key{}>" in template
+
+    def think_pair(self, template: str | None) -> tuple[str, str] | None:
+        return self.think

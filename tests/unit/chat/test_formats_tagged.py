@@ -1,7 +1,7 @@
 """The families that write each argument between tags of its own (formats/xml.py's
-Seed-OSS, formats/invoke.py's MiniMax M2 and DeepSeek V3.2/V4 DSML): their outputs as
-llama.cpp's tests (tests/test-chat.cpp) give them, and the checks every family passes
-(formatcases.py)."""
+Seed-OSS, Tencent Hy3 and GLM, formats/invoke.py's MiniMax M2 and DeepSeek V3.2/V4 DSML):
+their outputs as llama.cpp's tests (tests/test-chat.cpp) give them, and the checks every
+family passes (formatcases.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
 from tests.unit.chat.formatcases import CHECKS, detected, read_alike, run
 
-FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4"]
+FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "hunyuan", "glm"]
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
 OPTIONAL = Tool(name="special_function_with_opt", parameters={
@@ -36,6 +36,10 @@ TIME = Tool(name="get_time", parameters={
     ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2"),
     ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4"),
     ("deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek-v4"),
+    ("tencent-Hy3.jinja", "hunyuan"),
+    # Ling 3.0 writes GLM's calls (`<tool_call>NAME\n<arg_key>..`, its template's own
+    # instructions and history), in `<role>` turns
+    ("inclusionai-ling-3.0-flash.jinja", "glm"),
     # Qwen3-Coder's `<function=` calls without Seed's blocks stay Qwen3-Coder's
     ("Qwen3-Coder.jinja", "qwen3-coder"),
 ])
@@ -131,3 +135,31 @@ def test_a_blocks_markup_alone_stays_text(name: str) -> None:
     text = f"Write {fmt.starts[0]} to begin."  # type: ignore[attr-defined]
     _, content, end = run(name, text, [text])
     assert not end.calls and content == text
+
+
+def test_hunyuan_calls_as_its_template_writes_them() -> None:
+    text = ("<think:opensource>Paris.</think:opensource>Sure.<tool_calls:opensource>\n"
+            "<tool_call:opensource>get_time<tool_sep:opensource>\n"
+            "<arg_key:opensource>city</arg_key:opensource>\n"
+            "<arg_value:opensource>Paris</arg_value:opensource>\n</tool_call:opensource>\n"
+            "<tool_call:opensource>special_function<tool_sep:opensource>\n"
+            "<arg_key:opensource>arg1</arg_key:opensource>\n"
+            "<arg_value:opensource>1</arg_value:opensource>\n</tool_call:opensource>\n"
+            "</tool_calls:opensource>")
+    thought, content, calls = read_alike("hunyuan", text, tools=[TIME, SPECIAL])
+    assert (thought, content, calls) == ("Paris.", "Sure.", [("get_time", {"city": "Paris"}),
+                                                             ("special_function", {"arg1": 1})])
+
+
+def test_ling_calls_are_glm_calls() -> None:
+    """Ling 3.0's outputs (test-chat.cpp): GLM's reader takes its calls, text after them."""
+    call = ("<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+            "</tool_call>")
+    text = "Let me check the time.\n</think>\nChecking it now.\n" + call + "\nDone."
+    thought, content, calls = read_alike("glm", text, inside=True, tools=[TIME])
+    assert thought.strip() == "Let me check the time."
+    assert content.split() == ["Checking", "it", "now.", "Done."]
+    assert calls == [("get_time", {"city": "Paris"})]
+    _, _, calls = read_alike("glm", "</think>\n" + call + "\n" + call.replace("Paris", "Oslo"),
+                             inside=True, tools=[TIME])
+    assert calls == [("get_time", {"city": "Paris"}), ("get_time", {"city": "Oslo"})]
