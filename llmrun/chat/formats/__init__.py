@@ -18,6 +18,8 @@ a class and a line in FORMATS (and its tests).
     harmony         <|channel|> and <|message|>      gpt-oss: analysis = thought, calls
                                                      to=functions.NAME, final = answer
     kimi-k2         <|tool_calls_section_begin|>     Kimi K2 sections, ids functions.NAME:N
+    kimi-k3         <|open|>, <|close|>,             XTML: response, tools and think
+                    <|end_of_msg|>                   sections of <|open|>/<|close|> tags
     deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
     deepseek-r1     type<｜tool▁sep｜>NAME in a call  DeepSeek R1/V3 sections, ```json
                                                      fenced arguments; <think>
@@ -45,7 +47,7 @@ from functools import lru_cache
 
 from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.harmony import Harmony
-from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, MiniMaxM2
+from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, KimiK3, MiniMaxM2
 from llmrun.chat.formats.jsonlist import Apertus, GigaChat3, GigaChat31, MiniMaxM1, Nemotron
 from llmrun.chat.formats.pythonic import LFM2
 from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
@@ -53,7 +55,7 @@ from llmrun.chat.formats.xml import GLM, Hunyuan, QwenCoder, SeedOSS, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
-FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), DeepSeekV31(), DeepSeekR1(),
+FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), KimiK3(), DeepSeekV31(), DeepSeekR1(),
                                DeepSeekV32(), DeepSeekV4(), MiniMaxM2(), SeedOSS(),
                                Apertus(), Nemotron(), MiniMaxM1(), GigaChat3(), GigaChat31(),
                                LFM2(), Hunyuan(), GLM(), QwenCoder())

@@ -1,5 +1,6 @@
 """The families that write each argument between tags of its own (formats/xml.py's
-Seed-OSS, Tencent Hy3 and GLM, formats/invoke.py's MiniMax M2 and DeepSeek V3.2/V4 DSML):
+Seed-OSS, Tencent Hy3 and GLM, formats/invoke.py's MiniMax M2, DeepSeek V3.2/V4 DSML and
+Kimi K3):
 their outputs as llama.cpp's tests (tests/test-chat.cpp) give them, and the checks every
 family passes (formatcases.py)."""
 
@@ -13,7 +14,8 @@ from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
 from tests.unit.chat.formatcases import CHECKS, detected, read_alike, run
 
-FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "hunyuan", "glm"]
+FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "kimi-k3", "hunyuan",
+            "glm"]
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
 OPTIONAL = Tool(name="special_function_with_opt", parameters={
@@ -37,6 +39,9 @@ TIME = Tool(name="get_time", parameters={
     ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4"),
     ("deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek-v4"),
     ("tencent-Hy3.jinja", "hunyuan"),
+    ("Kimi-K3.jinja", "kimi-k3"),
+    # K2 Thinking writes K2's sections (llama.cpp reads it with its Kimi K2 parser)
+    ("Kimi-K2-Thinking.jinja", "kimi-k2"),
     # Ling 3.0 writes GLM's calls (`<tool_call>NAME\n<arg_key>..`, its template's own
     # instructions and history), in `<role>` turns
     ("inclusionai-ling-3.0-flash.jinja", "glm"),
@@ -163,3 +168,108 @@ def test_ling_calls_are_glm_calls() -> None:
     _, _, calls = read_alike("glm", "</think>\n" + call + "\n" + call.replace("Paris", "Oslo"),
                              inside=True, tools=[TIME])
     assert calls == [("get_time", {"city": "Paris"}), ("get_time", {"city": "Oslo"})]
+
+
+K3_CALL = ("<|open|>tools<|sep|><|open|>call tool=\"special_function\" index=\"1\"<|sep|>"
+           "<|open|>argument key=\"arg1\" type=\"number\"<|sep|>1<|close|>argument<|sep|>"
+           "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>")
+
+
+def test_kimi_k3_answer_and_thought_out_of_their_sections() -> None:
+    """Kimi K3 (test-chat.cpp): the generation prompt opens the thought; the answer's
+    `response` section and the message's end are no content."""
+    text = ("<|open|>response<|sep|>Use the response tag, then message the handler."
+            "<|close|>response<|sep|><|close|>message<|sep|>")
+    assert read_alike("kimi-k3", text) == ("", "Use the response tag, then message the "
+                                                "handler.", [])
+    text = ("I'm thinking about this<|close|>think<|sep|><|open|>response<|sep|>Hello, world!"
+            "\nWhat's up?<|close|>response<|sep|><|close|>message<|sep|>")
+    assert read_alike("kimi-k3", text, inside=True) == (
+        "I'm thinking about this", "Hello, world!\nWhat's up?", [])
+    text = "I was still thinking when the budget ran out"
+    assert read_alike("kimi-k3", text, inside=True) == (text, "", [])
+
+
+def test_kimi_k3_calls_as_its_model_writes_them() -> None:
+    text = ("I should call it<|close|>think<|sep|><|open|>response<|sep|>On it."
+            "<|close|>response<|sep|>" + K3_CALL)
+    assert read_alike("kimi-k3", text, inside=True, tools=[SPECIAL]) == (
+        "I should call it", "On it.", [("special_function", {"arg1": 1})])
+    text = ("<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+            "<|open|>call tool=\"special_function\" index=\"1\"<|sep|>"
+            "<|open|>argument key=\"arg1\" type=\"number\"<|sep|>1<|close|>argument<|sep|>"
+            "<|close|>call<|sep|>"
+            "<|open|>call tool=\"special_function_with_opt\" index=\"2\"<|sep|>"
+            "<|open|>argument key=\"arg1\" type=\"number\"<|sep|>1<|close|>argument<|sep|>"
+            "<|open|>argument key=\"arg2\" type=\"number\"<|sep|>2<|close|>argument<|sep|>"
+            "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>")
+    assert read_alike("kimi-k3", text, tools=[SPECIAL, OPTIONAL]) == (
+        "", "", [("special_function", {"arg1": 1}),
+                 ("special_function_with_opt", {"arg1": 1, "arg2": 2})])
+    text = ("<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+            "<|open|>call tool=\"edit\" index=\"1\"<|sep|>"
+            "<|open|>argument key=\"filename\" type=\"string\"<|sep|>12<|close|>argument<|sep|>"
+            "<|open|>argument key=\"oldString\" type=\"string\"<|sep|>print('hey')\n"
+            "<|close|>argument<|sep|>"
+            "<|open|>argument key=\"newString\" type=\"string\"<|sep|>)\"<|close|>argument<|sep|>"
+            "<|close|>call<|sep|><|close|>tools<|sep|>")
+    assert read_alike("kimi-k3", text, tools=[EDIT])[2] == [
+        ("edit", {"filename": "12", "oldString": "print('hey')\n", "newString": ")\""})]
+
+
+class _Vocabulary:
+    """The 256 bytes and Kimi K3's three special tokens (and an end token)."""
+
+    SPECIAL = ("<|open|>", "<|close|>", "<|sep|>")
+    eos_token_id = 259
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"\xff[open]", b"\xff[close]", b"\xff[sep]",
+                                                 b"<eos>"]
+    special_token_ids = (256, 257, 258, 259)
+
+    def __call__(self, data: bytes) -> list[int]:
+        return list(data)
+
+    def encode(self, text: str) -> list[int]:
+        import re
+
+        out: list[int] = []
+        for part in re.split(r"(<\|open\|>|<\|close\|>|<\|sep\|>)", text):
+            out += [256 + self.SPECIAL.index(part)] if part in self.SPECIAL \
+                else list(part.encode())
+        return out
+
+
+def test_kimi_k3_grammars_write_its_special_tokens_as_tokens() -> None:
+    """On a vocabulary where `<|open|>`, `<|close|>`, `<|sep|>` are special tokens, the
+    forced and steering grammars take the calls written with those tokens (and a value's
+    text runs until the model writes `<|close|>`)."""
+    import llguidance
+
+    from llmrun.chat.tools import ToolPlan
+    from llmrun.engine import constraint
+    from tests.unit.chat.formatcases import CALLS, INFO, TOOLS
+
+    vocab = _Vocabulary()
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+    special = {m: 256 + i for i, m in enumerate(vocab.SPECIAL)}
+    fmt = BY_NAME["kimi-k3"]
+
+    def consumed(grammar: str, text: str) -> bool:
+        matcher = llguidance.LLMatcher(tok, constraint.from_grammar(grammar))
+        assert not matcher.is_error(), matcher.get_error()
+        ids = vocab.encode(text)
+        return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
+            and matcher.is_accepting()
+
+    grammar = fmt.grammar(ToolPlan(INFO, TOOLS, "required"), special)
+    assert grammar is not None and "<[256]>" in grammar
+    body = fmt.write_calls(CALLS, INFO)
+    assert consumed(grammar, body)
+    assert consumed(grammar, "<|open|>response<|sep|><|close|>response<|sep|>" + body)
+    assert consumed(grammar, "<|close|>response<|sep|>" + body)
+    assert not consumed(grammar, body.replace("<|open|>argument key=\"city\" type=\"string\""
+                                              "<|sep|>Zürich 東京<|close|>argument<|sep|>", ""))
+    steer = fmt.steering(ToolPlan(INFO, TOOLS, "auto"), special)
+    assert steer is not None
+    assert consumed(steer.grammar, body[len("<|open|>tools<|sep|>"):])
