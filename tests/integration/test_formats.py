@@ -32,16 +32,19 @@ FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.
             "deepseek-v4": "deepseek-ai-DeepSeek-V4.jinja",
             "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja", "apertus": "Apertus-8B-Instruct.jinja",
             "lfm2": "LFM2-8B-A1B.jinja", "gigachat3": "GigaChat3-10B-A1.8B.jinja",
-            "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja"}
+            "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja", "hunyuan": "tencent-Hy3.jinja",
+            "kimi-k3": "Kimi-K3.jinja"}
 # The system prompt every request gives: Nemotron Nano 2's template opens a thought in its
 # generation prompt unless the system prompt says `/no_think` (a forced call then waits for
 # the thought's end, which SmolLM2 does not write); the other templates take it as text.
 SYSTEM = "/no_think"
-# MiniMax M2's generation prompt always opens a thought, and a grammar (the request's, or a
-# forced call's) applies after its end, which SmolLM2 never writes: its model gets the
-# template with that opening taken out of the generation prompt (the thought after it is
-# split as the unit tests show, tests/unit/chat/test_formats_tagged.py).
-EDITS = {"minimax-m2": ("']~b]ai' ~ '\\n' ~ '<think>' ~ '\\n'", "']~b]ai' ~ '\\n'")}
+# MiniMax M2's and Kimi K3's generation prompts open a thought (K3's unless `thinking` is
+# false, which no request sets), and a grammar (the request's, or a forced call's) applies
+# after its end, which SmolLM2 never writes: their models get the template with that
+# opening taken out (the thought after it is split as the unit tests show,
+# tests/unit/chat/test_formats_tagged.py).
+EDITS = {"minimax-m2": ("']~b]ai' ~ '\\n' ~ '<think>' ~ '\\n'", "']~b]ai' ~ '\\n'"),
+         "kimi-k3": ("{%- set thinking = true -%}", "{%- set thinking = false -%}")}
 
 
 def template_of(family: str) -> str:
@@ -82,7 +85,10 @@ def written(family: str) -> str:
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
                 "<|start|>assistant" + body[len("<|start|>assistant"):])
     pair = opens_thought(family)
-    return ("The user wants weather." + pair[1] + "\n\n" if pair else "") + "Checking. " + body
+    # (Kimi K3 writes its answer in a section the prompt opened: its end before the calls)
+    wrapping = getattr(formats.BY_NAME[family], "wrapping", ("", ""))
+    return ("The user wants weather." + pair[1] + "\n\n" if pair else "") + "Checking. " \
+        + wrapping[1] + body
 
 
 @pytest.fixture(scope="module")
