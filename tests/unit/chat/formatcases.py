@@ -46,6 +46,17 @@ def detected(template: str) -> str:
     return formats.detect((TEMPLATES / template).read_text()).name
 
 
+def only_these_are(families: list[str], expected: dict[str, str]) -> None:
+    """The corpus templates `expected` names are detected as it says, and no other corpus
+    template as any of `families`."""
+    for path in sorted(TEMPLATES.glob("*.jinja")):
+        name = formats.detect(path.read_text()).name
+        if path.name in expected:
+            assert name == expected[path.name], path.name
+        else:
+            assert name not in families, path.name
+
+
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", inside: bool = False,
         tools: list[Tool] | None = None) -> tuple[str, str, Any]:

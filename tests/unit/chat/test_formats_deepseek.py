@@ -10,20 +10,27 @@ import pytest
 
 from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
-from tests.unit.chat.formatcases import CALLS, CHECKS, INFO, detected, read_alike
+from tests.unit.chat.formatcases import CALLS, CHECKS, INFO, detected, only_these_are, read_alike
 
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
 
 
-@pytest.mark.parametrize(("template", "name"), [
+DETECTED = dict([
     ("llama-cpp-deepseek-r1.jinja", "deepseek-r1"),
     ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-r1"),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
 ])
+
+
+@pytest.mark.parametrize(("template", "name"), list(DETECTED.items()))
 def test_detected_from_the_real_template(template: str, name: str) -> None:
     assert detected(template) == name
+
+
+def test_no_other_corpus_template_is_one_of_these() -> None:
+    only_these_are(["deepseek-r1"], DETECTED)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

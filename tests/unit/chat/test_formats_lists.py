@@ -17,6 +17,7 @@ from tests.unit.chat.formatcases import (
     SINGLE_CHECKS,
     TEMPLATES,
     detected,
+    only_these_are,
     read_alike,
     run,
 )
@@ -44,7 +45,7 @@ CALENDAR = Tool(name="Calendar.create_event", parameters={"type": "object", "pro
 LFM2_TOOLS = [SPECIAL, OPTIONAL, TIME, TOGGLE, NULLABLE, CONFIG, PYTHON, CALENDAR]
 
 
-@pytest.mark.parametrize(("template", "name"), [
+DETECTED = dict([
     ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron"),
     # Nemotron 3 Nano writes Qwen3-Coder's `<tool_call><function=...>` calls (llama.cpp
     # reads it with its Qwen3-Coder parser too)
@@ -57,8 +58,15 @@ LFM2_TOOLS = [SPECIAL, OPTIONAL, TIME, TOGGLE, NULLABLE, CONFIG, PYTHON, CALENDA
     ("GigaChat3-10B-A1.8B.jinja", "gigachat3"),
     ("GigaChat3.1-10B-A1.8B.jinja", "gigachat3.1"),
 ])
+
+
+@pytest.mark.parametrize(("template", "name"), list(DETECTED.items()))
 def test_detected_from_the_real_template(template: str, name: str) -> None:
     assert detected(template) == name
+
+
+def test_no_other_corpus_template_is_one_of_these() -> None:
+    only_these_are(FAMILIES + SINGLE, DETECTED)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

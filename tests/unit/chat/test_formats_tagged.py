@@ -12,7 +12,7 @@ import pytest
 
 from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
-from tests.unit.chat.formatcases import CHECKS, detected, read_alike, run
+from tests.unit.chat.formatcases import CHECKS, detected, only_these_are, read_alike, run
 
 FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "kimi-k3", "hunyuan",
             "glm"]
@@ -32,7 +32,7 @@ TIME = Tool(name="get_time", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 
 
-@pytest.mark.parametrize(("template", "name"), [
+DETECTED = dict([
     ("ByteDance-Seed-OSS.jinja", "seed-oss"),
     ("MiniMax-M2.jinja", "minimax-m2"),
     ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2"),
@@ -48,8 +48,15 @@ TIME = Tool(name="get_time", parameters={
     # Qwen3-Coder's `<function=` calls without Seed's blocks stay Qwen3-Coder's
     ("Qwen3-Coder.jinja", "qwen3-coder"),
 ])
+
+
+@pytest.mark.parametrize(("template", "name"), list(DETECTED.items()))
 def test_detected_from_the_real_template(template: str, name: str) -> None:
     assert detected(template) == name
+
+
+def test_no_other_corpus_template_is_one_of_these() -> None:
+    only_these_are([f for f in FAMILIES if f != "glm"], DETECTED)  # (GLM: not these alone)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
