@@ -26,6 +26,8 @@ a class and a line in FORMATS (and its tests).
     deepseek-v3.2   dsml_token, 'function_calls>     DSML invoke/parameter calls; <think>
     deepseek-v4     dsml_token, 'tool_calls>         the same, its block `tool_calls`
     minimax-m2      <minimax:tool_call>, <invoke     invoke/parameter calls; <think>
+    minimax-m3      ]<]minimax[>[ and <invoke name=  invoke calls, XML-tree arguments behind
+                                                     a namespace token; <mm:think>
     seed-oss        <seed:tool_call>                 Qwen3-Coder's calls in seed blocks;
                                                      <seed:think>
     apertus         <|tools_prefix|>                 [{"NAME": {...}}]; <|inner_prefix|>
@@ -49,6 +51,7 @@ from llmrun.chat.formats.base import DEFAULT, CallReader, Format, Splitter
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, KimiK3, MiniMaxM2
 from llmrun.chat.formats.jsonlist import Apertus, GigaChat3, GigaChat31, MiniMaxM1, Nemotron
+from llmrun.chat.formats.nested import MiniMaxM3
 from llmrun.chat.formats.pythonic import LFM2
 from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
 from llmrun.chat.formats.xml import GLM, Hunyuan, QwenCoder, SeedOSS, convert
@@ -56,7 +59,7 @@ from llmrun.chat.formats.xml import GLM, Hunyuan, QwenCoder, SeedOSS, convert
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
 FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), KimiK3(), DeepSeekV31(), DeepSeekR1(),
-                               DeepSeekV32(), DeepSeekV4(), MiniMaxM2(), SeedOSS(),
+                               DeepSeekV32(), DeepSeekV4(), MiniMaxM3(), MiniMaxM2(), SeedOSS(),
                                Apertus(), Nemotron(), MiniMaxM1(), GigaChat3(), GigaChat31(),
                                LFM2(), Hunyuan(), GLM(), QwenCoder())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}

@@ -1,6 +1,6 @@
 """The families that write each argument between tags of its own (formats/xml.py's
 Seed-OSS, Tencent Hy3 and GLM, formats/invoke.py's MiniMax M2, DeepSeek V3.2/V4 DSML and
-Kimi K3):
+Kimi K3, formats/nested.py's MiniMax M3):
 their outputs as llama.cpp's tests (tests/test-chat.cpp) give them, and the checks every
 family passes (formatcases.py)."""
 
@@ -16,6 +16,7 @@ from tests.unit.chat.formatcases import CHECKS, detected, only_these_are, read_a
 
 FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "kimi-k3", "hunyuan",
             "glm"]
+# (MiniMax M3's values are typed by the schema alone: its own test of the whole-read check)
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
 OPTIONAL = Tool(name="special_function_with_opt", parameters={
@@ -40,6 +41,7 @@ DETECTED = dict([
     ("deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek-v4"),
     ("tencent-Hy3.jinja", "hunyuan"),
     ("Kimi-K3.jinja", "kimi-k3"),
+    ("MiniMax-M3.jinja", "minimax-m3"),
     # K2 Thinking writes K2's sections (llama.cpp reads it with its Kimi K2 parser)
     ("Kimi-K2-Thinking.jinja", "kimi-k2"),
     # Ling 3.0 writes GLM's calls (`<tool_call>NAME\n<arg_key>..`, its template's own
@@ -56,7 +58,8 @@ def test_detected_from_the_real_template(template: str, name: str) -> None:
 
 
 def test_no_other_corpus_template_is_one_of_these() -> None:
-    only_these_are([f for f in FAMILIES if f != "glm"], DETECTED)  # (GLM: not these alone)
+    only_these_are([f for f in FAMILIES if f != "glm"] + ["minimax-m3"],  # (GLM: not these
+                   DETECTED)                                             # alone)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -280,3 +283,65 @@ def test_kimi_k3_grammars_write_its_special_tokens_as_tokens() -> None:
     steer = fmt.steering(ToolPlan(INFO, TOOLS, "auto"), special)
     assert steer is not None
     assert consumed(steer.grammar, body[len("<|open|>tools<|sep|>"):])
+
+
+NS = "]<]minimax[>["
+M3_TOOLS_EXTRA = [Tool(name="plan", parameters={"type": "object", "properties": {
+    "steps": {"type": "array", "items": {"type": "object", "properties": {
+        "n": {"type": "integer"}, "done": {"type": "boolean"}, "tags": {
+            "type": "array", "items": {"type": "string"}}}}},
+    "meta": {"type": "object", "properties": {"owner": {"type": "string"},
+                                              "score": {"type": "number"}}}},
+    "required": ["steps"]})]
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS
+                                   if c.__name__ != "calls_read_whole_and_streamed_alike"],
+                         ids=lambda c: c.__name__)
+def test_minimax_m3(check: Callable[[str], None]) -> None:
+    check("minimax-m3")
+
+
+def test_minimax_m3_calls_as_its_model_writes_them() -> None:
+    """MiniMax M3 (test-chat.cpp): tags behind its namespace token, thoughts in
+    <mm:think>; a call of no arguments; several calls in one block."""
+    text = (f"<mm:think>Let me check the time</mm:think>{NS}<tool_call>\n"
+            f'{NS}<invoke name="get_time">{NS}<city>Tokyo{NS}</city>{NS}</invoke>\n'
+            f"{NS}</tool_call>")
+    assert read_alike("minimax-m3", text, tools=[TIME]) == (
+        "Let me check the time", "", [("get_time", {"city": "Tokyo"})])
+    text = (f"</mm:think>{NS}<tool_call>\n{NS}<invoke name=\"special_function\">"
+            f"{NS}<arg1>1{NS}</arg1>{NS}</invoke>\n{NS}<invoke name=\"empty_args\">"
+            f"{NS}</invoke>\n{NS}</tool_call>")
+    assert read_alike("minimax-m3", text, inside=True, tools=[SPECIAL, EMPTY]) == (
+        "", "", [("special_function", {"arg1": 1}), ("empty_args", {})])
+
+
+def test_minimax_m3_reads_and_writes_trees_by_the_schema() -> None:
+    """Objects, lists of objects, booleans and numbers, by the schema (unit and streamed);
+    what the template's to_xml writes is what the reader takes back."""
+    from llmrun.request import ToolCall
+    from tests.unit.chat.formatcases import INFO
+
+    call = ToolCall(id="p", name="plan", arguments={
+        "steps": [{"n": 1, "done": True, "tags": ["a", "東京 <b>"]}, {"n": 2, "done": False,
+                                                                     "tags": []}],
+        "meta": {"owner": "Zoë", "score": -2.5}})
+    body = BY_NAME["minimax-m3"].write_calls([call], INFO)
+    assert f"{NS}<done>true{NS}</done>" in body and f"{NS}<item>a{NS}</item>" in body
+    _, content, calls = read_alike("minimax-m3", "Planning. " + body, tools=M3_TOOLS_EXTRA)
+    assert (content.strip(), calls) == ("Planning.", [("plan", call.arguments)])
+
+
+@pytest.mark.parametrize("body", [
+    f"{NS}<city>Tokyo{NS}</town>",                     # tags that do not nest
+    f"{NS}<city>Tokyo{NS}</city>stray{NS}<city>x{NS}</city>",  # a key twice
+    f"{NS}<city>Tokyo",                                # not closed (not cut)
+    "just text",
+    f"{NS}<city>" * 200 + "x" + f"{NS}</city>" * 200,  # nested too deep
+])
+def test_minimax_m3_what_is_no_call_stays_text(body: str) -> None:
+    text = (f"{NS}<tool_call>\n{NS}<invoke name=\"get_time\">{body}{NS}</invoke>\n"
+            f"{NS}</tool_call>")
+    _, _, end = run("minimax-m3", text, [text], tools=[TIME])
+    assert not end.calls
