@@ -33,7 +33,7 @@ FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.
             "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja", "apertus": "Apertus-8B-Instruct.jinja",
             "lfm2": "LFM2-8B-A1B.jinja", "gigachat3": "GigaChat3-10B-A1.8B.jinja",
             "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja", "hunyuan": "tencent-Hy3.jinja",
-            "kimi-k3": "Kimi-K3.jinja"}
+            "kimi-k3": "Kimi-K3.jinja", "minimax-m3": "MiniMax-M3.jinja"}
 # The system prompt every request gives: Nemotron Nano 2's template opens a thought in its
 # generation prompt unless the system prompt says `/no_think` (a forced call then waits for
 # the thought's end, which SmolLM2 does not write); the other templates take it as text.
