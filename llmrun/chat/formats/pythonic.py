@@ -30,6 +30,7 @@ _NAMES = {"True": True, "False": False, "None": None, "true": True, "false": Fal
           "null": None}
 _NAME = re.compile(r"[A-Za-z_][\w.\-]{0,255}")
 _HEAD = re.compile(r"\s*,?\s*([A-Za-z_][\w.\-]{0,255})\(")
+_CUT_TRIES = 4
 
 
 class NotLiteral(ValueError):
@@ -169,7 +170,8 @@ class LFM2(Family):
         if m is None or m.group(1) not in names:
             return None
         args: dict[str, Any] = {}
-        for comma in reversed(commas):  # the arguments written whole, longest first
+        # the arguments written whole, longest first (a few tries: each parses the call)
+        for comma in list(reversed(commas))[:_CUT_TRIES]:
             parsed = read_list(text[m.start(1):comma] + ")")
             if parsed:
                 args = parsed[0][1]
