@@ -274,6 +274,10 @@ class SeedOSS(QwenCoder):
     starts = ("<seed:tool_call>", "<function=")
     value_gap = ""
     _CALL = _function_call(*block)
+    # (a value is all between its tags: one that ends in a newline keeps it, as llama.cpp's
+    # Seed-OSS parser reads it)
+    _PARAM = re.compile(r"<parameter=([^\s<>]{1,256})>(.*?)(?:</parameter>|(?=<parameter=)|$)",
+                        re.S)
 
     def matches(self, template: str) -> bool:
         return "<seed:tool_call>" in template and "<function=" in template

@@ -96,8 +96,8 @@ def test_seed_oss_calls_as_its_model_writes_them() -> None:
             "</parameter>\n</function>\n</seed:tool_call>")
     _, _, calls = read_alike("seed-oss", text, tools=[EDIT])
     assert calls == [("edit", {"filename": "foo.cpp",
-                               "oldString": "def foo(arg = \"14\"):\n    return arg + \"bar\"",
-                               "newString": "def foo(arg = \"15\"):\n    pass"})]
+                               "oldString": "def foo(arg = \"14\"):\n    return arg + \"bar\"\n",
+                               "newString": "def foo(arg = \"15\"):\n    pass\n"})]
 
 
 def test_minimax_m2_thought_opened_by_its_prompt() -> None:
