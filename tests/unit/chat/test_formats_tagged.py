@@ -345,3 +345,31 @@ def test_minimax_m3_what_is_no_call_stays_text(body: str) -> None:
             f"{NS}</tool_call>")
     _, _, end = run("minimax-m3", text, [text], tools=[TIME])
     assert not end.calls
+
+
+DSML_TOOL = Tool(name="f", parameters={"type": "object", "properties": {
+    "ref": {"type": "integer"}, "orig": {"type": "number"}, "enabled": {"type": "boolean"},
+    "todos": {"type": "array", "items": {"type": "string"}},
+    "config": {"type": "object"}, "name": {"type": "string"}}})
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ('"ref" string="false">-14<', {"ref": -14}),
+    ('"orig" string="false">3.14<', {"orig": 3.14}),
+    ('"enabled" string="false">true<', {"enabled": True}),
+    ('"todos" string="false">["buy milk","walk dog"]<', {"todos": ["buy milk", "walk dog"]}),
+    ('"config" string="false">{"theme":"dark","level":2}<',
+     {"config": {"theme": "dark", "level": 2}}),
+    ('"ref" string="false">42</｜DSML｜parameter>\n<｜DSML｜parameter name="name" '
+     'string="true">foo bar<', {"ref": 42, "name": "foo bar"}),
+])
+def test_deepseek_dsml_typed_values(params: str, expected: dict[str, object]) -> None:
+    """test-chat.cpp's V3.2 values: each read by its schema as it says."""
+    text = ("Thinking about it</think>Let me call the function.\n\n<｜DSML｜function_calls>\n"
+            f'<｜DSML｜invoke name="f">\n<｜DSML｜parameter name={params}/｜DSML｜parameter>\n'
+            "</｜DSML｜invoke>\n</｜DSML｜function_calls>")
+    thought, content, calls = read_alike("deepseek-v3.2", text, inside=True,
+                                         tools=[DSML_TOOL])
+    assert (thought, content.strip(), calls) == ("Thinking about it",
+                                                 "Let me call the function.",
+                                                 [("f", expected)])
