@@ -216,3 +216,22 @@ def test_lfm2_writes_what_it_reads() -> None:
     body = BY_NAME["lfm2"].write_calls(CALLS, INFO)
     assert body.startswith('<|tool_call_start|>[get_weather(city="Zürich 東京", unit="celsius", '
                            "days=3), search(")
+
+
+EMPTY = Tool(name="empty_args", parameters={"type": "object", "properties": {}})
+
+
+def test_lfm2_empty_arguments_a_cut_call_and_a_call_in_a_thought() -> None:
+    """test-chat.cpp's LFM2 cases: `[empty_args()]`; a call cut after `arg1=` is a partial
+    call; a call inside the thought is thought."""
+    text = "<|tool_call_start|>[empty_args()]<|tool_call_end|>"
+    assert read_alike("lfm2", text, tools=[EMPTY]) == ("", "", [("empty_args", {})])
+    text = "<|tool_call_start|>[special_function(arg1="
+    for pieces in ([text], list(text)):
+        _, content, end = run("lfm2", text, pieces, truncated=True, tools=[SPECIAL])
+        assert (content, end.calls) == ("", [])
+        assert end.partial is not None and end.partial.name == "special_function"
+    call = "<|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>"
+    text = f"<think>Let me think about {call} hmm</think>{call}"
+    assert read_alike("lfm2", text, tools=[SPECIAL]) == (
+        f"Let me think about {call} hmm", "", [("special_function", {"arg1": 1})])
