@@ -33,18 +33,22 @@ FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.
             "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja", "apertus": "Apertus-8B-Instruct.jinja",
             "lfm2": "LFM2-8B-A1B.jinja", "gigachat3": "GigaChat3-10B-A1.8B.jinja",
             "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja", "hunyuan": "tencent-Hy3.jinja",
-            "kimi-k3": "Kimi-K3.jinja", "minimax-m3": "MiniMax-M3.jinja"}
+            "kimi-k3": "Kimi-K3.jinja", "minimax-m3": "MiniMax-M3.jinja",
+            "ling": "inclusionai-ling-3.0-flash.jinja"}
 # The system prompt every request gives: Nemotron Nano 2's template opens a thought in its
 # generation prompt unless the system prompt says `/no_think` (a forced call then waits for
 # the thought's end, which SmolLM2 does not write); the other templates take it as text.
 SYSTEM = "/no_think"
-# MiniMax M2's and Kimi K3's generation prompts open a thought (K3's unless `thinking` is
-# false, which no request sets), and a grammar (the request's, or a forced call's) applies
-# after its end, which SmolLM2 never writes: their models get the template with that
-# opening taken out (the thought after it is split as the unit tests show,
-# tests/unit/chat/test_formats_tagged.py).
+# MiniMax M2's, Kimi K3's and Ling 3.0's generation prompts open a thought (K3's and
+# Ling's unless switched off, which these requests do not do), and a grammar (the
+# request's, or a forced call's) applies after its end, which SmolLM2 never writes: their
+# models get the template with that opening taken out (the thought after it is split as
+# the unit tests show, tests/unit/chat/test_formats_tagged.py).
 EDITS = {"minimax-m2": ("']~b]ai' ~ '\\n' ~ '<think>' ~ '\\n'", "']~b]ai' ~ '\\n'"),
-         "kimi-k3": ("{%- set thinking = true -%}", "{%- set thinking = false -%}")}
+         "kimi-k3": ("{%- set thinking = true -%}", "{%- set thinking = false -%}"),
+         "ling": ("{%- elif thinking_option is not defined %}\n    {%- set thinking_option = "
+                  "'on' %}", "{%- elif thinking_option is not defined %}\n    "
+                  "{%- set thinking_option = 'off' %}")}
 
 
 def template_of(family: str) -> str:

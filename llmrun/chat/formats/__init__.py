@@ -39,6 +39,8 @@ a class and a line in FORMATS (and its tests).
                     of tools: ["                     <|tool_call_start|>; <think>
     hunyuan         '<tool_calls{}>'.format(HYTK)    Tencent Hy3: GLM's calls, tags named
                                                      `:opensource`; <think:opensource>
+    ling            <role>ASSISTANT</role>,          GLM's calls; a call also ends the
+                    <arg_key>                        <think> the prompt opened
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
     qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
 """
@@ -54,14 +56,15 @@ from llmrun.chat.formats.jsonlist import Apertus, GigaChat3, GigaChat31, MiniMax
 from llmrun.chat.formats.nested import MiniMaxM3
 from llmrun.chat.formats.pythonic import LFM2
 from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
-from llmrun.chat.formats.xml import GLM, Hunyuan, QwenCoder, SeedOSS, convert
+from llmrun.chat.formats.xml import GLM, Hunyuan, Ling, QwenCoder, SeedOSS, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
 FORMATS: tuple[Format, ...] = (Harmony(), KimiK2(), KimiK3(), DeepSeekV31(), DeepSeekR1(),
                                DeepSeekV32(), DeepSeekV4(), MiniMaxM3(), MiniMaxM2(), SeedOSS(),
                                Apertus(), Nemotron(), MiniMaxM1(), GigaChat3(), GigaChat31(),
-                               LFM2(), Hunyuan(), GLM(), QwenCoder())
+                               LFM2(), Hunyuan(), Ling(), GLM(),
+                               QwenCoder())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from llmrun.chat.formats.base import Family, choice, lit, marker_writer
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
+from llmrun.chat.textstream import partial_match
+from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -303,9 +306,13 @@ class GLM(Tagged):
         sep = rf"(?:{re.escape(self.sep)})?\s*" if self.sep else ""
         opens = rf"(?:{re.escape(self.block[0])}\s*)?" if self.block else ""
         closes = rf"(?:\s*{re.escape(self.block[1])})?" if self.block else ""
+        # (a call's body ends at its closing tag, or where another call begins: the tag,
+        # a name and its first key, so that a value holding the tag's text stays whole)
+        following = rf"(?={e['tool_call']}\s*[^\s<>]{{1,256}}\s*{sep}" \
+            rf"(?:{e['arg_key']}|{e['/tool_call']}|$))"
         self._CALL = re.compile(
             rf"{opens}{e['tool_call']}\s*([^\s<>]{{1,256}})\s*{sep}(.*?)"
-            rf"(?:({e['/tool_call']}){closes}|(?={e['tool_call']})|$)", re.S)
+            rf"(?:({e['/tool_call']}){closes}|{following}|$)", re.S)
         self._PAIR = re.compile(rf"\s*{e['arg_key']}(.*?){e['/arg_key']}\s*{e['arg_value']}"
                                 rf"(.*?)(?:({e['/arg_value']})|$)", re.S)
         # A call has begun when its tag is followed by a tool's name (and a newline, or
@@ -412,3 +419,51 @@ class Hunyuan(GLM):
 
     def think_pair(self, template: str | None) -> tuple[str, str] | None:
         return self.think
+
+
+class Ling(GLM):
+    """Ling 3.0 (Bailing V3): GLM's calls in `<role>` turns. Its generation prompt opens a
+    thought, and the model may call before closing it: a call's start ends the thought
+    too (llama.cpp's Ling 3.0 parser ends it at `</think>` or `<tool_call>`)."""
+
+    name = "ling"
+
+    def matches(self, template: str) -> bool:
+        return "<role>ASSISTANT</role>" in template and "<arg_key>" in template
+
+    def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> Splitter:
+        return EndedByCall(ThinkStream(pair, inside=inside, keep=keep), "<tool_call>")
+
+
+@dataclass
+class EndedByCall:
+    """A think stream whose thought also ends where `call` (a call's start marker) comes:
+    the thought's end marker is given to it there, the call goes on as content."""
+
+    inner: ThinkStream
+    call: str
+    _held: str = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        rest, self._held = self._held + text, ""
+        if not self.inner.thinking:
+            return self.inner.push(rest)
+        close = self.inner.pair[1]
+        at, end = rest.find(self.call), rest.find(close)
+        if at != -1 and (end == -1 or at < end):  # the call comes first: the thought ends
+            t, c = self.inner.push(rest[:at] + close)
+            t2, c2 = self.inner.push(rest[at:])
+            return t + t2, c + c2
+        if end != -1:
+            return self.inner.push(rest)
+        # what may still become either marker is held here (so the inner stream never
+        # holds half of its end marker when a call comes)
+        keep = partial_match(rest, (self.call, close))
+        self._held = rest[len(rest) - keep:] if keep else ""
+        return self.inner.push(rest[:len(rest) - keep] if keep else rest)
+
+    def finish(self) -> tuple[str, str]:
+        held, self._held = self._held, ""
+        t, c = self.inner.push(held)
+        t2, c2 = self.inner.finish()
+        return t + t2, c + c2

@@ -15,7 +15,7 @@ from llmrun.request import Tool
 from tests.unit.chat.formatcases import CHECKS, detected, only_these_are, read_alike, run
 
 FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "kimi-k3", "hunyuan",
-            "glm"]
+            "ling", "glm"]
 # (MiniMax M3's values are typed by the schema alone: its own test of the whole-read check)
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
@@ -45,8 +45,8 @@ DETECTED = dict([
     # K2 Thinking writes K2's sections (llama.cpp reads it with its Kimi K2 parser)
     ("Kimi-K2-Thinking.jinja", "kimi-k2"),
     # Ling 3.0 writes GLM's calls (`<tool_call>NAME\n<arg_key>..`, its template's own
-    # instructions and history), in `<role>` turns
-    ("inclusionai-ling-3.0-flash.jinja", "glm"),
+    # instructions and history), in `<role>` turns; its thought may end at a call
+    ("inclusionai-ling-3.0-flash.jinja", "ling"),
     # Qwen3-Coder's `<function=` calls without Seed's blocks stay Qwen3-Coder's
     ("Qwen3-Coder.jinja", "qwen3-coder"),
 ])
@@ -167,7 +167,7 @@ def test_hunyuan_calls_as_its_template_writes_them() -> None:
 
 
 def test_ling_calls_are_glm_calls() -> None:
-    """Ling 3.0's outputs (test-chat.cpp): GLM's reader takes its calls, text after them."""
+    """Ling 3.0's outputs (test-chat.cpp) after its thought: GLM's reader takes them."""
     call = ("<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
             "</tool_call>")
     text = "Let me check the time.\n</think>\nChecking it now.\n" + call + "\nDone."
@@ -373,3 +373,38 @@ def test_deepseek_dsml_typed_values(params: str, expected: dict[str, object]) ->
     assert (thought, content.strip(), calls) == ("Thinking about it",
                                                  "Let me call the function.",
                                                  [("f", expected)])
+
+
+LING_CALL = ("<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+             "</tool_call>")
+
+
+def test_ling_a_call_ends_the_thought_its_prompt_opened() -> None:
+    """test-chat.cpp's Ling 3.0 cases: a call before `</think>` ends the thought; after
+    it, text and calls are the answer; a marker's text inside a value is the value's."""
+    assert read_alike("ling", "I need to check the time first.\n" + LING_CALL, inside=True,
+                      tools=[TIME]) == ("I need to check the time first.\n", "",
+                                        [("get_time", {"city": "Paris"})])
+    thought, content, calls = read_alike(
+        "ling", "Let me check the time.\n</think>\nChecking it now.\n" + LING_CALL,
+        inside=True, tools=[TIME])
+    assert (thought, content.strip(), calls) == ("Let me check the time.\n",
+                                                 "Checking it now.",
+                                                 [("get_time", {"city": "Paris"})])
+    _, content, calls = read_alike("ling", LING_CALL + "\nThe time has been checked.",
+                                   tools=[TIME])
+    assert (content.strip(), calls) == ("The time has been checked.",
+                                        [("get_time", {"city": "Paris"})])
+    text = ("check this\n</think>\n<tool_call>get_time\n<arg_key>city</arg_key>\n"
+            "<arg_value>contains </think> and <tool_call> strings</arg_value>\n</tool_call>")
+    assert read_alike("ling", text, inside=True, tools=[TIME]) == (
+        "check this\n", "", [("get_time", {"city": "contains </think> and <tool_call> "
+                                                   "strings"})])
+
+
+def test_ling_thought_without_a_call_is_glms() -> None:
+    text = "Hmm, <tool_ca and </thi are no markers.</think>Sunny."
+    assert read_alike("ling", text, inside=True) == (
+        "Hmm, <tool_ca and </thi are no markers.", "Sunny.", [])
+    assert read_alike("ling", "Still thinking <tool_c", inside=True) == (
+        "Still thinking <tool_c", "", [])
