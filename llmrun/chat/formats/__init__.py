@@ -32,7 +32,7 @@ a class and a line in FORMATS (and its tests).
                                                      <seed:think>
     apertus         <|tools_prefix|>                 [{"NAME": {...}}]; <|inner_prefix|>
     nemotron        <TOOLCALL>                       [{"name", "arguments"}]; <think>
-    minimax-m1      <tool_calls>\n{"name"             {"name", "arguments"} lines
+    minimax-m1      <tool_calls> and {"name"         {"name", "arguments"} lines
     gigachat3       'function call', <|role_sep|>    one {"name", "arguments"} message
     gigachat3.1     <|function_call|>, <|role_sep|>  one {"name", "arguments"} after it
     lfm2            <|tool_list_start|> or "List     [NAME(k="v")] pythonic calls in

@@ -2,8 +2,8 @@
 
     DeepSeek V3.1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
                    <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
-    DeepSeek R1    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
-                   ```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (V3 too)
+    DeepSeek R1    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n
+                   ```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (V3 too)
     Kimi K2        <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
                    <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
 

@@ -4,6 +4,11 @@
                  </function>\\n</tool_call>                      (Qwen 3.5 writes the same)
     GLM 4.6/4.7  <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>value</arg_value>\\n
                  </tool_call>                                       thoughts in <think>
+    Seed-OSS     Qwen3-Coder's calls in <seed:tool_call>, values against their tags;
+                 thoughts in <seed:think>
+    Tencent Hy3  GLM's, every tag `:opensource`, a separator after the name, in one
+                 <tool_calls:opensource> block; thoughts in <think:opensource>
+    Ling 3.0     GLM's; a call also ends the thought the prompt opened
 
 A value arrives as text; the tool's schema for that parameter says what it is, as the
 models' own parsers read it: integer, number, boolean and null by their JSON spelling, an
