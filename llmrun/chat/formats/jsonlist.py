@@ -5,7 +5,8 @@
     Apertus          <|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>
                      thoughts in <|inner_prefix|>...<|inner_suffix|>
     MiniMax M1       <tool_calls>\\n{"name": "NAME", "arguments": {...}}\\n...</tool_calls>
-    GigaChat 3       <|message_sep|>\\n\\nfunction call<|role_sep|>\\n{"name": ..., "arguments": ...}
+    GigaChat 3       <|message_sep|>\\n\\nfunction call<|role_sep|>\\n
+                     {"name": ..., "arguments": ...}
     GigaChat 3.1     <|function_call|>{"name": ..., "arguments": ...}     (one call each)
 
 The objects are read one by one (jsontext: linear, no recursion past MAX_DEPTH); calls the
