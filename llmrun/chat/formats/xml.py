@@ -299,6 +299,8 @@ class GLM(Tagged):
     suffix = ""  # in every tag's name (Hunyuan's `:opensource`)
     sep = ""  # between the name and the arguments (Hunyuan's `<tool_sep:opensource>`)
     block: tuple[str, str] | None = None  # what the calls are written in (Hunyuan)
+    # after each value, and before the call's closing tag (Ling: nothing, and a newline)
+    pair_end, call_end = "\n", ""
 
     def __init__(self) -> None:
         t = self._tag
@@ -362,10 +364,13 @@ class GLM(Tagged):
                 rules += _value_rule(value, schema, strict, t("/arg_value"), special)
                 rules.append(f"p{i}_{k}: {mark(t('arg_key'))} {lit(key)} "
                              f"{mark(t('/arg_key'))} "
-                             f'"\\n" {mark(t("arg_value"))} {value} "\\n"')
+                             f'"\\n" {mark(t("arg_value"))} {value}'
+                             + (f" {lit(self.pair_end)}" if self.pair_end else ""))
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
             name = lit(tool.name) + (f" {mark(self.sep)} " if self.sep else " ") + '"\\n"'
-            rules.append(f"tail{i}: {name} " + " ".join(parts) + f" {mark(t('/tool_call'))}")
+            end = f"{lit(self.call_end)} " if self.call_end else ""
+            rules.append(f"tail{i}: {name} " + " ".join(parts)
+                         + f" {end}{mark(t('/tool_call'))}")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
         rules.append(f"call: {mark(t('tool_call'))} tail")
         return rules
@@ -397,7 +402,8 @@ class GLM(Tagged):
         body = [t("tool_call") + c.name + self.sep + "\n" + "".join(
             f"{t('arg_key')}{k}{t('/arg_key')}\n{t('arg_value')}"
             f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-            f"{t('/arg_value')}\n" for k, v in c.arguments.items()) + t("/tool_call")
+            f"{t('/arg_value')}{self.pair_end}" for k, v in c.arguments.items())
+            + self.call_end + t("/tool_call")
             for c in calls]
         if self.block is None:  # (GLM's template opens each call on a line of its own)
             return "\n".join(body)
@@ -432,6 +438,7 @@ class Ling(GLM):
     too (llama.cpp's Ling 3.0 parser ends it at `</think>` or `<tool_call>`)."""
 
     name = "ling"
+    pair_end, call_end = "", "\n"
 
     def matches(self, template: str) -> bool:
         return "<role>ASSISTANT</role>" in template and "<arg_key>" in template

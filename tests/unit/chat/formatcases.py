@@ -57,6 +57,28 @@ def only_these_are(families: list[str], expected: dict[str, str]) -> None:
             assert name not in families, path.name
 
 
+def written_as_its_template_writes(template: str, lists: bool = True) -> None:
+    """The family's write_calls is what its real template renders for a past call (its
+    values written as text, a number, a list unless not `lists`)."""
+    from llmrun.chat import templates
+
+    source = (TEMPLATES / template).read_text()
+    args: dict[str, Any] = {"city": "Zürich 東京", "days": 3}
+    if lists:
+        args["tags"] = ["a", "b"]
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "d",
+                                             "parameters": WEATHER.parameters}}
+    prompt = templates.render(source, messages, tools=[tool])
+    body = formats.detect(source).write_calls(
+        [ToolCall(id="c1", name="get_weather", arguments=args)], INFO)
+    assert body in prompt, (body, prompt)
+
+
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", inside: bool = False,
         tools: list[Tool] | None = None) -> tuple[str, str, Any]:

@@ -10,7 +10,15 @@ import pytest
 
 from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
-from tests.unit.chat.formatcases import CALLS, CHECKS, INFO, detected, only_these_are, read_alike
+from tests.unit.chat.formatcases import (
+    CALLS,
+    CHECKS,
+    INFO,
+    detected,
+    only_these_are,
+    read_alike,
+    written_as_its_template_writes,
+)
 
 SPECIAL = Tool(name="special_function", parameters={
     "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]})
@@ -64,3 +72,10 @@ def test_r1_writes_its_template_form() -> None:
     assert body == ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather"
                     "\n```json\n{\"city\": \"Zürich 東京\", \"unit\": \"celsius\", \"days\": 3}"
                     "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+
+@pytest.mark.parametrize("template", [
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+])
+def test_past_calls_written_as_the_template_writes_them(template: str) -> None:
+    written_as_its_template_writes(template)

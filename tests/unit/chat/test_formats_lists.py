@@ -20,6 +20,7 @@ from tests.unit.chat.formatcases import (
     only_these_are,
     read_alike,
     run,
+    written_as_its_template_writes,
 )
 
 FAMILIES = ["nemotron", "apertus", "minimax-m1", "lfm2"]
@@ -235,3 +236,14 @@ def test_lfm2_empty_arguments_a_cut_call_and_a_call_in_a_thought() -> None:
     text = f"<think>Let me think about {call} hmm</think>{call}"
     assert read_alike("lfm2", text, tools=[SPECIAL]) == (
         f"Let me think about {call} hmm", "", [("special_function", {"arg1": 1})])
+
+
+@pytest.mark.parametrize("template", [
+    "NVIDIA-Nemotron-Nano-v2.jinja",
+    "Apertus-8B-Instruct.jinja",
+    "MiniMax-M1.jinja",
+    "GigaChat3-10B-A1.8B.jinja",
+    "GigaChat3.1-10B-A1.8B.jinja",
+])
+def test_past_calls_written_as_the_template_writes_them(template: str) -> None:
+    written_as_its_template_writes(template)

@@ -12,7 +12,14 @@ import pytest
 
 from llmrun.chat.formats import BY_NAME
 from llmrun.request import Tool
-from tests.unit.chat.formatcases import CHECKS, detected, only_these_are, read_alike, run
+from tests.unit.chat.formatcases import (
+    CHECKS,
+    detected,
+    only_these_are,
+    read_alike,
+    run,
+    written_as_its_template_writes,
+)
 
 FAMILIES = ["seed-oss", "minimax-m2", "deepseek-v3.2", "deepseek-v4", "kimi-k3", "hunyuan",
             "ling", "glm"]
@@ -408,3 +415,20 @@ def test_ling_thought_without_a_call_is_glms() -> None:
         "Hmm, <tool_ca and </thi are no markers.", "Sunny.", [])
     assert read_alike("ling", "Still thinking <tool_c", inside=True) == (
         "Still thinking <tool_c", "", [])
+
+
+@pytest.mark.parametrize("template", [
+    "ByteDance-Seed-OSS.jinja",
+    "MiniMax-M2.jinja",
+    "MiniMax-M3.jinja",
+    "deepseek-ai-DeepSeek-V3.2.jinja",
+    "deepseek-ai-DeepSeek-V4.jinja",
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+    "tencent-Hy3.jinja",
+    "Kimi-K3.jinja",
+    "inclusionai-ling-3.0-flash.jinja",
+])
+def test_past_calls_written_as_the_template_writes_them(template: str) -> None:
+    # (Seed-OSS's template writes a list by Jinja's `string`, Python's repr: its calls
+    # write JSON, as its model does, test-chat.cpp's `todos`)
+    written_as_its_template_writes(template, lists=template != "ByteDance-Seed-OSS.jinja")
