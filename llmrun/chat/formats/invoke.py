@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import choice, lit
+from llmrun.chat.formats.base import choice, lit, text_writer
 from llmrun.chat.formats.xml import Tagged, _properties, _types, _value_rule
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
@@ -66,12 +66,7 @@ class Invoke(Tagged):
             rf"(?:({re.escape(self.param_close.strip())})|(?={param})|$)", re.S)
 
     def _text(self, text: str, special: dict[str, int] | None) -> str:
-        """Lark for `text`: its special tokens (of the family's markers) as tokens."""
-        keys = [m for m in self.markers if special and m in special]
-        if not keys or special is None:
-            return lit(text)
-        parts = re.split("(" + "|".join(re.escape(k) for k in keys) + ")", text)
-        return " ".join(f"<[{special[p]}]>" if p in special else lit(p) for p in parts if p)
+        return str(text_writer(special)(text))
 
     def _name_end_rule(self, special: dict[str, int] | None) -> str:
         return self._text('">\n', special)

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, args_rule, choice, lit, marker_writer
+from llmrun.chat.formats.base import Family, args_rule, choice, lit, text_writer
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, arguments, balanced, loads, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -137,7 +137,7 @@ class JsonList(Family):
             rules.append(args_rule(f"args{i}", tool, strict))
         rules.append("call: " + " | ".join(f"call{i}" for i in range(len(tools))))
         more = f" ({lit(self.sep)} call)*" if parallel and not self.single else ""
-        close = " " + marker_writer(special)(self.close) if self.close else ""
+        close = " " + text_writer(special)(self.close) if self.close else ""
         end = " " + lit(self.end) if self.end else ""
         rules.append(f"calls: call{more}{end}{close}")
         return rules
@@ -147,7 +147,7 @@ class JsonList(Family):
         if chosen is None:
             return None
         lead = " " + lit(self.lead) if self.lead else ""
-        return "\n".join([f"start: {marker_writer(special)(self.open)}{lead} calls",
+        return "\n".join([f"start: {text_writer(special)(self.open)}{lead} calls",
                           *self._list(chosen, plan.parallel, plan.strict, special)]) + "\n"
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:

@@ -232,9 +232,11 @@ class MiniMaxM3(Family):
         if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
             rules.append(f"{name}: (" + " | ".join(lit(v) for v in enum) + f") {end}")
             return
-        # free text, which ends where the namespace token does
+        # free text, which ends where the namespace token does; where that is a special
+        # token, no text holds it, so the elements a value of no set shape may hold are
+        # the grammar's (`tree`)
         if special and NS in special:
-            rules.append(f"{name}: /(?s:.*)/ {end}")
+            rules.append(f"{name}: tree {end}")
         else:
             pattern = re.escape(NS + close).replace("/", "\\/")
             rules.append(f"{name}[lazy]: /(?s:.*){pattern}/")
@@ -249,6 +251,10 @@ class MiniMaxM3(Family):
             rules.append(f"tail{i}: {lit(tool.name + chr(34) + '>')} args{i} \"\\n\"")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
         rules.append(f"call: {ns} {lit('<invoke name=' + chr(34))} tail")
+        if any(" tree " in r for r in rules):
+            rules.append(f'tree: /(?s:.*)/ ({ns} "<" TAG ">" tree {ns} "</" TAG ">" '
+                         "/(?s:.*)/)*")
+            rules.append('TAG: /[^<>\\s\\/"]{1,256}/')
         return rules
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:

@@ -244,10 +244,63 @@ def grammars_write_the_family_calls(name: str) -> None:
     assert not consumed(named, fmt.write_calls(CALLS[:1], INFO))
 
 
+class _MarkerVocabulary:
+    """The 256 bytes, a family's markers as special tokens, and an end token: what a real
+    vocabulary of the family does to its markers (one token each, never text)."""
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        self.tokens = [bytes([i]) for i in range(256)] \
+            + [b"\xff" + m.encode() for m in self.markers] + [b"<eos>"]
+        self.eos_token_id = len(self.tokens) - 1
+        self.bos_token_id = None
+        self.special_token_ids = list(range(256, len(self.tokens)))
+        self.special = {m: 256 + i for i, m in enumerate(self.markers)}
+
+    def __call__(self, data: bytes) -> list[int]:
+        return list(data)
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        pattern = "(" + "|".join(re.escape(m) for m in self.markers) + ")"
+        for part in re.split(pattern, text):
+            out += [self.special[part]] if part in self.special else list(part.encode())
+        return out
+
+
+def grammars_write_the_family_markers_as_tokens(name: str) -> None:
+    """On a vocabulary where the family's markers are special tokens, its forced grammar
+    takes its calls written with those tokens (and refuses one missing a required
+    argument), and its steering grammar takes them after the trigger."""
+    fmt = BY_NAME[name]
+    vocab = _MarkerVocabulary(fmt.markers)
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+
+    def takes(grammar: str, text: str) -> bool:
+        matcher = llguidance.LLMatcher(tok, constraint.from_grammar(grammar))
+        assert not matcher.is_error(), matcher.get_error()
+        ids = vocab.encode(text)
+        return matcher.validate_tokens(ids) == len(ids) and matcher.consume_tokens(ids) \
+            and matcher.is_accepting()
+
+    grammar = fmt.grammar(ToolPlan(INFO, TOOLS, "required"), vocab.special)
+    assert grammar is not None and "<[" in grammar
+    calls = CALLS[:1] if getattr(fmt, "single", False) else CALLS
+    assert takes(grammar, fmt.write_calls(calls, INFO)), grammar
+    missing = [ToolCall(id="x", name="get_weather", arguments={"days": 3})]
+    assert not takes(grammar, fmt.write_calls(missing, INFO))
+    steer = fmt.steering(ToolPlan(INFO, TOOLS, "auto"), vocab.special)
+    assert steer is not None
+    text = fmt.write_calls(calls, INFO)
+    m = re.search(steer.triggers[0], text)
+    assert m is not None and takes(steer.grammar, text[m.end():])
+
+
 CHECKS = [calls_read_whole_and_streamed_alike, text_after_the_calls_is_content,
           text_alone_is_content, a_call_cut_by_the_token_limit,
           a_call_cut_after_an_argument_keeps_it, a_further_call_cut_off_is_dropped,
-          wrong_calls_stay_text, grammars_write_the_family_calls]
+          wrong_calls_stay_text, grammars_write_the_family_calls,
+          grammars_write_the_family_markers_as_tokens]
 # (a family whose template writes one call a message: no second call to read or cut)
 SINGLE_CHECKS = [c for c in CHECKS if c not in (calls_read_whole_and_streamed_alike,
                                                 a_further_call_cut_off_is_dropped)]
