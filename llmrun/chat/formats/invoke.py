@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrun.chat.formats.base import choice, lit, text_writer
-from llmrun.chat.formats.xml import Tagged, _properties, _types, _value_rule
+from llmrun.chat.formats.xml import EndedByCall, Tagged, _properties, _types, _value_rule
 from llmrun.chat.textstream import partial_match
-from llmrun.chat.thinking import Splitter
+from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
 
@@ -64,6 +64,9 @@ class Invoke(Tagged):
         self._pair = re.compile(
             rf"\s*{param}([^\"<>]{{1,256}})\"{self._param_attrs}(.*?)"
             rf"(?:({re.escape(self.param_close.strip())})|(?={param})|$)", re.S)
+
+    def _value_close(self, special: dict[str, int] | None) -> str:
+        return self.value_close or self.param_close
 
     def _text(self, text: str, special: dict[str, int] | None) -> str:
         return str(text_writer(special)(text))
@@ -105,7 +108,7 @@ class Invoke(Tagged):
                special: dict[str, int] | None) -> list[str]:
         rules: list[str] = []
         t = self._text
-        close = self.value_close or self.param_close
+        close = self._value_close(special)
         rest = self.param_close[len(close):]
         for i, tool in enumerate(chosen):
             required = set((tool.parameters or {}).get("required") or [])
@@ -195,6 +198,20 @@ class DeepSeekV32(Invoke):
     _param_attrs = r'(?: string="(?:true|false)")?>'
     param_close = "</｜DSML｜parameter>\n"
     typed = True
+    # `｜DSML｜` is the vocabulary's special token (llama.cpp's parser preserves it alone),
+    # and a thought ends at the calls' block too, as that parser ends it
+    dsml = "｜DSML｜"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.markers = (self.dsml,)
+
+    def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> Splitter:
+        return EndedByCall(ThinkStream(pair, inside=inside, keep=keep), self.block[0])
+
+    def _value_close(self, special: dict[str, int] | None) -> str:
+        # a value's text ends before the token: at `</` (no text holds the token after it)
+        return "</" if special and self.dsml in special else self.param_close
 
     def matches(self, template: str) -> bool:
         return "dsml_token" in template and "'function_calls>" in template

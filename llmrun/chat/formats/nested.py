@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import Family, choice, lit, marker_writer, text_writer
 from llmrun.chat.formats.xml import _types, convert
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
@@ -115,7 +115,9 @@ class MiniMaxM3(Family):
     name = "minimax-m3"
     block = (NS + "<tool_call>", NS + "</tool_call>")
     think = ("<mm:think>", "</mm:think>")
-    markers = (NS, *think)
+    # (llama.cpp's parser preserves the namespace, `<tool_call>` and the think tags: each
+    # a token of its own)
+    markers = (NS, "<tool_call>", "</tool_call>", *think)
     starts = (NS + "<tool_call>", NS + "<invoke name=")
 
     def matches(self, template: str) -> bool:
@@ -263,7 +265,10 @@ class MiniMaxM3(Family):
             return None
         ns = marker_writer(special)(NS)
         calls = "call+" if plan.parallel else "call"
-        return "\n".join([f'start: {ns} "<tool_call>\\n" {calls} {ns} "</tool_call>"',
+        t = text_writer(special)
+        # (the namespace a lexeme of its own: a call and the block's end both begin with it)
+        return "\n".join([f"start: {ns} {t('<tool_call>' + chr(10))} {calls} {ns} "
+                          f"{t('</tool_call>')}",
                           *self._rules(chosen, plan.strict, special)]) + "\n"
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
@@ -272,7 +277,8 @@ class MiniMaxM3(Family):
             return None
         ns = marker_writer(special)(NS)
         calls = "call+" if plan.parallel else "call"
-        grammar = "\n".join([f'start: "\\n" {calls} {ns} "</tool_call>"',
+        grammar = "\n".join([f"start: {lit(chr(10))} {calls} {ns} "
+                             f"{text_writer(special)('</tool_call>')}",
                              *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
         return Steering([re.escape(self.block[0])], grammar)
 

@@ -432,3 +432,14 @@ def test_past_calls_written_as_the_template_writes_them(template: str) -> None:
     # (Seed-OSS's template writes a list by Jinja's `string`, Python's repr: its calls
     # write JSON, as its model does, test-chat.cpp's `todos`)
     written_as_its_template_writes(template, lists=template != "ByteDance-Seed-OSS.jinja")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3.2", "deepseek-v4"])
+def test_deepseek_dsml_calls_end_the_thought(name: str) -> None:
+    """llama.cpp's V3.2/V4 parser ends a thought at `</think>` or at the calls' block."""
+    block = BY_NAME[name].block  # type: ignore[attr-defined]
+    text = (f"Need the time{block[0]}\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter "
+            f"name=\"city\" string=\"true\">Tokyo</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+            f"{block[1]}")
+    assert read_alike(name, text, inside=True, tools=[TIME]) == (
+        "Need the time", "", [("get_time", {"city": "Tokyo"})])
