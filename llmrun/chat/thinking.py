@@ -207,6 +207,11 @@ class ThinkStream:
         if self.inside:
             self._state = "thinking"
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the text pushed so far is inside a thought."""
+        return self._state == "thinking"
+
     def push(self, text: str) -> tuple[str, str]:
         self._held += text
         thinking: list[str] = []

@@ -17,7 +17,7 @@ import httpx
 import ollama
 import pytest
 
-from llmrun.chat import formats
+from llmrun.chat import formats, templates, thinking
 from llmrun.chat.tools import TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
 from tests.conftest import Daemon
@@ -25,7 +25,16 @@ from tests.conftest import Daemon
 TEMPLATES = Path(__file__).parents[1] / "fakes" / "templates"
 FAMILIES = {"harmony": "openai-gpt-oss-120b.jinja", "qwen3-coder": "Qwen3-Coder.jinja",
             "glm": "GLM-4.6.jinja", "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
-            "kimi-k2": "moonshotai-Kimi-K2.jinja",
+            "kimi-k2": "moonshotai-Kimi-K2.jinja", "seed-oss": "ByteDance-Seed-OSS.jinja",
+            "minimax-m2": "MiniMax-M2.jinja", "minimax-m1": "MiniMax-M1.jinja",
+            "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+            "deepseek-v3.2": "deepseek-ai-DeepSeek-V3.2.jinja",
+            "deepseek-v4": "deepseek-ai-DeepSeek-V4.jinja",
+            "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja", "apertus": "Apertus-8B-Instruct.jinja",
+            "lfm2": "LFM2-8B-A1B.jinja", "gigachat3": "GigaChat3-10B-A1.8B.jinja",
+            "gigachat3.1": "GigaChat3.1-10B-A1.8B.jinja", "hunyuan": "tencent-Hy3.jinja",
+            "kimi-k3": "Kimi-K3.jinja", "minimax-m3": "MiniMax-M3.jinja",
+            "ling": "inclusionai-ling-3.0-flash.jinja",
             "command-r7b": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
             "command-r-plus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
             "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja",
@@ -44,6 +53,32 @@ DAEMON = [f for f in FAMILIES if f != "apriel"]
 # A forced call: Muse Glimmer's grammar lets a thought (a message to=self) come first, as
 # the model writes one; SmolLM2 takes that road and never ends the thought.
 FORCED = [f for f in DAEMON if f != "muse-glimmer"]
+# The system prompt every request gives: Nemotron Nano 2's template opens a thought in its
+# generation prompt unless the system prompt says `/no_think` (a forced call then waits for
+# the thought's end, which SmolLM2 does not write); the other templates take it as text.
+SYSTEM = "/no_think"
+# MiniMax M2's, Kimi K3's and Ling 3.0's generation prompts open a thought (K3's and
+# Ling's unless switched off, which these requests do not do), and a grammar (the
+# request's, or a forced call's) applies after its end, which SmolLM2 never writes: their
+# models get the template with that opening taken out (the thought after it is split as
+# the unit tests show, tests/unit/chat/test_formats_tagged.py).
+EDITS = {"minimax-m2": ("']~b]ai' ~ '\\n' ~ '<think>' ~ '\\n'", "']~b]ai' ~ '\\n'"),
+         "kimi-k3": ("{%- set thinking = true -%}", "{%- set thinking = false -%}"),
+         "ling": ("{%- elif thinking_option is not defined %}\n    {%- set thinking_option = "
+                  "'on' %}", "{%- elif thinking_option is not defined %}\n    "
+                  "{%- set thinking_option = 'off' %}")}
+
+
+def template_of(family: str) -> str:
+    """The family's real template (tests/fakes/templates/), with its EDITS."""
+    source = (TEMPLATES / FAMILIES[family]).read_text()
+    if family in EDITS:
+        old, new = EDITS[family]
+        assert old in source
+        source = source.replace(old, new)
+    return source
+
+
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     # (each parameter described: Command R+'s template writes every one's description)
@@ -57,8 +92,21 @@ CALL = ToolCall(id="a", name="get_weather", arguments={"city": "Zürich", "days"
 INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
 
 
+def opens_thought(family: str) -> tuple[str, str] | None:
+    """The think pair of `family` where its generation prompt leaves a thought open."""
+    source = template_of(family)
+    pair = formats.BY_NAME[family].think_pair(source)
+    if pair is None:
+        return None
+    prompt = templates.render(source, [{"role": "system", "content": SYSTEM},
+                                       {"role": "user", "content": "Weather in Zürich?"}],
+                              tools=[WEATHER])
+    return pair if thinking.opens(prompt, pair) else None
+
+
 def written(family: str) -> str:
-    """What a model of `family` writes to call get_weather (harmony: after a thought)."""
+    """What a model of `family` writes to call get_weather (harmony, and a family whose
+    prompt opens a thought: after a thought)."""
     body = formats.BY_NAME[family].write_calls([CALL], INFO)
     if family == "harmony":
         return ("<|channel|>analysis<|message|>The user wants weather.<|end|>"
@@ -70,7 +118,11 @@ def written(family: str) -> str:
         return "all\nChecking.>>>" + body
     if family == "apriel":  # the prompt opened the thought
         return "The user wants weather.\n[BEGIN FINAL RESPONSE]\nChecking. " + body
-    return "Checking. " + body
+    pair = opens_thought(family)
+    # (Kimi K3 writes its answer in a section the prompt opened: its end before the calls)
+    wrapping = getattr(formats.BY_NAME[family], "wrapping", ("", ""))
+    return ("The user wants weather." + pair[1] + "\n\n" if pair else "") + "Checking. " \
+        + wrapping[1] + body
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +130,9 @@ def models(daemon: Daemon) -> Iterator[dict[str, str]]:
     c = ollama.Client(host=daemon.url)
     names = {}
     for family in DAEMON:
-        template = FAMILIES[family]
         names[family] = f"smollm2-{family.replace('.', '')}"
         c.create(model=names[family], from_="smollm2",
-                 template=(TEMPLATES / template).read_text())
+                 template=template_of(family))
     yield names
     for name in names.values():
         c.delete(name)
@@ -92,7 +143,8 @@ def body(model: str, family: str, **kw: Any) -> dict[str, Any]:
         # SmolLM2's free first token, "<|", may begin Solar's `<|think|>` (one special token
         # in Solar's own vocabulary), so the grammar would wait for a thought's end: off
         kw.setdefault("chat_template_kwargs", {"enable_thinking": False})
-    return {"model": model, "messages": [{"role": "user", "content": "Weather in Zürich?"}],
+    return {"model": model, "messages": [{"role": "system", "content": SYSTEM},
+                                         {"role": "user", "content": "Weather in Zürich?"}],
             "tools": [WEATHER], "max_tokens": 200, "temperature": 0,
             "grammar": "start: " + json.dumps(written(family)), **kw}
 
@@ -115,6 +167,8 @@ def test_openai_reads_the_family_whole_and_streamed(api: httpx.Client, models: d
         assert content == ""
     else:
         assert content.strip() == "Checking."
+        if opens_thought(family):
+            assert message.get("reasoning_content") == "The user wants weather."
 
     thought, text, finish = "", "", None
     calls: dict[int, dict[str, str]] = {}
@@ -150,7 +204,7 @@ def test_anthropic_forced_call_in_the_family_syntax(api: httpx.Client,
                          "description": "The unit"}},
                 "required": ["unit"]}}
     r = api.post("/v1/messages", json={
-        "model": models[family], "max_tokens": 120, "temperature": 0,
+        "model": models[family], "max_tokens": 120, "temperature": 0, "system": SYSTEM,
         "messages": [{"role": "user", "content": "Use celsius."}],
         "tools": [tool],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}, timeout=120)

@@ -18,7 +18,29 @@ a class and a line in FORMATS (and its tests).
     harmony         <|channel|> and <|message|>      gpt-oss: analysis = thought, calls
                                                      to=functions.NAME, final = answer
     kimi-k2         <|tool_calls_section_begin|>     Kimi K2 sections, ids functions.NAME:N
+    kimi-k3         <|open|>, <|close|>,             XTML: response, tools and think
+                    <|end_of_msg|>                   sections of <|open|>/<|close|> tags
     deepseek-v3.1   NAME<｜tool▁sep｜> in a call      DeepSeek V3.1 sections; <think>
+    deepseek-r1     type<｜tool▁sep｜>NAME in a call  DeepSeek R1/V3 sections, ```json
+                                                     fenced arguments; <think>
+    deepseek-v3.2   dsml_token, 'function_calls>     DSML invoke/parameter calls; <think>
+    deepseek-v4     dsml_token, 'tool_calls>         the same, its block `tool_calls`
+    minimax-m2      <minimax:tool_call>, <invoke     invoke/parameter calls; <think>
+    minimax-m3      ]<]minimax[>[ and <invoke name=  invoke calls, XML-tree arguments behind
+                                                     a namespace token; <mm:think>
+    seed-oss        <seed:tool_call>                 Qwen3-Coder's calls in seed blocks;
+                                                     <seed:think>
+    apertus         <|tools_prefix|>                 [{"NAME": {...}}]; <|inner_prefix|>
+    nemotron        <TOOLCALL>                       [{"name", "arguments"}]; <think>
+    minimax-m1      <tool_calls> and {"name"         {"name", "arguments"} lines
+    gigachat3       'function call', <|role_sep|>    one {"name", "arguments"} message
+    gigachat3.1     <|function_call|>, <|role_sep|>  one {"name", "arguments"} after it
+    lfm2            <|tool_list_start|> or "List     [NAME(k="v")] pythonic calls in
+                    of tools: ["                     <|tool_call_start|>; <think>
+    hunyuan         '<tool_calls{}>'.format(HYTK)    Tencent Hy3: GLM's calls, tags named
+                                                     `:opensource`; <think:opensource>
+    ling            <role>ASSISTANT</role>,          GLM's calls; a call also ends the
+                    <arg_key>                        <think> the prompt opened
     glm             <arg_key> and <arg_value>        GLM 4.6/4.7 key/value calls; <think>
     qwen3-coder     <function= and <parameter=       Qwen3-Coder, Qwen 3.5 XML calls
     command-r7b     <|START_ACTION|> <|END_ACTION|>  Command R7B, Cohere2 MoE: a JSON list of
@@ -56,19 +78,25 @@ from llmrun.chat.formats.derive import Derived, derive
 from llmrun.chat.formats.functionary import FunctionaryV31, FunctionaryV32
 from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
+from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, KimiK3, MiniMaxM2
 from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
+from llmrun.chat.formats.jsonobjects import Apertus, GigaChat3, GigaChat31, MiniMaxM1, Nemotron
 from llmrun.chat.formats.minicpm import MiniCPM5
 from llmrun.chat.formats.muse import MuseGlimmer
-from llmrun.chat.formats.sections import DeepSeekV31, KimiK2
+from llmrun.chat.formats.nested import MiniMaxM3
+from llmrun.chat.formats.pythonic import LFM2
+from llmrun.chat.formats.sections import DeepSeekR1, DeepSeekV31, KimiK2
 from llmrun.chat.formats.solar import SolarOpen
-from llmrun.chat.formats.xml import GLM, QwenCoder, convert
+from llmrun.chat.formats.xml import GLM, Hunyuan, Ling, QwenCoder, SeedOSS, convert
 
 # In the order tried: the most distinctive markers first (Qwen3-Coder's and GLM's templates
 # also write `<tool_call>`, which is the default's Hermes marker).
 FORMATS: tuple[Format, ...] = (
-    Harmony(), KimiK2(), DeepSeekV31(), GLM(), QwenCoder(), CommandR7B(), CommandRPlus(),
-    Granite(), Apriel(), Firefunction(), FunctionaryV31(), FunctionaryV32(), Gemma4(),
-    MiniCPM5(), SolarOpen(), MuseGlimmer())
+    Harmony(), KimiK2(), KimiK3(), DeepSeekV31(), DeepSeekR1(), DeepSeekV32(), DeepSeekV4(),
+    MiniMaxM3(), MiniMaxM2(), SeedOSS(), Apertus(), Nemotron(), MiniMaxM1(), GigaChat3(),
+    GigaChat31(), LFM2(), Hunyuan(), Ling(), GLM(), QwenCoder(), CommandR7B(),
+    CommandRPlus(), Granite(), Apriel(), Firefunction(), FunctionaryV31(), FunctionaryV32(),
+    Gemma4(), MiniCPM5(), SolarOpen(), MuseGlimmer())
 BY_NAME: dict[str, Format] = {f.name: f for f in (*FORMATS, DEFAULT)}
 # Every family's markers: those that are special tokens of a vocabulary are rendered as text
 CONTROL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(m for f in FORMATS for m in f.markers))

@@ -9,6 +9,7 @@ below sees only the grammar, triggers and think markers it hands over.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,23 @@ def marker_writer(special: dict[str, int] | None) -> Any:
     """A marker in a grammar: its special token where it is one, else its characters."""
     special = special or {}
     return lambda text: f"<[{special[text]}]>" if text in special else lit(text)
+
+
+def text_writer(special: dict[str, int] | None) -> Any:
+    """Text in a grammar: the special tokens within it (a tag built of several, Kimi K3's
+    `<|open|>tools<|sep|>`) as those tokens, the rest as its characters."""
+    special = special or {}
+    keys = sorted(special, key=len, reverse=True)
+    pattern = re.compile("(" + "|".join(re.escape(k) for k in keys) + ")") if keys else None
+
+    def write(text: str) -> str:
+        if pattern is None:
+            return lit(text)
+        parts = [p for p in pattern.split(text) if p]
+        return " ".join(f"<[{special[p]}]>" if p in special else lit(p) for p in parts) \
+            or '""'
+
+    return write
 
 
 def args_rule(name: str, tool: Any, strict: bool) -> str:
@@ -196,4 +214,4 @@ class MarkedReader:
 
 __all__ = ["DEFAULT", "CallReader", "Family", "Format", "MarkedReader", "Splitter",
            "ToolStream", "args_rule", "choice", "distinct", "lit", "marker_writer",
-           "only_tool"]
+           "only_tool", "text_writer"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,6 +308,14 @@ class Firefunction(JsonList):
     name = "firefunction"
     open = "functools"
     detect = ("functools[",)
+
+    def template_vars(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Its template takes the tools as `functions`, a JSON text, and the date as
+        `datetime`, both always (it fails without them): as llama.cpp gives them."""
+        offered = extra.get("tools")
+        return {"functions": json.dumps(offered, indent=2, ensure_ascii=False) if offered
+                else "",
+                "datetime": time.strftime("%b %d %Y %H:%M:%S GMT", time.gmtime())}
 
 
 __all__ = ["Apriel", "CommandR7B", "CommandRPlus", "Firefunction", "Granite", "JsonList",

@@ -2,6 +2,8 @@
 
     DeepSeek V3.1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
                    <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    DeepSeek R1    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n
+                   ```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (V3 too)
     Kimi K2        <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
                    <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
 
@@ -28,6 +30,8 @@ class Sections(Family):
     sep = ""  # between the name and the arguments
     call_end = ""
     name_prefix = ""  # written before the name (Kimi's `functions.`)
+    kind = ""  # written before the separator, the name after it (R1's `function`)
+    fence = False  # the arguments in a ```json fence (R1)
     indexed = False  # `:N` after the name (Kimi's call index)
     detect_marker = ""
 
@@ -36,9 +40,16 @@ class Sections(Family):
                         self.call_end)
         self.starts = (self.section_begin, self.call_begin)
         index = r"(?::\d{1,4})?" if self.indexed else ""
-        self._head = re.compile(
-            r"\s*" + re.escape(self.call_begin) + r"\s*" + re.escape(self.name_prefix)
-            + r"([^\s<>{}]{1,256}?)" + index + r"\s*" + re.escape(self.sep) + r"\s*")
+        prefix = re.escape(self.name_prefix)
+        if self.kind:  # the kind, the separator, then the name (and a fence's opening)
+            self._head = re.compile(
+                r"\s*" + re.escape(self.call_begin) + r"\s*(?:" + re.escape(self.kind)
+                + r")?\s*" + re.escape(self.sep) + r"\s*" + prefix + r"([^\s<>{}`]{1,256})"
+                + (r"\s*(?:```[\w-]{0,16}\s*)?" if self.fence else r"\s*"))
+        else:
+            self._head = re.compile(
+                r"\s*" + re.escape(self.call_begin) + r"\s*" + prefix
+                + r"([^\s<>{}]{1,256}?)" + index + r"\s*" + re.escape(self.sep) + r"\s*")
 
     def matches(self, template: str) -> bool:
         return self.detect_marker in template
@@ -77,6 +88,10 @@ class Sections(Family):
             pos = end
             while pos < len(text) and text[pos].isspace():
                 pos += 1
+            if self.fence and text.startswith("```", pos):
+                pos += 3
+                while pos < len(text) and text[pos].isspace():
+                    pos += 1
             if text.startswith(self.call_end, pos):
                 pos += len(self.call_end)
         if not calls:
@@ -91,7 +106,9 @@ class Sections(Family):
         m = self._head.match(text, at) if at != -1 else None
         if m is None or m.group(1) not in names:
             return None
-        return m.group(1), text[m.end():].rstrip()
+        args = text[m.end():].rstrip()
+        return m.group(1), args[:-3].rstrip() if self.fence and args.endswith("```") \
+            else args
 
     def _name(self, name: str, index: int | None = None) -> str:
         suffix = "" if not self.indexed else f":{index}" if index is not None else ""
@@ -104,8 +121,14 @@ class Sections(Family):
         for i, tool in enumerate(chosen):
             name = json.dumps(self.name_prefix + tool.name)  # type: ignore[attr-defined]
             index = ' /:[0-9]{1,3}/' if self.indexed else ""
-            rules.append(f"call{i}: {mark(self.call_begin)} {name}{index} {mark(self.sep)} "
-                         f"args{i} {mark(self.call_end)}")
+            if self.kind:
+                fence = ('"\\n```json\\n"', '"\\n```"') if self.fence else ("", "")
+                rules.append(f"call{i}: {mark(self.call_begin)} {json.dumps(self.kind)} "
+                             f"{mark(self.sep)} {name} {fence[0]} args{i} {fence[1]} "
+                             f"{mark(self.call_end)}")
+            else:
+                rules.append(f"call{i}: {mark(self.call_begin)} {name}{index} "
+                             f"{mark(self.sep)} args{i} {mark(self.call_end)}")
             rules.append(args_rule(f"args{i}", tool, plan.strict))
         rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
         return rules
@@ -130,11 +153,18 @@ class Sections(Family):
                              *self._calls(plan, list(plan.tools), special)]) + "\n"
         return Steering([re.escape(self.section_begin)], grammar)
 
+    def _call_text(self, call: ToolCall, index: int) -> str:
+        args = json.dumps(call.arguments, ensure_ascii=False)
+        if self.kind:
+            fenced = f"\n```json\n{args}\n```" if self.fence else args
+            return (self.call_begin + self.kind + self.sep + self._name(call.name, index)
+                    + fenced + self.call_end)
+        return self.call_begin + self._name(call.name, index) + self.sep + args \
+            + self.call_end
+
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
         return self.section_begin + "".join(
-            self.call_begin + self._name(c.name, i) + self.sep
-            + json.dumps(c.arguments, ensure_ascii=False) + self.call_end
-            for i, c in enumerate(calls)) + self.section_end
+            self._call_text(c, i) for i, c in enumerate(calls)) + self.section_end
 
 
 class DeepSeekV31(Sections):
@@ -151,6 +181,17 @@ class DeepSeekV31(Sections):
 
     def matches(self, template: str) -> bool:
         return bool(self._DETECT.search(template))
+
+
+class DeepSeekR1(DeepSeekV31):
+    """DeepSeek R1 (and V3, its distills): the call's type `function`, the separator, the
+    name, then its arguments in a ```json fence (their templates' `tool['type'] +
+    '<｜tool▁sep｜>' + name + '\\n```json'`)."""
+
+    name = "deepseek-r1"
+    kind = "function"
+    fence = True
+    _DETECT = re.compile(r"tool▁call▁begin｜>'\s*\+\s*\w{1,16}\['type'\]\s*\+\s*'<｜tool▁sep｜>'")
 
 
 class KimiK2(Sections):

@@ -4,6 +4,11 @@
                  </function>\\n</tool_call>                      (Qwen 3.5 writes the same)
     GLM 4.6/4.7  <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>value</arg_value>\\n
                  </tool_call>                                       thoughts in <think>
+    Seed-OSS     Qwen3-Coder's calls in <seed:tool_call>, values against their tags;
+                 thoughts in <seed:think>
+    Tencent Hy3  GLM's, every tag `:opensource`, a separator after the name, in one
+                 <tool_calls:opensource> block; thoughts in <think:opensource>
+    Ling 3.0     GLM's; a call also ends the thought the prompt opened
 
 A value arrives as text; the tool's schema for that parameter says what it is, as the
 models' own parsers read it: integer, number, boolean and null by their JSON spelling, an
@@ -15,10 +20,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from llmrun.chat.formats.base import Family, choice, lit, marker_writer
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
+from llmrun.chat.textstream import partial_match
+from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -179,13 +187,21 @@ def _value_rule(name: str, schema: Any, strict: bool, close: str,
     return [free_text(name, close, special)]
 
 
+def _function_call(open_: str, close: str) -> re.Pattern[str]:
+    """A `<function=NAME>...</function>` call, in its `open_`/`close` block or not."""
+    o, c = re.escape(open_), re.escape(close)
+    return re.compile(rf"(?:{o}\s*)?<function=([^\s<>]{{1,256}})>(.*?)"
+                      rf"(?:(</function>)\s*(?:{c})?|(?={o}|<function=)|$)", re.S)
+
+
 class QwenCoder(Tagged):
     name = "qwen3-coder"
-    markers = ("<tool_call>", "</tool_call>")
-    starts = ("<tool_call>", "<function=")
-    _CALL = re.compile(r"(?:<tool_call>\s*)?<function=([^\s<>]{1,256})>(.*?)"
-                       r"(?:(</function>)\s*(?:</tool_call>)?|(?=<tool_call>|<function=)|$)",
-                       re.S)
+    block = ("<tool_call>", "</tool_call>")
+    markers: tuple[str, ...] = block
+    starts: tuple[str, ...] = ("<tool_call>", "<function=")
+    # what lies between `<parameter=KEY>` and the value, and the value and `</parameter>`
+    value_gap = "\n"
+    _CALL = _function_call(*block)
     _PARAM = re.compile(r"<parameter=([^\s<>]{1,256})>\n?(.*?)(?:\n?</parameter>|"
                         r"(?=<parameter=)|$)", re.S)
 
@@ -219,14 +235,15 @@ class QwenCoder(Tagged):
         required = set((tool.parameters or {}).get("required") or [])
         parts: list[str] = []
         rules: list[str] = []
+        gap = self.value_gap
         for k, (key, schema) in enumerate(props.items()):
             value = f"v{i}_{k}"
-            rules += _value_rule(value, schema, strict, "\n</parameter>\n", special)
-            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + chr(10))} {value}")
+            rules += _value_rule(value, schema, strict, gap + "</parameter>\n", special)
+            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + gap)} {value}")
             parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
         rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
         rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
-                     f'"</function>\\n" {mark("</tool_call>")}')
+                     f'"</function>\\n" {mark(self.block[1])}')
         return rules
 
     def _rules(self, chosen: list[Tool], strict: bool,
@@ -236,31 +253,84 @@ class QwenCoder(Tagged):
         for i, tool in enumerate(chosen):
             rules += self._tool_rules(i, tool, strict, special)
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append(f'call: {mark("<tool_call>")} "\\n<function=" tail')
+        rules.append(f'call: {mark(self.block[0])} "\\n<function=" tail')
         return rules
-
 
     # A call has begun when `<function=` is followed by a tool's name and `>`: the grammar
     # starts at the name.
     trigger = "<function=(?=(?:{names})>)"
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
+        gap = self.value_gap
         return "\n".join(
-            f"<tool_call>\n<function={c.name}>\n" + "".join(
-                f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                "\n</parameter>\n" for k, v in c.arguments.items())
-            + "</function>\n</tool_call>" for c in calls)
+            f"{self.block[0]}\n<function={c.name}>\n" + "".join(
+                f"<parameter={k}>{gap}"
+                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+                f"{gap}</parameter>\n" for k, v in c.arguments.items())
+            + f"</function>\n{self.block[1]}" for c in calls)
+
+
+class SeedOSS(QwenCoder):
+    """ByteDance Seed-OSS: Qwen3-Coder's calls in `<seed:tool_call>` blocks, each value
+    written right against its tags (`<parameter=KEY>value</parameter>`), thoughts in
+    `<seed:think>` (its template's tokens; test-chat.cpp's Seed-OSS outputs)."""
+
+    name = "seed-oss"
+    block = ("<seed:tool_call>", "</seed:tool_call>")
+    think = ("<seed:think>", "</seed:think>")
+    markers = (*block, *think)
+    starts = ("<seed:tool_call>", "<function=")
+    value_gap = ""
+    _CALL = _function_call(*block)
+    # (a value is all between its tags: one that ends in a newline keeps it, as llama.cpp's
+    # Seed-OSS parser reads it)
+    _PARAM = re.compile(r"<parameter=([^\s<>]{1,256})>(.*?)(?:</parameter>|(?=<parameter=)|$)",
+                        re.S)
+
+    def matches(self, template: str) -> bool:
+        return "<seed:tool_call>" in template and "<function=" in template
+
+    def think_pair(self, template: str | None) -> tuple[str, str] | None:
+        return self.think
 
 
 class GLM(Tagged):
     name = "glm"
-    markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
-               "</arg_value>")
-    starts = ("<tool_call>",)
-    _CALL = re.compile(r"<tool_call>\s*([^\s<>]{1,256})\s*(.*?)(?:(</tool_call>)|"
-                       r"(?=<tool_call>)|$)", re.S)
-    _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:(</arg_value>)|$)",
-                       re.S)
+    suffix = ""  # in every tag's name (Hunyuan's `:opensource`)
+    sep = ""  # between the name and the arguments (Hunyuan's `<tool_sep:opensource>`)
+    block: tuple[str, str] | None = None  # what the calls are written in (Hunyuan)
+    # after each value, and before the call's closing tag (Ling: nothing, and a newline)
+    pair_end, call_end = "\n", ""
+
+    def __init__(self) -> None:
+        t = self._tag
+        self.markers = tuple(t(n) for n in ("tool_call", "/tool_call", "arg_key", "/arg_key",
+                                            "arg_value", "/arg_value")) \
+            + ((self.sep,) if self.sep else ()) + (self.block or ())
+        self.starts = (t("tool_call"), *(self.block or ())[:1])
+        e = {n: re.escape(t(n)) for n in ("tool_call", "/tool_call", "arg_key", "/arg_key",
+                                          "arg_value", "/arg_value")}
+        sep = rf"(?:{re.escape(self.sep)})?\s*" if self.sep else ""
+        opens = rf"(?:{re.escape(self.block[0])}\s*)?" if self.block else ""
+        closes = rf"(?:\s*{re.escape(self.block[1])})?" if self.block else ""
+        # (a call's body ends at its closing tag, or where another call begins: the tag,
+        # a name and its first key, so that a value holding the tag's text stays whole)
+        following = rf"(?={e['tool_call']}\s*[^\s<>]{{1,256}}\s*{sep}" \
+            rf"(?:{e['arg_key']}|{e['/tool_call']}|$))"
+        self._CALL = re.compile(
+            rf"{opens}{e['tool_call']}\s*([^\s<>]{{1,256}})\s*{sep}(.*?)"
+            rf"(?:({e['/tool_call']}){closes}|{following}|$)", re.S)
+        self._PAIR = re.compile(rf"\s*{e['arg_key']}(.*?){e['/arg_key']}\s*{e['arg_value']}"
+                                rf"(.*?)(?:({e['/arg_value']})|$)", re.S)
+        # A call has begun when its tag is followed by a tool's name (and a newline, or
+        # the separator; or the first key straight after the name: Spark 2.5's and Laguna
+        # S 2.1's templates write no newlines in a call, and the grammar takes either).
+        after = re.escape(self.sep) if self.sep else "(?:\\n|" + e["arg_key"] + ")"
+        self.trigger = re.escape(t("tool_call")).replace("{", "{{").replace("}", "}}") \
+            + "(?=(?:{names})" + after.replace("{", "{{").replace("}", "}}") + ")"
+
+    def _tag(self, name: str) -> str:
+        return f"<{name}{self.suffix}>"
 
     def matches(self, template: str) -> bool:
         return "<arg_key>" in template and "<arg_value>" in template
@@ -285,6 +355,7 @@ class GLM(Tagged):
     def _rules(self, chosen: list[Tool], strict: bool,
                special: dict[str, int] | None) -> list[str]:
         mark = marker_writer(special)
+        t = self._tag
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             props = _properties(tool)
@@ -292,26 +363,121 @@ class GLM(Tagged):
             parts = []
             for k, (key, schema) in enumerate(props.items()):
                 value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, "</arg_value>", special)
-                rules.append(f"p{i}_{k}: {mark('<arg_key>')} {lit(key)} {mark('</arg_key>')} "
-                             f'"\\n"? {mark("<arg_value>")} {value} "\\n"?')
+                rules += _value_rule(value, schema, strict, t("/arg_value"), special)
+                rules.append(f"p{i}_{k}: {mark(t('arg_key'))} {lit(key)} "
+                             f"{mark(t('/arg_key'))} "
+                             f'"\\n"? {mark(t("arg_value"))} {value}'
+                             + (f" {lit(self.pair_end)}?" if self.pair_end else ""))
                 parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f'tail{i}: {lit(tool.name)} "\\n"? '
-                         + " ".join(parts) + f" {mark('</tool_call>')}")
+            name = lit(tool.name) + (f" {mark(self.sep)} " if self.sep else " ") + '"\\n"?'
+            end = f"{lit(self.call_end)} " if self.call_end else ""
+            rules.append(f"tail{i}: {name} " + " ".join(parts)
+                         + f" {end}{mark(t('/tool_call'))}")
         rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append(f"call: {mark('<tool_call>')} tail")
+        rules.append(f"call: {mark(t('tool_call'))} tail")
         return rules
 
+    def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
+        if self.block is None:
+            return super().grammar(plan, special)
+        chosen = choice(plan)
+        if chosen is None:
+            return None
+        mark = marker_writer(special)
+        calls = '(call "\\n")+' if plan.parallel else 'call "\\n"'
+        return "\n".join([f'start: {mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
+                          *self._rules(chosen, plan.strict, special)]) + "\n"
 
-    # A call has begun when `<tool_call>` is followed by a tool's name and a newline, or
-    # the first key straight after the name (Spark 2.5's and Laguna S 2.1's templates
-    # write no newlines in a call: the grammar lets either layout through).
-    trigger = "<tool_call>(?=(?:{names})(?:\\n|<arg_key>))"
+    def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
+        if self.block is None:
+            return super().steering(plan, special)
+        if plan.choice != "auto":
+            return None
+        names = "|".join(re.escape(t.name) for t in plan.tools)
+        more = ' (call "\\n")*' if plan.parallel else ""
+        grammar = "\n".join([f'start: tail "\\n"{more} {marker_writer(special)(self.block[1])}',
+                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        return Steering([self.trigger.format(names=names)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
-        return "".join(
-            f"<tool_call>{c.name}\n" + "".join(
-                f"<arg_key>{k}</arg_key>\n<arg_value>"
-                f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                "</arg_value>\n" for k, v in c.arguments.items())
-            + "</tool_call>" for c in calls)
+        t = self._tag
+        body = [t("tool_call") + c.name + self.sep + "\n" + "".join(
+            f"{t('arg_key')}{k}{t('/arg_key')}\n{t('arg_value')}"
+            f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+            f"{t('/arg_value')}{self.pair_end}" for k, v in c.arguments.items())
+            + self.call_end + t("/tool_call")
+            for c in calls]
+        if self.block is None:  # (GLM's template opens each call on a line of its own)
+            return "\n".join(body)
+        return self.block[0] + "\n" + "".join(b + "\n" for b in body) + self.block[1]
+
+
+class Hunyuan(GLM):
+    """Tencent Hy3: GLM's key/value calls with every tag named `...:opensource`, a separator
+    after the name, all calls in one `<tool_calls:opensource>` block; thoughts in
+    `<think:opensource>` (its template's special-token variables)."""
+
+    name = "hunyuan"
+    suffix = ":opensource"
+    sep = "<tool_sep:opensource>"
+    block = ("<tool_calls:opensource>", "</tool_calls:opensource>")
+    think = ("<think:opensource>", "</think:opensource>")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.markers = (*self.markers, *self.think)
+
+    def matches(self, template: str) -> bool:
+        return "'<tool_calls{}>'.format(HYTK)" in template and "<arg_key{}>" in template
+
+    def think_pair(self, template: str | None) -> tuple[str, str] | None:
+        return self.think
+
+
+class Ling(GLM):
+    """Ling 3.0 (Bailing V3): GLM's calls in `<role>` turns. Its generation prompt opens a
+    thought, and the model may call before closing it: a call's start ends the thought
+    too (llama.cpp's Ling 3.0 parser ends it at `</think>` or `<tool_call>`)."""
+
+    name = "ling"
+    pair_end, call_end = "", "\n"
+
+    def matches(self, template: str) -> bool:
+        return "<role>ASSISTANT</role>" in template and "<arg_key>" in template
+
+    def splitter(self, pair: tuple[str, str], inside: bool, keep: bool) -> Splitter:
+        return EndedByCall(ThinkStream(pair, inside=inside, keep=keep), "<tool_call>")
+
+
+@dataclass
+class EndedByCall:
+    """A think stream whose thought also ends where `call` (a call's start marker) comes:
+    the thought's end marker is given to it there, the call goes on as content."""
+
+    inner: ThinkStream
+    call: str
+    _held: str = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        rest, self._held = self._held + text, ""
+        if not self.inner.thinking:
+            return self.inner.push(rest)
+        close = self.inner.pair[1]
+        at, end = rest.find(self.call), rest.find(close)
+        if at != -1 and (end == -1 or at < end):  # the call comes first: the thought ends
+            t, c = self.inner.push(rest[:at] + close)
+            t2, c2 = self.inner.push(rest[at:])
+            return t + t2, c + c2
+        if end != -1:
+            return self.inner.push(rest)
+        # what may still become either marker is held here (so the inner stream never
+        # holds half of its end marker when a call comes)
+        keep = partial_match(rest, (self.call, close))
+        self._held = rest[len(rest) - keep:] if keep else ""
+        return self.inner.push(rest[:len(rest) - keep] if keep else rest)
+
+    def finish(self) -> tuple[str, str]:
+        held, self._held = self._held, ""
+        t, c = self.inner.push(held)
+        t2, c2 = self.inner.finish()
+        return t + t2, c + c2
