@@ -162,9 +162,10 @@ def test_output_of_special_tokens_is_read_whole_and_streamed(client: httpx.Clien
 
 def test_a_thought_ended_by_a_control_token_is_split_off(client: httpx.Client) -> None:
     """DeepSeek V3.1 thinking: the prompt opens `<think>`, and the model's `</think>` (a
-    control token, rendered as nothing unless the runner gives its text) ends the thought,
-    after which the request's grammar applies."""
-    body = chat("deepseek-v3.1", grammar=forced(written("deepseek-v3.1")),
+    control token, rendered as nothing unless the runner gives its text) ends the thought.
+    The request's grammar holds the whole output, the thought included (as llama-server's
+    `grammar` does), so it writes the end of the thought as its token, then the answer."""
+    body = chat("deepseek-v3.1", grammar=forced("</think>" + written("deepseek-v3.1")),
                 reasoning_effort="high")
     prompt = client.post("/apply-template", json=body).json()["prompt"]
     assert prompt.endswith("<｜Assistant｜><think>"), prompt[-80:]
