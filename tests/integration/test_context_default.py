@@ -56,3 +56,6 @@ def test_the_clients_context_header(api: httpx.Client) -> None:
             r.json()["error"]["message"]
         r = api.post("/v1/chat/completions", json=body, headers={"X-Llmrun-Num-Ctx": bad})
         assert r.status_code == 400 and "X-Llmrun-Num-Ctx" in r.json()["error"]["message"]
+    # the shared daemon's later tests expect SmolLM2 at its default context: unload it
+    r = api.post("/api/generate", json={"model": "smollm2", "keep_alive": 0})
+    assert r.status_code == 200, r.text
