@@ -13,6 +13,7 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import Tool, ToolCall
+from tests.unit.chat import formatcases as cases
 from tests.unit.chat.grammarcheck import accepts
 from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
@@ -302,3 +303,53 @@ def test_firefunction_template_renders_with_its_variables() -> None:
         assert "<tool_call>" not in text  # the template's own instructions, not Hermes'
     with pytest.raises(templates.TemplateError):
         templates.render(source, messages)
+
+
+# -- what the one reader promises every family of formats/jsonlist.py ------------------------
+
+ALL = sorted(n for n, f in BY_NAME.items() if isinstance(f, formats.jsonlist.JsonList))
+
+
+def test_all_the_json_families_share_the_base() -> None:
+    assert set(NAMES) < set(ALL)
+    assert {"nemotron", "apertus", "minimax-m1", "gigachat3", "gigachat3.1"} < set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_cut_call_whose_arguments_hold_a_name_key_is_the_tools(name: str) -> None:
+    """The partial call is named by the object the cut is in, not by a `"name"` key inside
+    its arguments (a search for people by name)."""
+    call = ToolCall(id="a", name="search", arguments={
+        "query": "x", "filters": {"name": "bob", "tags": ["y"]}})
+    text = "Let me look. " + BY_NAME[name].write_calls([call], INFO)
+    cut_at = text.index('"tags"')
+    for pieces in cases.chunkings(text[:cut_at]):
+        _, content, end = cases.run(name, text[:cut_at], pieces, truncated=True)
+        assert not end.calls and end.partial is not None, name
+        assert end.partial.name == "search", name
+        assert '"name": "bob"' in end.partial.arguments
+        assert content.strip() == "Let me look."
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "command-r-plus"])  # (fenced anyway)
+def test_calls_in_a_json_fence_are_read(name: str) -> None:
+    """A model that fences its calls' JSON after the marker (as Command R+ is taught to)."""
+    fmt = BY_NAME[name]
+    body = fmt.write_calls(CALLS[:1], INFO)[len(fmt.open):]
+    if fmt.close:
+        body = body[:-len(fmt.close)]
+    text = f"Let me look. {fmt.open}```json\n{body.strip()}\n```{fmt.close}"
+    _, content, calls = cases.read_alike(name, text)
+    assert calls == [(CALLS[0].name, CALLS[0].arguments)], text
+    assert content.strip() == "Let me look."
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if BY_NAME[n].listed])
+def test_a_lone_object_without_its_list_is_one_call(name: str) -> None:
+    fmt = BY_NAME[name]
+    one = fmt.write_calls(CALLS[:1], INFO)
+    inner = one[len(fmt.open) + len(fmt.lead):len(one) - len(fmt.end) - len(fmt.close)]
+    text = f"{fmt.open}{inner}{fmt.close} Done."
+    _, content, calls = cases.read_alike(name, text)
+    assert calls == [(CALLS[0].name, CALLS[0].arguments)], text
+    assert content.strip() == "Done."
