@@ -57,7 +57,7 @@ class Invoke(Tagged):
         b0, b1 = (re.escape(b) for b in self.block)
         call, param = re.escape(self.call_open), re.escape(self.param_open)
         # each call, with the block's opening tag before the first and its end after the last
-        self._call = re.compile(
+        self._CALL = re.compile(
             rf"(?:{b0}\s*)?{call}([^\"<>\s]{{1,256}})\"{self._name_end}(.*?)"
             rf"(?:({re.escape(self.call_close.strip())})\s*(?:{b1})?|(?={call}|{b0})|$)",
             re.S)
@@ -80,10 +80,6 @@ class Invoke(Tagged):
         if not self.typed:
             return '">'
         return f'" string="{"true" if value == "string" else "false"}">'
-
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._call.finditer(text)]
 
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []

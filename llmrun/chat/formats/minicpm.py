@@ -32,10 +32,6 @@ class MiniCPM5(Tagged):
     def matches(self, template: str) -> bool:
         return '<function name="' in template and '<param name="' in template
 
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
-
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []
         pos = 0

@@ -87,9 +87,14 @@ class Tagged(Family):
         `whole_only`: those written whole, of a body the token limit cut."""
         raise NotImplementedError
 
+    # a call: its name (group 1), its body (group 2), its closing tag (group 3, where
+    # written); a family whose pattern reads otherwise overrides `_calls_at`
+    _CALL: re.Pattern[str]
+
     def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
         """(start, end, name, body, closed) of each call in `text`."""
-        raise NotImplementedError
+        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
+                for m in self._CALL.finditer(text)]
 
     # the steering trigger, a pattern with `{names}` for the tools' names (escaped, joined)
     trigger = ""
@@ -209,10 +214,6 @@ class QwenCoder(Tagged):
         # (Seed-OSS wraps the same calls in `<seed:tool_call>`: not this family's reader)
         return "<function=" in template and "<parameter=" in template \
             and "<seed:" not in template
-
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
 
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out = []
@@ -334,10 +335,6 @@ class GLM(Tagged):
 
     def matches(self, template: str) -> bool:
         return "<arg_key>" in template and "<arg_value>" in template
-
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
 
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []
