@@ -119,6 +119,11 @@ def args_rule(name: str, tool: Any, strict: bool) -> str:
     return f"{name}: %json {tools._arguments_schema(tool, strict)}"
 
 
+def one_of(rule: str, n: int) -> str:
+    """Lark rule `rule`: any one of `rule0` .. `rule{n-1}` (a rule a tool)."""
+    return f"{rule}: " + " | ".join(f"{rule}{i}" for i in range(n))
+
+
 def choice(plan: ToolPlan) -> list[Any] | None:
     """The tools a forced grammar may call (None: "auto", nothing forced)."""
     if isinstance(plan.choice, tools.NamedTool):
@@ -214,4 +219,4 @@ class MarkedReader:
 
 __all__ = ["DEFAULT", "CallReader", "Family", "Format", "MarkedReader", "Splitter",
            "ToolStream", "args_rule", "choice", "distinct", "lit", "marker_writer",
-           "only_tool", "text_writer"]
+           "one_of", "only_tool", "text_writer"]

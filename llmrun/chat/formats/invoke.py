@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import choice, lit, text_writer
-from llmrun.chat.formats.xml import EndedByCall, Tagged, _properties, _types, _value_rule
+from llmrun.chat.formats.base import choice, lit, one_of, text_writer
+from llmrun.chat.formats.xml import EndedByCall, Tagged, _types, param_rules
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -106,19 +106,18 @@ class Invoke(Tagged):
         t = self._text
         close = self._value_close(special)
         rest = self.param_close[len(close):]
+        after = f" {t(rest, special)}" if rest else ""
+
+        def param(key: str, schema: Any, value: str) -> str:
+            opener = self.param_open + key + self._attrs(self._schema_type(schema))
+            return f"{t(opener, special)} {value}{after}"
+
         for i, tool in enumerate(chosen):
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(_properties(tool).items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, close, special)
-                opener = self.param_open + key + self._attrs(self._schema_type(schema))
-                rules.append(f"p{i}_{k}: {t(opener, special)} {value}"
-                             + (f" {t(rest, special)}" if rest else ""))
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"tail{i}: {lit(tool.name)} {self._name_end_rule(special)} "
-                         + " ".join(parts) + f" {t(self.call_close, special)}")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+            params, parts = param_rules(i, tool, strict, close, special, param)
+            rules += params
+            rules.append(f"tail{i}: {lit(tool.name)} {self._name_end_rule(special)} {parts} "
+                         f"{t(self.call_close, special)}")
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {t(self.call_open, special)} tail")
         return rules
 

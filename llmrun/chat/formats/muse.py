@@ -24,8 +24,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmrun.chat.formats.base import choice, lit, marker_writer
-from llmrun.chat.formats.xml import Tagged, _properties, _value_rule, free_text
+from llmrun.chat.formats.base import choice, lit, marker_writer, one_of
+from llmrun.chat.formats.xml import Tagged, free_text, param_rules
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -150,21 +150,16 @@ class MuseGlimmer(Tagged):
         mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
-            props = _properties(tool)
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, PARAM_CLOSE, special)
-                rules.append(f"p{i}_{k}: {mark('<atem:parameter')} "
-                             f'{lit(f" name={json.dumps(key)}>")} {value} "\\n"')
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            params, parts = param_rules(
+                i, tool, strict, PARAM_CLOSE, special,
+                lambda key, _, value: f"{mark('<atem:parameter')} "
+                                      f'{lit(f" name={json.dumps(key)}>")} {value} "\\n"')
+            rules += params
             rules.append(f"tail{i}: {lit(tool.name)} {mark(MESSAGE)} {mark(CALLS_OPEN)} "
                          f'"\\n" {mark("<atem:invoke")} '
-                         f"{lit(f' name={json.dumps(tool.name)}>' + chr(10))} "
-                         + " ".join(parts)
-                         + f' {mark("</atem:invoke>")} "\\n" {mark(CALLS_CLOSE)}')
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+                         f"{lit(f' name={json.dumps(tool.name)}>' + chr(10))} {parts}"
+                         f' {mark("</atem:invoke>")} "\\n" {mark(CALLS_CLOSE)}')
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'next: {mark(EOM)} {mark(START)} "assistant to=" tail')
         return rules
 

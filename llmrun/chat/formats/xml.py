@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import Family, choice, lit, marker_writer, one_of
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
@@ -192,6 +193,23 @@ def _value_rule(name: str, schema: Any, strict: bool, close: str,
     return [free_text(name, close, special)]
 
 
+def param_rules(i: int, tool: Tool, strict: bool, close: str, special: dict[str, int] | None,
+                write: Callable[[str, Any, str], str]) -> tuple[list[str], str]:
+    """The rules `p{i}_{k}` of tool `i`'s parameters, each as the family writes it
+    (`write(key, schema, value)`: the rule's body, `value` the name of the rule of the
+    value, which ends at `close`), and the sequence a call holds: the schema's order, its
+    required parameters, the others optional."""
+    required = set((tool.parameters or {}).get("required") or [])
+    rules: list[str] = []
+    parts: list[str] = []
+    for k, (key, schema) in enumerate(_properties(tool).items()):
+        value = f"v{i}_{k}"
+        rules += _value_rule(value, schema, strict, close, special)
+        rules.append(f"p{i}_{k}: {write(key, schema, value)}")
+        parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+    return rules, " ".join(parts)
+
+
 def _function_call(open_: str, close: str) -> re.Pattern[str]:
     """A `<function=NAME>...</function>` call, in its `open_`/`close` block or not."""
     o, c = re.escape(open_), re.escape(close)
@@ -232,17 +250,11 @@ class QwenCoder(Tagged):
     def _tool_rules(self, i: int, tool: Tool, strict: bool,
                     special: dict[str, int] | None) -> list[str]:
         mark = marker_writer(special)
-        props = _properties(tool)
-        required = set((tool.parameters or {}).get("required") or [])
-        parts: list[str] = []
-        rules: list[str] = []
         gap = self.value_gap
-        for k, (key, schema) in enumerate(props.items()):
-            value = f"v{i}_{k}"
-            rules += _value_rule(value, schema, strict, gap + "</parameter>\n", special)
-            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + gap)} {value}")
-            parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-        rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
+        rules, parts = param_rules(i, tool, strict, gap + "</parameter>\n", special,
+                                   lambda key, _, value: f"{lit(f'<parameter={key}>' + gap)} "
+                                                         f"{value}")
+        rules.append(f"params{i}: " + (parts or '""'))
         rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
                      f'"</function>\\n" {mark(self.block[1])}')
         return rules
@@ -253,7 +265,7 @@ class QwenCoder(Tagged):
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             rules += self._tool_rules(i, tool, strict, special)
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'call: {mark(self.block[0])} "\\n<function=" tail')
         return rules
 
@@ -354,23 +366,18 @@ class GLM(Tagged):
         mark = marker_writer(special)
         t = self._tag
         rules: list[str] = []
+        pair_end = f" {lit(self.pair_end)}?" if self.pair_end else ""
         for i, tool in enumerate(chosen):
-            props = _properties(tool)
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, t("/arg_value"), special)
-                rules.append(f"p{i}_{k}: {mark(t('arg_key'))} {lit(key)} "
-                             f"{mark(t('/arg_key'))} "
-                             f'"\\n"? {mark(t("arg_value"))} {value}'
-                             + (f" {lit(self.pair_end)}?" if self.pair_end else ""))
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            params, parts = param_rules(
+                i, tool, strict, t("/arg_value"), special,
+                lambda key, _, value: f"{mark(t('arg_key'))} {lit(key)} "
+                                      f"{mark(t('/arg_key'))} "
+                                      f'"\\n"? {mark(t("arg_value"))} {value}{pair_end}')
+            rules += params
             name = lit(tool.name) + (f" {mark(self.sep)} " if self.sep else " ") + '"\\n"?'
             end = f"{lit(self.call_end)} " if self.call_end else ""
-            rules.append(f"tail{i}: {name} " + " ".join(parts)
-                         + f" {end}{mark(t('/tool_call'))}")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+            rules.append(f"tail{i}: {name} {parts} {end}{mark(t('/tool_call'))}")
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {mark(t('tool_call'))} tail")
         return rules
 
