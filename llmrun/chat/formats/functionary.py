@@ -14,7 +14,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrun.chat.formats.base import Family, Format, args_rule, choice, only_tool
+from llmrun.chat.formats.base import (
+    Family,
+    Format,
+    Gathered,
+    args_rule,
+    choice,
+    object_at,
+    only_tool,
+    past,
+)
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.toolcalls import (
@@ -25,26 +34,12 @@ from llmrun.chat.toolcalls import (
     new_call_id,
     parse_calls,
 )
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting, whole_object
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting, whole_object
 from llmrun.chat.toolcalls.stream import distinct, release
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import PartialCall, Tool, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
-
-
-def _args_at(text: str, pos: int) -> tuple[int, dict[str, Any]] | None:
-    """The JSON object at `text[pos]` (blanks before it aside) and where it ends."""
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    end = balanced(text, pos) if text[pos:pos + 1] == "{" else None
-    if end is None:
-        return None
-    try:
-        args = loads(text[pos:end])
-    except ValueError:
-        return None
-    return (end, args) if isinstance(args, dict) else None
 
 
 def _names(chosen: list[Tool]) -> str:
@@ -64,39 +59,24 @@ class FunctionaryV31(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for _ in range(MAX_TRIES):
-            tag = self._TAG.search(text, pos)
-            python = text.find(PYTHON_TAG, pos)
+            tag = self._TAG.search(text, got.pos)
+            python = text.find(PYTHON_TAG, got.pos)
             if python != -1 and (tag is None or python < tag.start()):
                 # the code runs to the end: Llama 3.1's `python` tool, whose argument it is
                 code = text[python + len(PYTHON_TAG):].strip()
                 if not code or not check.accepts("python", {"code": code}):
                     return None
-                rest.append(text[pos:python])
-                calls.append(ToolCall(id=new_call_id(), name="python",
-                                      arguments={"code": code}))
-                pos = len(text)
+                got.call(python, len(text), "python", {"code": code})
                 break
             if tag is None:
                 break
-            found = _args_at(text, tag.end())
+            found = object_at(text, tag.end())
             if found is None or not check.accepts(tag.group(1), found[1]):
-                if truncated and calls:
-                    return calls, " ".join(r.strip() for r in rest if r.strip())
-                return None
-            rest.append(text[pos:tag.start()])
-            calls.append(ToolCall(id=new_call_id(), name=tag.group(1), arguments=found[1]))
-            pos = found[0]
-            closing = text[pos:].lstrip()
-            if closing.startswith("</function>"):
-                pos = len(text) - len(closing) + len("</function>")
-        if not calls:
-            return None
-        rest.append(text[pos:])
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+                return got.result(whole=False) if truncated else None
+            got.call(tag.start(), past(text, found[0], "</function>"), tag.group(1), found[1])
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(self._TAG.finditer(text))[-1:]
@@ -232,7 +212,7 @@ class RecipientReader:
                     break
                 pos = at
                 continue
-            found = _args_at(text, m.end())
+            found = object_at(text, m.end())
             if found is None or not self.check.accepts(m.group(1), found[1]):
                 if truncated and calls:
                     pos = len(text)

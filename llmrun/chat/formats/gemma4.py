@@ -16,11 +16,11 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import Family, Gathered, choice, lit, marker_writer, past
 from llmrun.chat.formats.jsonlist import Unwrapped
 from llmrun.chat.formats.xml import _types, free_text
 from llmrun.chat.thinking import Splitter, ThinkStream
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -227,11 +227,9 @@ class Gemma4(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for _ in range(MAX_TRIES):
-            m = _HEAD.search(text, pos)
+            m = _HEAD.search(text, got.pos)
             if m is None:
                 break
             reader = _Reader(text)
@@ -239,21 +237,11 @@ class Gemma4(Family):
             try:
                 args = reader.members()
             except _Cut:
-                if truncated and calls:
-                    return calls, " ".join(r.strip() for r in rest if r.strip())
-                return None
+                return got.result(whole=False) if truncated else None
             if not check.accepts(m.group(1), args):
                 return None
-            rest.append(text[pos:m.start()])
-            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            pos = reader.pos
-            closing = text[pos:].lstrip()
-            if closing.startswith(CLOSE):
-                pos = len(text) - len(closing) + len(CLOSE)
-        if not calls:
-            return None
-        rest.append(text[pos:])
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(m.start(), past(text, reader.pos, CLOSE), m.group(1), args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(_HEAD.finditer(text))[-1:]

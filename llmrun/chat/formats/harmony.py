@@ -23,11 +23,19 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    args_rule,
+    choice,
+    marker_writer,
+    object_at,
+    past,
+)
 from llmrun.chat.formats.xml import free_text
 from llmrun.chat.textstream import partial_match
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import ToolCall
 
@@ -148,36 +156,15 @@ class Harmony(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for m in list(_CALL.finditer(text))[:MAX_TRIES]:
-            start = m.end()
-            while start < len(text) and text[start].isspace():
-                start += 1
-            end = balanced(text, start) if text[start:start + 1] == "{" else None
-            try:
-                args = loads(text[start:end]) if end is not None else None
-            except ValueError:
-                args = None
-            if not isinstance(args, dict) or end is None:
-                if truncated and calls:
-                    break
+            found = object_at(text, m.end())
+            if found is None:
+                return got.result(whole=False) if truncated else None
+            if not check.accepts(m.group(1), found[1]):
                 return None
-            if not check.accepts(m.group(1), args):
-                return None
-            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            rest.append(text[pos:m.start()])
-            pos = end
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if text.startswith(CALL, pos):
-                pos += len(CALL)
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(m.start(), past(text, found[0], CALL), m.group(1), found[1])
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(_CALL.finditer(text))

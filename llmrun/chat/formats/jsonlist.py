@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, args_rule, choice, lit, text_writer
+from llmrun.chat.formats.base import Family, Gathered, args_rule, choice, lit, past, text_writer
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
@@ -169,46 +169,30 @@ class JsonList(Family):
             i = end
         return items, None, i
 
-    def _after(self, text: str, end: int) -> int:
-        """Where the text after calls ending at `end` resumes: past their fence's end and
-        the closing marker."""
-        fence = _FENCE_END.match(text, end)
-        if fence is not None:
-            end = fence.end()
-        at = end
-        while at < len(text) and text[at].isspace():
-            at += 1
-        return at + len(self.close) if self.close and text.startswith(self.close, at) else end
-
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for _ in range(MAX_TRIES):
-            at = text.find(self.open, pos)
+            at = text.find(self.open, got.pos)
             if at == -1:
                 break
             read = self._items(text, at + len(self.open))
             found = [self._call(item) for item in read[0]] if read is not None else [None]
             if read is None or any(f is None or not check.accepts(*f) for f in found) \
                     or (read[1] is None and not truncated):
-                if truncated and calls:
-                    return calls, " ".join(r.strip() for r in rest if r.strip())
-                return None
-            rest.append(text[pos:at])
-            calls += [ToolCall(id=new_call_id(), name=f[0], arguments=f[1])
-                      for f in found if f is not None]
-            if read[1] is None:  # cut by the token limit: a further call was dropped
-                return (calls, " ".join(r.strip() for r in rest if r.strip())) \
-                    if calls else None
-            pos = self._after(text, read[1])
-        if not calls:
-            return None
-        rest.append(text[pos:])
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+                return got.result(whole=False) if truncated else None
+            end = read[1]
+            if end is not None:  # past the fence's end and the closing marker
+                fence = _FENCE_END.match(text, end)
+                end = past(text, fence.end() if fence else end, self.close)
+            got.add(at, len(text) if end is None else end,
+                    *(ToolCall(id=new_call_id(), name=f[0], arguments=f[1])
+                      for f in found if f is not None))
+            if end is None:  # cut by the token limit: a further call was dropped
+                return got.result(whole=False)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         at = text.rfind(self.open)

@@ -17,10 +17,10 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer, text_writer
+from llmrun.chat.formats.base import Family, Gathered, choice, lit, marker_writer, text_writer
 from llmrun.chat.formats.xml import _types, convert
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -169,23 +169,14 @@ class MiniMaxM3(Family):
 
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for start, end, name, body, closed in self._calls_at(text):
             args = self._arguments(body, check.schemas.get(name)) if closed else None
             if args is None or not check.accepts(name, args):
-                if truncated and calls and not closed:
-                    break  # a further call cut off: dropped
-                return None
-            calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
-            rest.append(text[pos:start])
-            pos = end
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+                # (a further call cut off: dropped)
+                return got.result(whole=False) if truncated and not closed else None
+            got.call(start, end, name, args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = self._calls_at(text)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import re
 
-from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer, object_at, past
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import ToolCall
 
@@ -71,29 +71,16 @@ class Sections(Family):
             m = self._head.match(text, pos)
             if m is None:
                 break
-            end = balanced(text, m.end()) if text[m.end():m.end() + 1] == "{" else None
-            args = None
-            if end is not None:
-                try:
-                    args = loads(text[m.end():end])
-                except ValueError:
-                    args = None
-            if end is None or not isinstance(args, dict):
+            found = object_at(text, m.end())
+            if found is None:
                 if truncated and calls:
                     return calls, head.strip()  # a further call cut off: dropped
                 return None
+            end, args = found
             if not check.accepts(m.group(1), args):
                 return None
             calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            pos = end
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if self.fence and text.startswith("```", pos):
-                pos += 3
-                while pos < len(text) and text[pos].isspace():
-                    pos += 1
-            if text.startswith(self.call_end, pos):
-                pos += len(self.call_end)
+            pos = past(text, past(text, end, "```" if self.fence else ""), self.call_end)
         if not calls:
             return None
         tail = text[pos:].lstrip()

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer, one_of
+from llmrun.chat.formats.base import Family, Gathered, choice, lit, marker_writer, one_of
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
 
@@ -124,27 +124,18 @@ class Tagged(Family):
 
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for start, end, name, body, closed in self._calls_at(text)[:MAX_TRIES]:
             pairs = self._pairs(body)
             if pairs is None or (not closed and truncated):
-                if truncated and calls:
-                    break  # a further call cut off: dropped
-                return None
+                # (a further call cut off: dropped)
+                return got.result(whole=False) if truncated else None
             schemas = _properties_of(check, name)
             args = {k: convert(v, schemas.get(k)) for k, v in pairs}
             if not check.accepts(name, args):
                 return None
-            calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
-            rest.append(text[pos:start])
-            pos = end
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(start, end, name, args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = self._calls_at(text)
