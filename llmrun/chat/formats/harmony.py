@@ -32,8 +32,8 @@ from llmrun.chat.formats.base import (
     object_at,
     past,
 )
+from llmrun.chat.formats.messages import MessageSplitter
 from llmrun.chat.formats.xml import free_text
-from llmrun.chat.textstream import partial_match
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -44,7 +44,6 @@ END, CALL, RETURN, CONSTRAIN = "<|end|>", "<|call|>", "<|return|>", "<|constrain
 _ENDS = (END, CALL, RETURN)
 # What ends a body without ending the message first (a model that skipped `<|end|>`)
 _OPENS = (START, CHANNEL)
-_HEADER_LIMIT = 256  # a header is short: longer text without `<|message|>` is content
 CANON = CHANNEL + "commentary to=functions."
 _RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<\||$)")
 _CHANNEL_NAME = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -52,62 +51,25 @@ _CALL = re.compile(re.escape(CANON) + r"([^\s<>]{1,256})" + re.escape(MESSAGE))
 
 
 @dataclass
-class HarmonySplitter:
+class HarmonySplitter(MessageSplitter):
     """(thinking, content) of streamed harmony messages (the module's doc)."""
 
-    keep: bool = True
-    _held: str = ""
-    _state: str = "head"  # head: reading a header; body: a message's body; text: no headers
     _channel: str = ""
     _recipient: str | None = None
 
-    def push(self, text: str) -> tuple[str, str]:
-        self._held += text
-        thinking: list[str] = []
-        content: list[str] = []
-        while self._held:
-            if self._state == "head":
-                at = self._held.find(MESSAGE)
-                if at == -1:
-                    if len(self._held) > _HEADER_LIMIT or not self._maybe_header():
-                        self._state = "text"  # no harmony here: plain text
-                        continue
-                    break
-                self._open(self._held[:at])
-                self._held = self._held[at + len(MESSAGE):]
-                if self._recipient is not None:
-                    content.append(CANON + self._recipient + MESSAGE)
-                self._state = "body"
-            elif self._state == "body":
-                ends = [(i, m) for m in (*_ENDS, *_OPENS) if (i := self._held.find(m)) != -1]
-                if not ends:
-                    keep = partial_match(self._held, (*_ENDS, *_OPENS))
-                    self._emit(self._held[:len(self._held) - keep], thinking, content)
-                    self._held = self._held[len(self._held) - keep:]
-                    break
-                at, marker = min(ends)
-                self._emit(self._held[:at], thinking, content)
-                self._close(content)
-                self._held = self._held[at + (len(marker) if marker in _ENDS else 0):]
-                self._state = "head"
-            else:
-                content.append(self._held)
-                self._held = ""
-        return "".join(thinking) if self.keep else "", "".join(content)
+    message = MESSAGE
+    ends = _ENDS
+    opens = _OPENS
+    header_starts = (START, CHANNEL)
 
-    def _maybe_header(self) -> bool:
-        """Whether the held text may still be a header (it starts with a marker, blanks
-        aside)."""
-        head = self._held.lstrip()
-        return any(head.startswith(m) or m.startswith(head) for m in (START, CHANNEL))
-
-    def _open(self, header: str) -> None:
+    def _open(self, header: str) -> str:
         channel = _CHANNEL_NAME.search(header)
         self._channel = channel.group(1) if channel else "final"
         recipient = _RECIPIENT.search(header)
         name = recipient.group(1) if recipient else None
         self._recipient = name[len("functions."):] if name and name.startswith(
             "functions.") else name
+        return "" if self._recipient is None else CANON + self._recipient + MESSAGE
 
     def _emit(self, text: str, thinking: list[str], content: list[str]) -> None:
         if self._channel == "analysis" and self._recipient is None:
@@ -115,21 +77,9 @@ class HarmonySplitter:
         else:
             content.append(text)
 
-    def _close(self, content: list[str]) -> None:
-        if self._recipient is not None:
-            content.append(CALL)
-        self._recipient = None
-
-    def finish(self) -> tuple[str, str]:
-        held, self._held = self._held, ""
-        if self._state == "body":
-            thinking: list[str] = []
-            content: list[str] = []
-            self._emit(held, thinking, content)
-            return ("".join(thinking) if self.keep else ""), "".join(content)
-        if self._state == "head" and self._maybe_header():
-            return "", ""  # a header cut off: no text of it is the answer
-        return "", held
+    def _close(self) -> str:
+        ended, self._recipient = self._recipient, None
+        return "" if ended is None else CALL
 
 
 class Harmony(Family):

@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass
 
 from llmrun.chat.formats.base import choice, lit, marker_writer, one_of
+from llmrun.chat.formats.messages import MessageSplitter
 from llmrun.chat.formats.xml import Tagged, free_text, param_rules
-from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -36,71 +36,28 @@ CANON = START + "assistant to="
 CALLS_OPEN, CALLS_CLOSE = "<atem:function_calls>", "</atem:function_calls>"
 PARAM_CLOSE = "</atem:parameter>"
 _ENDS = (EOM, EOT)
-_HEADER_LIMIT = 256
 _RECIPIENT = re.compile(r"to=([^\s<>]{1,256}?)(?=\s|<\||$)")
 _SELF, _USER = "self", "user"
 
 
 @dataclass
-class MuseSplitter:
+class MuseSplitter(MessageSplitter):
     """(thinking, content) of streamed Muse Glimmer messages (the module's doc)."""
 
-    keep: bool = True
-    _held: str = ""
-    _state: str = "head"  # head: a header; body: a message's body; text: no messages
     _recipient: str = _USER
 
-    def push(self, text: str) -> tuple[str, str]:
-        self._held += text
-        thinking: list[str] = []
-        content: list[str] = []
-        while self._held:
-            if self._state == "head":
-                at = self._held.find(MESSAGE)
-                if at == -1:
-                    if len(self._held) > _HEADER_LIMIT or not self._maybe_header():
-                        self._state = "text"
-                        continue
-                    break
-                found = _RECIPIENT.search(self._held[:at])
-                self._recipient = found.group(1) if found else _USER
-                self._held = self._held[at + len(MESSAGE):]
-                if self._recipient not in (_SELF, _USER):
-                    content.append(CANON + self._recipient + MESSAGE)
-                self._state = "body"
-            elif self._state == "body":
-                ends = [(i, m) for m in (*_ENDS, START) if (i := self._held.find(m)) != -1]
-                if not ends:
-                    keep = partial_match(self._held, (*_ENDS, START))
-                    self._emit(self._held[:len(self._held) - keep], thinking, content)
-                    self._held = self._held[len(self._held) - keep:]
-                    break
-                at, marker = min(ends)
-                self._emit(self._held[:at], thinking, content)
-                self._held = self._held[at + (len(marker) if marker in _ENDS else 0):]
-                self._state = "head"
-            else:
-                content.append(self._held)
-                self._held = ""
-        return "".join(thinking) if self.keep else "", "".join(content)
+    message = MESSAGE
+    ends = _ENDS
+    opens = (START,)
+    header_starts = ("to=", START, MESSAGE)
 
-    def _maybe_header(self) -> bool:
-        head = self._held.lstrip()
-        return any(head.startswith(m) or m.startswith(head) for m in ("to=", START, MESSAGE))
+    def _open(self, header: str) -> str:
+        found = _RECIPIENT.search(header)
+        self._recipient = found.group(1) if found else _USER
+        return "" if self._recipient in (_SELF, _USER) else CANON + self._recipient + MESSAGE
 
     def _emit(self, text: str, thinking: list[str], content: list[str]) -> None:
         (thinking if self._recipient == _SELF else content).append(text)
-
-    def finish(self) -> tuple[str, str]:
-        held, self._held = self._held, ""
-        if self._state == "body":
-            thinking: list[str] = []
-            content: list[str] = []
-            self._emit(held, thinking, content)
-            return ("".join(thinking) if self.keep else ""), "".join(content)
-        if self._state == "head" and self._maybe_header():
-            return "", ""  # a header cut off
-        return "", held
 
 
 class MuseGlimmer(Tagged):
