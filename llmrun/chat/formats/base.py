@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,23 @@ def text_writer(special: dict[str, int] | None) -> Any:
 def args_rule(name: str, tool: Any, strict: bool) -> str:
     """Lark rule `name`: a tool's JSON arguments, by its schema (as tools.py writes them)."""
     return f"{name}: %json {tools._arguments_schema(tool, strict)}"
+
+
+def lark(start: str, rules: list[str]) -> str:
+    """A Lark grammar: its start rule (`start`: the rule's body) and `rules`."""
+    return "\n".join([f"start: {start}", *rules]) + "\n"
+
+
+def json_calls(rule: str, chosen: list[Any], strict: bool,
+               body: Callable[[int, Any], str]) -> list[str]:
+    """The rules of calls whose arguments are JSON: `{rule}{i}` a tool (`body(i, tool)`,
+    which names `args{i}`), `args{i}` its arguments by its schema, and `{rule}` any one."""
+    rules = []
+    for i, tool in enumerate(chosen):
+        rules.append(f"{rule}{i}: {body(i, tool)}")
+        rules.append(args_rule(f"args{i}", tool, strict))
+    rules.append(one_of(rule, len(chosen)))
+    return rules
 
 
 def one_of(rule: str, n: int) -> str:
@@ -270,5 +288,5 @@ class MarkedReader:
 
 
 __all__ = ["DEFAULT", "CallReader", "Family", "Format", "Gathered", "MarkedReader", "Splitter",
-           "ToolStream", "args_rule", "choice", "distinct", "lit", "marker_writer",
-           "object_at", "one_of", "only_tool", "past", "text_writer"]
+           "ToolStream", "args_rule", "choice", "distinct", "json_calls", "lark", "lit",
+           "marker_writer", "object_at", "one_of", "only_tool", "past", "text_writer"]

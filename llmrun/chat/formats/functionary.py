@@ -18,8 +18,10 @@ from llmrun.chat.formats.base import (
     Family,
     Format,
     Gathered,
-    args_rule,
     choice,
+    json_calls,
+    lark,
+    lit,
     object_at,
     only_tool,
     past,
@@ -85,27 +87,22 @@ class FunctionaryV31(Family):
         return found[0].group(1), text[found[0].end():].strip()
 
     def _rules(self, chosen: list[Tool], strict: bool) -> list[str]:
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f'tail{i}: {json.dumps(tool.name + ">")} args{i} "</function>"')
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append('call: "<function=" tail')
-        return rules
+        return [*json_calls("tail", chosen, strict, lambda i, tool: f"{lit(tool.name + '>')} "
+                                                                 f'args{i} "</function>"'),
+                'call: "<function=" tail']
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {'call+' if plan.parallel else 'call'}",
-                          *self._rules(list(chosen), plan.strict)]) + "\n"
+        return lark("call+" if plan.parallel else "call", self._rules(list(chosen), plan.strict))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `<function=` and a tool's name: the grammar starts there."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join([f"start: tail{' call*' if plan.parallel else ''}",
-                             *self._rules(list(plan.tools), plan.strict)]) + "\n"
+        grammar = lark("tail call*" if plan.parallel else "tail",
+                       self._rules(list(plan.tools), plan.strict))
         return Steering([f"<function=(?=(?:{_names(plan.tools)})>)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
@@ -278,12 +275,8 @@ class FunctionaryV32(Format):
                                forced=plan.choice != "auto", only=only_tool(plan))
 
     def _rules(self, chosen: list[Tool], strict: bool) -> list[str]:
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f"call{i}: {json.dumps(tool.name + chr(10))} args{i}")
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
-        return rules
+        return json_calls("call", chosen, strict,
+                          lambda i, tool: f"{lit(tool.name + chr(10))} args{i}")
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         """The calls the output starts with (the prompt wrote the first `>>>`)."""
@@ -291,7 +284,7 @@ class FunctionaryV32(Format):
         if chosen is None:
             return None
         root = 'call (">>>" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(list(chosen), plan.strict)]) + "\n"
+        return lark(root, self._rules(list(chosen), plan.strict))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at a recipient that is a tool: the output's first line (the
@@ -301,8 +294,7 @@ class FunctionaryV32(Format):
             return None
         root = 'call (">>>" call)*' if plan.parallel else "call"
         names = _names(plan.tools)
-        grammar = "\n".join([f"start: {root}", *self._rules(list(plan.tools),
-                                                            plan.strict)]) + "\n"
+        grammar = lark(root, self._rules(list(plan.tools), plan.strict))
         return Steering([f"\\A\\n(?=(?:{names})\\n)", f">>>(?=(?:{names})\\n)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

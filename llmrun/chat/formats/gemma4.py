@@ -16,7 +16,16 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, Gathered, choice, lit, marker_writer, past
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    lark,
+    lit,
+    marker_writer,
+    one_of,
+    past,
+)
 from llmrun.chat.formats.jsonlist import Unwrapped
 from llmrun.chat.formats.xml import _types, free_text
 from llmrun.chat.thinking import Splitter, ThinkStream
@@ -263,7 +272,7 @@ class Gemma4(Family):
         for i, tool in enumerate(chosen):
             rules.append(f"tail{i}: {lit(tool.name)} members{i} {mark(CLOSE)}")
             rules += _members_rules(i, tool, mark(QUOTE))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'call: {mark(OPEN)} "call:" tail')
         return rules
 
@@ -271,8 +280,7 @@ class Gemma4(Family):
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {'call+' if plan.parallel else 'call'}",
-                          *self._rules(list(chosen), special)]) + "\n"
+        return lark("call+" if plan.parallel else "call", self._rules(list(chosen), special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `<|tool_call>call:` and a tool's name: the grammar starts at
@@ -280,8 +288,8 @@ class Gemma4(Family):
         if plan.choice != "auto":
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
-        grammar = "\n".join([f"start: tail{' call*' if plan.parallel else ''}",
-                             *self._rules(list(plan.tools), special)]) + "\n"
+        grammar = lark("tail call*" if plan.parallel else "tail",
+                       self._rules(list(plan.tools), special))
         return Steering([re.escape(OPEN) + f"call:(?=(?:{names})\\{{)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from llmrun.chat.formats.base import (
     Family,
     Gathered,
-    args_rule,
     choice,
+    json_calls,
+    lark,
+    lit,
     marker_writer,
     object_at,
     past,
@@ -129,14 +131,9 @@ class Harmony(Family):
         # `<|call|>` ends generation where it is a special token (an end-of-generation
         # one, which the grammar's end allows); written out, the grammar writes it
         close = "" if special and CALL in special else f" {mark(CALL)}"
-        rules = []
-        for i, tool in enumerate(chosen):
-            name = tool.name  # type: ignore[attr-defined]
-            rules.append(f'tail{i}: {json.dumps(name)} " " {mark(CONSTRAIN)} "json" '
-                         f"{mark(MESSAGE)} args{i}{close}")
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        return rules
+        return json_calls("tail", chosen, strict,
+                          lambda i, tool: f'{lit(tool.name)} " " {mark(CONSTRAIN)} "json" '
+                                          f"{mark(MESSAGE)} args{i}{close}")
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         """One call (gpt-oss makes one per turn: harmony ends the turn at `<|call|>`), maybe
@@ -145,21 +142,19 @@ class Harmony(Family):
         if chosen is None:
             return None
         mark = marker_writer(special)
-        return "\n".join([
-            "start: thought? call",
+        return lark("thought? call", [
             f'thought: {mark(CHANNEL)} "analysis" {mark(MESSAGE)} thought_body '
             f'{mark(START)} "assistant"',
             free_text("thought_body", END, special),
             f'call: {mark(CHANNEL)} "commentary to=functions." tail',
-            *self._rules(list(chosen), plan.strict, special)]) + "\n"
+            *self._rules(list(chosen), plan.strict, special)])
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `to=functions.` in a commentary header: the grammar starts
         at the name."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join(["start: tail",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark("tail", self._rules(list(plan.tools), plan.strict, special))
         return Steering([re.escape(CHANNEL) + r"commentary to=functions\."], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import choice, lit, one_of, text_writer
+from llmrun.chat.formats.base import choice, lark, lit, one_of, text_writer
 from llmrun.chat.formats.xml import EndedByCall, Tagged, _types, param_rules
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
@@ -128,9 +128,8 @@ class Invoke(Tagged):
         t = self._text
         calls = "call+" if plan.parallel else "call"
         lead = f" {lit(self.lead)}" if self.lead else ""
-        return "\n".join([f"start: {self._before(special)}{t(self.block[0], special)}{lead} "
-                          f"{calls} {t(self.block[1], special)}",
-                          *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(f"{self._before(special)}{t(self.block[0], special)}{lead} {calls} "
+                    f"{t(self.block[1], special)}", self._rules(chosen, plan.strict, special))
 
     def _before(self, special: dict[str, int] | None) -> str:
         """What a forced call's grammar lets come before the block (with a space after)."""
@@ -142,8 +141,8 @@ class Invoke(Tagged):
             return None
         calls = "call+" if plan.parallel else "call"
         lead = f"{lit(self.lead)} " if self.lead else ""
-        grammar = "\n".join([f"start: {lead}{calls} {self._text(self.block[1], special)}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f"{lead}{calls} {self._text(self.block[1], special)}",
+                       self._rules(list(plan.tools), plan.strict, special))
         return Steering([re.escape(self.block[0])], grammar)
 
     def _name_end_text(self, index: int) -> str:

@@ -35,7 +35,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, Gathered, args_rule, choice, lit, past, text_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    json_calls,
+    lark,
+    lit,
+    past,
+    text_writer,
+)
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
@@ -230,11 +239,8 @@ class JsonList(Family):
     def _rules(self, chosen: list[Tool], plan: ToolPlan,
                special: dict[str, int] | None) -> list[str]:
         """Rule `calls` (the objects, the layout's end and the closing marker) and theirs."""
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f'call{i}: {self._head_rule(tool.name)} args{i} "}}"')
-            rules.append(args_rule(f"args{i}", tool, plan.strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
+        rules = json_calls("call", chosen, plan.strict,
+                           lambda i, tool: f'{self._head_rule(tool.name)} args{i} "}}"')
         more = f" ({lit(self.sep)} call)*" if plan.parallel and not self.single else ""
         end = " " + lit(self.end) if self.end else ""
         close = " " + text_writer(special)(self.close) if self.close else ""
@@ -248,15 +254,14 @@ class JsonList(Family):
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {text_writer(special)(self.open)} {self._lead()}calls",
-                          *self._rules(list(chosen), plan, special)]) + "\n"
+        return lark(f"{text_writer(special)(self.open)} {self._lead()}calls",
+                    self._rules(list(chosen), plan, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """The family's marker starts the grammar: the calls and their end."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join([f"start: {self._lead()}calls",
-                             *self._rules(list(plan.tools), plan, special)]) + "\n"
+        grammar = lark(f"{self._lead()}calls", self._rules(list(plan.tools), plan, special))
         return Steering([re.escape(self.open)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmrun.chat.formats.base import choice, lit, marker_writer, one_of
+from llmrun.chat.formats.base import choice, lark, lit, marker_writer, one_of
 from llmrun.chat.formats.messages import MessageSplitter
 from llmrun.chat.formats.xml import Tagged, free_text, param_rules
 from llmrun.chat.thinking import Splitter
@@ -130,12 +130,11 @@ class MuseGlimmer(Tagged):
         more = " next*" if plan.parallel else ""
         # (" to=" once, before both: a literal that is a prefix of another ends a lexeme
         # too soon, so " to=" and " to=self" would refuse a tool named "se...")
-        return "\n".join([
-            f'start: " to=" (thought | tail{more})',
+        return lark(f'" to=" (thought | tail{more})', [
             f'thought: "self" {mark(MESSAGE)} thought_body {mark(START)} "assistant to=" '
             f"tail{more}",
             free_text("thought_body", EOM, special),
-            *self._rules(list(chosen), plan.strict, special)]) + "\n"
+            *self._rules(list(chosen), plan.strict, special)])
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at a recipient that is a tool, the output's first or one after
@@ -144,8 +143,7 @@ class MuseGlimmer(Tagged):
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         more = " next*" if plan.parallel else ""
-        grammar = "\n".join([f"start: tail{more}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f"tail{more}", self._rules(list(plan.tools), plan.strict, special))
         return Steering([r"(?:\A\n|<\|start\|>assistant) to=(?=(?:" + names + r")<\|message\|>)"],
                         grammar)
 

@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, Gathered, choice, lit, marker_writer, one_of
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    lark,
+    lit,
+    marker_writer,
+    one_of,
+)
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
@@ -111,15 +119,14 @@ class Tagged(Family):
         if chosen is None:
             return None
         root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(root, self._rules(chosen, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         if plan.choice != "auto":
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         root = 'tail ("\\n" call)*' if plan.parallel else "tail"
-        grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(root, self._rules(list(plan.tools), plan.strict, special))
         return Steering([self.trigger.format(names=names)], grammar)
 
     def parse(self, text: str, check: ToolCheck,
@@ -380,8 +387,8 @@ class GLM(Tagged):
             return None
         mark = marker_writer(special)
         calls = '(call "\\n")+' if plan.parallel else 'call "\\n"'
-        return "\n".join([f'start: {mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
-                          *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(f'{mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
+                    self._rules(chosen, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         if self.block is None:
@@ -390,8 +397,8 @@ class GLM(Tagged):
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         more = ' (call "\\n")*' if plan.parallel else ""
-        grammar = "\n".join([f'start: tail "\\n"{more} {marker_writer(special)(self.block[1])}',
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f'tail "\\n"{more} {marker_writer(special)(self.block[1])}',
+                       self._rules(list(plan.tools), plan.strict, special))
         return Steering([self.trigger.format(names=names)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
