@@ -14,8 +14,8 @@ from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import Tool, ToolCall
 from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 NAMES = ["command-r7b", "command-r-plus", "granite", "apriel", "firefunction"]
 TEMPLATE = {"command-r7b": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
@@ -32,26 +32,13 @@ THOUGHT = {"command-r7b": ("<|START_THINKING|>I'm\nthinking<|END_THINKING|>", Fa
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", tools: list[Tool] | None = None,
         template: str | None = None) -> tuple[str, str, Any]:
-    """(thinking, content, finished) of `text` streamed in `pieces` through the family's
-    splitter and reader, as the runner applies them."""
+    """`cases.run` by the family's real template (the prompt opened a thought where
+    THOUGHT says so and the text ends one)."""
     fmt = BY_NAME[name]
-    assert "".join(pieces) == text
     source = (TEMPLATES / (template or TEMPLATE[name])).read_text()
     pair = fmt.think_pair(source)
-    inside = THOUGHT.get(name, ("", False))[1] and text.find(pair[1]) != -1 if pair else False
-    split = fmt.splitter(pair, inside=inside, keep=True) if pair else None
-    reader = fmt.reader(ToolPlan(INFO, tools or TOOLS, choice))
-    thought, content = [], []
-    for piece in pieces:
-        t, c = split.push(piece) if split else ("", piece)
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    if split:
-        t, c = split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    inside = bool(THOUGHT.get(name, ("", False))[1] and pair and text.find(pair[1]) != -1)
+    return cases.run(name, text, pieces, truncated, choice, inside, tools, template=source)
 
 
 def written(name: str, calls: list[ToolCall], thought: bool = True) -> str:
