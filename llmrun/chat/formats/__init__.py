@@ -79,8 +79,18 @@ from llmrun.chat.formats.functionary import FunctionaryV31, FunctionaryV32
 from llmrun.chat.formats.gemma4 import Gemma4
 from llmrun.chat.formats.harmony import Harmony
 from llmrun.chat.formats.invoke import DeepSeekV4, DeepSeekV32, KimiK3, MiniMaxM2
-from llmrun.chat.formats.jsonlist import Apriel, CommandR7B, CommandRPlus, Firefunction, Granite
-from llmrun.chat.formats.jsonobjects import Apertus, GigaChat3, GigaChat31, MiniMaxM1, Nemotron
+from llmrun.chat.formats.jsonlist import (
+    Apertus,
+    Apriel,
+    CommandR7B,
+    CommandRPlus,
+    Firefunction,
+    GigaChat3,
+    GigaChat31,
+    Granite,
+    MiniMaxM1,
+    Nemotron,
+)
 from llmrun.chat.formats.minicpm import MiniCPM5
 from llmrun.chat.formats.muse import MuseGlimmer
 from llmrun.chat.formats.nested import MiniMaxM3

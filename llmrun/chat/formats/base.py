@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from llmrun.chat.toolcalls import (
     new_call_id,
     parse_calls,
 )
-from llmrun.chat.toolcalls.jsontext import whole_object
+from llmrun.chat.toolcalls.jsontext import balanced, loads, whole_object
 from llmrun.chat.toolcalls.stream import distinct, release
 from llmrun.chat.tools import Steering, ToolPlan
 from llmrun.request import PartialCall, ToolCall
@@ -119,6 +120,28 @@ def args_rule(name: str, tool: Any, strict: bool) -> str:
     return f"{name}: %json {tools._arguments_schema(tool, strict)}"
 
 
+def lark(start: str, rules: list[str]) -> str:
+    """A Lark grammar: its start rule (`start`: the rule's body) and `rules`."""
+    return "\n".join([f"start: {start}", *rules]) + "\n"
+
+
+def json_calls(rule: str, chosen: list[Any], strict: bool,
+               body: Callable[[int, Any], str]) -> list[str]:
+    """The rules of calls whose arguments are JSON: `{rule}{i}` a tool (`body(i, tool)`,
+    which names `args{i}`), `args{i}` its arguments by its schema, and `{rule}` any one."""
+    rules = []
+    for i, tool in enumerate(chosen):
+        rules.append(f"{rule}{i}: {body(i, tool)}")
+        rules.append(args_rule(f"args{i}", tool, strict))
+    rules.append(one_of(rule, len(chosen)))
+    return rules
+
+
+def one_of(rule: str, n: int) -> str:
+    """Lark rule `rule`: any one of `rule0` .. `rule{n-1}` (a rule a tool)."""
+    return f"{rule}: " + " | ".join(f"{rule}{i}" for i in range(n))
+
+
 def choice(plan: ToolPlan) -> list[Any] | None:
     """The tools a forced grammar may call (None: "auto", nothing forced)."""
     if isinstance(plan.choice, tools.NamedTool):
@@ -133,6 +156,58 @@ def only_tool(plan: ToolPlan) -> str | None:
     if isinstance(plan.choice, tools.NamedTool):
         return plan.choice.name
     return plan.tools[0].name if len(plan.tools) == 1 else None
+
+
+def object_at(text: str, pos: int) -> tuple[int, dict[str, Any]] | None:
+    """The JSON object at `text[pos]` (blanks before it aside) and where it ends; None if
+    none closes there."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    end = balanced(text, pos) if text.startswith("{", pos) else None
+    if end is None:
+        return None
+    try:
+        value = loads(text[pos:end])
+    except (ValueError, RecursionError):
+        return None
+    return (end, value) if isinstance(value, dict) else None
+
+
+def past(text: str, pos: int, marker: str) -> int:
+    """Where the text after `pos` resumes: past `marker` if it follows (blanks before it
+    aside), else `pos`."""
+    at = pos
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at + len(marker) if marker and text.startswith(marker, at) else pos
+
+
+@dataclass
+class Gathered:
+    """What a family's `parse` gathers from a text: the calls, and the text around them
+    (the pieces between the calls, stripped, joined by a space), the content."""
+
+    text: str
+    calls: list[ToolCall] = field(default_factory=list)
+    pos: int = 0  # where the text after the last call resumes
+    _around: list[str] = field(default_factory=list)
+
+    def add(self, start: int, end: int, *calls: ToolCall) -> None:
+        """Calls written from `start` to `end` (the text before them is kept)."""
+        self._around.append(self.text[self.pos:start])
+        self.calls += calls
+        self.pos = end
+
+    def call(self, start: int, end: int, name: str, args: dict[str, Any]) -> None:
+        self.add(start, end, ToolCall(id=new_call_id(), name=name, arguments=args))
+
+    def result(self, whole: bool = True) -> tuple[list[ToolCall], str] | None:
+        """(calls, the text around them), None without calls; not `whole`: what follows
+        the last call is dropped (a further call the token limit cut)."""
+        if not self.calls:
+            return None
+        around = [*self._around, self.text[self.pos:]] if whole else self._around
+        return self.calls, " ".join(r.strip() for r in around if r.strip())
 
 
 class Family(Format):
@@ -212,6 +287,6 @@ class MarkedReader:
         return Finished(held, lps, [])
 
 
-__all__ = ["DEFAULT", "CallReader", "Family", "Format", "MarkedReader", "Splitter",
-           "ToolStream", "args_rule", "choice", "distinct", "lit", "marker_writer",
-           "only_tool", "text_writer"]
+__all__ = ["DEFAULT", "CallReader", "Family", "Format", "Gathered", "MarkedReader", "Splitter",
+           "ToolStream", "args_rule", "choice", "distinct", "json_calls", "lark", "lit",
+           "marker_writer", "object_at", "one_of", "only_tool", "past", "text_writer"]

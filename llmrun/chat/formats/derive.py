@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrun.chat import templates, thinking
-from llmrun.chat.formats.base import Family, args_rule, choice
+from llmrun.chat.formats.base import Family, choice, json_calls, lark
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -331,13 +331,12 @@ class Derived(Family):
     def _rules(self, plan: ToolPlan, chosen: list[Any],
                special: dict[str, int] | None) -> list[str]:
         env = self.env
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f"call{i}: {self._literal(env.head + tool.name + env.mid, special)} "
-                         f"args{i} {self._literal(env.tail, special)}")
-            rules.append(args_rule(f"args{i}", tool, plan.strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
-        return rules
+        tail = self._literal(env.tail, special)
+
+        def call(i: int, tool: Any) -> str:
+            return f"{self._literal(env.head + tool.name + env.mid, special)} args{i} {tail}"
+
+        return json_calls("call", chosen, plan.strict, call)
 
     def _root(self, plan: ToolPlan, special: dict[str, int] | None) -> str:
         more = f"({self._literal(self.env.sep, special)} call)*" if plan.parallel else ""
@@ -347,9 +346,8 @@ class Derived(Family):
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {self._literal(self.env.open, special)} "
-                          + self._root(plan, special),
-                          *self._rules(plan, list(chosen), special)]) + "\n"
+        return lark(f"{self._literal(self.env.open, special)} {self._root(plan, special)}",
+                    self._rules(plan, list(chosen), special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """The first marker starts the grammar: the rest of the section, then its calls."""

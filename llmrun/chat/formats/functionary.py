@@ -14,7 +14,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrun.chat.formats.base import Family, Format, args_rule, choice, only_tool
+from llmrun.chat.formats.base import (
+    Family,
+    Format,
+    Gathered,
+    choice,
+    json_calls,
+    lark,
+    lit,
+    object_at,
+    only_tool,
+    past,
+)
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.toolcalls import (
@@ -25,26 +36,12 @@ from llmrun.chat.toolcalls import (
     new_call_id,
     parse_calls,
 )
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting, whole_object
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting, whole_object
 from llmrun.chat.toolcalls.stream import distinct, release
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import PartialCall, Tool, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
-
-
-def _args_at(text: str, pos: int) -> tuple[int, dict[str, Any]] | None:
-    """The JSON object at `text[pos]` (blanks before it aside) and where it ends."""
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    end = balanced(text, pos) if text[pos:pos + 1] == "{" else None
-    if end is None:
-        return None
-    try:
-        args = loads(text[pos:end])
-    except ValueError:
-        return None
-    return (end, args) if isinstance(args, dict) else None
 
 
 def _names(chosen: list[Tool]) -> str:
@@ -64,39 +61,24 @@ class FunctionaryV31(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for _ in range(MAX_TRIES):
-            tag = self._TAG.search(text, pos)
-            python = text.find(PYTHON_TAG, pos)
+            tag = self._TAG.search(text, got.pos)
+            python = text.find(PYTHON_TAG, got.pos)
             if python != -1 and (tag is None or python < tag.start()):
                 # the code runs to the end: Llama 3.1's `python` tool, whose argument it is
                 code = text[python + len(PYTHON_TAG):].strip()
                 if not code or not check.accepts("python", {"code": code}):
                     return None
-                rest.append(text[pos:python])
-                calls.append(ToolCall(id=new_call_id(), name="python",
-                                      arguments={"code": code}))
-                pos = len(text)
+                got.call(python, len(text), "python", {"code": code})
                 break
             if tag is None:
                 break
-            found = _args_at(text, tag.end())
+            found = object_at(text, tag.end())
             if found is None or not check.accepts(tag.group(1), found[1]):
-                if truncated and calls:
-                    return calls, " ".join(r.strip() for r in rest if r.strip())
-                return None
-            rest.append(text[pos:tag.start()])
-            calls.append(ToolCall(id=new_call_id(), name=tag.group(1), arguments=found[1]))
-            pos = found[0]
-            closing = text[pos:].lstrip()
-            if closing.startswith("</function>"):
-                pos = len(text) - len(closing) + len("</function>")
-        if not calls:
-            return None
-        rest.append(text[pos:])
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+                return got.result(whole=False) if truncated else None
+            got.call(tag.start(), past(text, found[0], "</function>"), tag.group(1), found[1])
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(self._TAG.finditer(text))[-1:]
@@ -105,27 +87,22 @@ class FunctionaryV31(Family):
         return found[0].group(1), text[found[0].end():].strip()
 
     def _rules(self, chosen: list[Tool], strict: bool) -> list[str]:
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f'tail{i}: {json.dumps(tool.name + ">")} args{i} "</function>"')
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        rules.append('call: "<function=" tail')
-        return rules
+        return [*json_calls("tail", chosen, strict, lambda i, tool: f"{lit(tool.name + '>')} "
+                                                                 f'args{i} "</function>"'),
+                'call: "<function=" tail']
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {'call+' if plan.parallel else 'call'}",
-                          *self._rules(list(chosen), plan.strict)]) + "\n"
+        return lark("call+" if plan.parallel else "call", self._rules(list(chosen), plan.strict))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `<function=` and a tool's name: the grammar starts there."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join([f"start: tail{' call*' if plan.parallel else ''}",
-                             *self._rules(list(plan.tools), plan.strict)]) + "\n"
+        grammar = lark("tail call*" if plan.parallel else "tail",
+                       self._rules(list(plan.tools), plan.strict))
         return Steering([f"<function=(?=(?:{_names(plan.tools)})>)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
@@ -232,7 +209,7 @@ class RecipientReader:
                     break
                 pos = at
                 continue
-            found = _args_at(text, m.end())
+            found = object_at(text, m.end())
             if found is None or not self.check.accepts(m.group(1), found[1]):
                 if truncated and calls:
                     pos = len(text)
@@ -298,12 +275,8 @@ class FunctionaryV32(Format):
                                forced=plan.choice != "auto", only=only_tool(plan))
 
     def _rules(self, chosen: list[Tool], strict: bool) -> list[str]:
-        rules = []
-        for i, tool in enumerate(chosen):
-            rules.append(f"call{i}: {json.dumps(tool.name + chr(10))} args{i}")
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
-        return rules
+        return json_calls("call", chosen, strict,
+                          lambda i, tool: f"{lit(tool.name + chr(10))} args{i}")
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         """The calls the output starts with (the prompt wrote the first `>>>`)."""
@@ -311,7 +284,7 @@ class FunctionaryV32(Format):
         if chosen is None:
             return None
         root = 'call (">>>" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(list(chosen), plan.strict)]) + "\n"
+        return lark(root, self._rules(list(chosen), plan.strict))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at a recipient that is a tool: the output's first line (the
@@ -321,8 +294,7 @@ class FunctionaryV32(Format):
             return None
         root = 'call (">>>" call)*' if plan.parallel else "call"
         names = _names(plan.tools)
-        grammar = "\n".join([f"start: {root}", *self._rules(list(plan.tools),
-                                                            plan.strict)]) + "\n"
+        grammar = lark(root, self._rules(list(plan.tools), plan.strict))
         return Steering([f"\\A\\n(?=(?:{names})\\n)", f">>>(?=(?:{names})\\n)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -16,11 +16,20 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    lark,
+    lit,
+    marker_writer,
+    one_of,
+    past,
+)
 from llmrun.chat.formats.jsonlist import Unwrapped
 from llmrun.chat.formats.xml import _types, free_text
 from llmrun.chat.thinking import Splitter, ThinkStream
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -227,11 +236,9 @@ class Gemma4(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for _ in range(MAX_TRIES):
-            m = _HEAD.search(text, pos)
+            m = _HEAD.search(text, got.pos)
             if m is None:
                 break
             reader = _Reader(text)
@@ -239,21 +246,11 @@ class Gemma4(Family):
             try:
                 args = reader.members()
             except _Cut:
-                if truncated and calls:
-                    return calls, " ".join(r.strip() for r in rest if r.strip())
-                return None
+                return got.result(whole=False) if truncated else None
             if not check.accepts(m.group(1), args):
                 return None
-            rest.append(text[pos:m.start()])
-            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            pos = reader.pos
-            closing = text[pos:].lstrip()
-            if closing.startswith(CLOSE):
-                pos = len(text) - len(closing) + len(CLOSE)
-        if not calls:
-            return None
-        rest.append(text[pos:])
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(m.start(), past(text, reader.pos, CLOSE), m.group(1), args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(_HEAD.finditer(text))[-1:]
@@ -275,7 +272,7 @@ class Gemma4(Family):
         for i, tool in enumerate(chosen):
             rules.append(f"tail{i}: {lit(tool.name)} members{i} {mark(CLOSE)}")
             rules += _members_rules(i, tool, mark(QUOTE))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'call: {mark(OPEN)} "call:" tail')
         return rules
 
@@ -283,8 +280,7 @@ class Gemma4(Family):
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f"start: {'call+' if plan.parallel else 'call'}",
-                          *self._rules(list(chosen), special)]) + "\n"
+        return lark("call+" if plan.parallel else "call", self._rules(list(chosen), special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `<|tool_call>call:` and a tool's name: the grammar starts at
@@ -292,8 +288,8 @@ class Gemma4(Family):
         if plan.choice != "auto":
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
-        grammar = "\n".join([f"start: tail{' call*' if plan.parallel else ''}",
-                             *self._rules(list(plan.tools), special)]) + "\n"
+        grammar = lark("tail call*" if plan.parallel else "tail",
+                       self._rules(list(plan.tools), special))
         return Steering([re.escape(OPEN) + f"call:(?=(?:{names})\\{{)"], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

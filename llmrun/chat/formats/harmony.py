@@ -23,11 +23,21 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    json_calls,
+    lark,
+    lit,
+    marker_writer,
+    object_at,
+    past,
+)
+from llmrun.chat.formats.messages import MessageSplitter
 from llmrun.chat.formats.xml import free_text
-from llmrun.chat.textstream import partial_match
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import ToolCall
 
@@ -36,7 +46,6 @@ END, CALL, RETURN, CONSTRAIN = "<|end|>", "<|call|>", "<|return|>", "<|constrain
 _ENDS = (END, CALL, RETURN)
 # What ends a body without ending the message first (a model that skipped `<|end|>`)
 _OPENS = (START, CHANNEL)
-_HEADER_LIMIT = 256  # a header is short: longer text without `<|message|>` is content
 CANON = CHANNEL + "commentary to=functions."
 _RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<\||$)")
 _CHANNEL_NAME = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -44,62 +53,25 @@ _CALL = re.compile(re.escape(CANON) + r"([^\s<>]{1,256})" + re.escape(MESSAGE))
 
 
 @dataclass
-class HarmonySplitter:
+class HarmonySplitter(MessageSplitter):
     """(thinking, content) of streamed harmony messages (the module's doc)."""
 
-    keep: bool = True
-    _held: str = ""
-    _state: str = "head"  # head: reading a header; body: a message's body; text: no headers
     _channel: str = ""
     _recipient: str | None = None
 
-    def push(self, text: str) -> tuple[str, str]:
-        self._held += text
-        thinking: list[str] = []
-        content: list[str] = []
-        while self._held:
-            if self._state == "head":
-                at = self._held.find(MESSAGE)
-                if at == -1:
-                    if len(self._held) > _HEADER_LIMIT or not self._maybe_header():
-                        self._state = "text"  # no harmony here: plain text
-                        continue
-                    break
-                self._open(self._held[:at])
-                self._held = self._held[at + len(MESSAGE):]
-                if self._recipient is not None:
-                    content.append(CANON + self._recipient + MESSAGE)
-                self._state = "body"
-            elif self._state == "body":
-                ends = [(i, m) for m in (*_ENDS, *_OPENS) if (i := self._held.find(m)) != -1]
-                if not ends:
-                    keep = partial_match(self._held, (*_ENDS, *_OPENS))
-                    self._emit(self._held[:len(self._held) - keep], thinking, content)
-                    self._held = self._held[len(self._held) - keep:]
-                    break
-                at, marker = min(ends)
-                self._emit(self._held[:at], thinking, content)
-                self._close(content)
-                self._held = self._held[at + (len(marker) if marker in _ENDS else 0):]
-                self._state = "head"
-            else:
-                content.append(self._held)
-                self._held = ""
-        return "".join(thinking) if self.keep else "", "".join(content)
+    message = MESSAGE
+    ends = _ENDS
+    opens = _OPENS
+    header_starts = (START, CHANNEL)
 
-    def _maybe_header(self) -> bool:
-        """Whether the held text may still be a header (it starts with a marker, blanks
-        aside)."""
-        head = self._held.lstrip()
-        return any(head.startswith(m) or m.startswith(head) for m in (START, CHANNEL))
-
-    def _open(self, header: str) -> None:
+    def _open(self, header: str) -> str:
         channel = _CHANNEL_NAME.search(header)
         self._channel = channel.group(1) if channel else "final"
         recipient = _RECIPIENT.search(header)
         name = recipient.group(1) if recipient else None
         self._recipient = name[len("functions."):] if name and name.startswith(
             "functions.") else name
+        return "" if self._recipient is None else CANON + self._recipient + MESSAGE
 
     def _emit(self, text: str, thinking: list[str], content: list[str]) -> None:
         if self._channel == "analysis" and self._recipient is None:
@@ -107,21 +79,9 @@ class HarmonySplitter:
         else:
             content.append(text)
 
-    def _close(self, content: list[str]) -> None:
-        if self._recipient is not None:
-            content.append(CALL)
-        self._recipient = None
-
-    def finish(self) -> tuple[str, str]:
-        held, self._held = self._held, ""
-        if self._state == "body":
-            thinking: list[str] = []
-            content: list[str] = []
-            self._emit(held, thinking, content)
-            return ("".join(thinking) if self.keep else ""), "".join(content)
-        if self._state == "head" and self._maybe_header():
-            return "", ""  # a header cut off: no text of it is the answer
-        return "", held
+    def _close(self) -> str:
+        ended, self._recipient = self._recipient, None
+        return "" if ended is None else CALL
 
 
 class Harmony(Family):
@@ -148,36 +108,15 @@ class Harmony(Family):
               truncated: bool) -> tuple[list[ToolCall], str] | None:
         if nesting(text) > MAX_DEPTH:
             return None
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for m in list(_CALL.finditer(text))[:MAX_TRIES]:
-            start = m.end()
-            while start < len(text) and text[start].isspace():
-                start += 1
-            end = balanced(text, start) if text[start:start + 1] == "{" else None
-            try:
-                args = loads(text[start:end]) if end is not None else None
-            except ValueError:
-                args = None
-            if not isinstance(args, dict) or end is None:
-                if truncated and calls:
-                    break
+            found = object_at(text, m.end())
+            if found is None:
+                return got.result(whole=False) if truncated else None
+            if not check.accepts(m.group(1), found[1]):
                 return None
-            if not check.accepts(m.group(1), args):
-                return None
-            calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            rest.append(text[pos:m.start()])
-            pos = end
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if text.startswith(CALL, pos):
-                pos += len(CALL)
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(m.start(), past(text, found[0], CALL), m.group(1), found[1])
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = list(_CALL.finditer(text))
@@ -192,14 +131,9 @@ class Harmony(Family):
         # `<|call|>` ends generation where it is a special token (an end-of-generation
         # one, which the grammar's end allows); written out, the grammar writes it
         close = "" if special and CALL in special else f" {mark(CALL)}"
-        rules = []
-        for i, tool in enumerate(chosen):
-            name = tool.name  # type: ignore[attr-defined]
-            rules.append(f'tail{i}: {json.dumps(name)} " " {mark(CONSTRAIN)} "json" '
-                         f"{mark(MESSAGE)} args{i}{close}")
-            rules.append(args_rule(f"args{i}", tool, strict))
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
-        return rules
+        return json_calls("tail", chosen, strict,
+                          lambda i, tool: f'{lit(tool.name)} " " {mark(CONSTRAIN)} "json" '
+                                          f"{mark(MESSAGE)} args{i}{close}")
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         """One call (gpt-oss makes one per turn: harmony ends the turn at `<|call|>`), maybe
@@ -208,21 +142,19 @@ class Harmony(Family):
         if chosen is None:
             return None
         mark = marker_writer(special)
-        return "\n".join([
-            "start: thought? call",
+        return lark("thought? call", [
             f'thought: {mark(CHANNEL)} "analysis" {mark(MESSAGE)} thought_body '
             f'{mark(START)} "assistant"',
             free_text("thought_body", END, special),
             f'call: {mark(CHANNEL)} "commentary to=functions." tail',
-            *self._rules(list(chosen), plan.strict, special)]) + "\n"
+            *self._rules(list(chosen), plan.strict, special)])
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at `to=functions.` in a commentary header: the grammar starts
         at the name."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join(["start: tail",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark("tail", self._rules(list(plan.tools), plan.strict, special))
         return Steering([re.escape(CHANNEL) + r"commentary to=functions\."], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import choice, lit, text_writer
-from llmrun.chat.formats.xml import EndedByCall, Tagged, _properties, _types, _value_rule
+from llmrun.chat.formats.base import choice, lark, lit, one_of, text_writer
+from llmrun.chat.formats.xml import EndedByCall, Tagged, _types, param_rules
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
@@ -57,7 +57,7 @@ class Invoke(Tagged):
         b0, b1 = (re.escape(b) for b in self.block)
         call, param = re.escape(self.call_open), re.escape(self.param_open)
         # each call, with the block's opening tag before the first and its end after the last
-        self._call = re.compile(
+        self._CALL = re.compile(
             rf"(?:{b0}\s*)?{call}([^\"<>\s]{{1,256}})\"{self._name_end}(.*?)"
             rf"(?:({re.escape(self.call_close.strip())})\s*(?:{b1})?|(?={call}|{b0})|$)",
             re.S)
@@ -80,10 +80,6 @@ class Invoke(Tagged):
         if not self.typed:
             return '">'
         return f'" string="{"true" if value == "string" else "false"}">'
-
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._call.finditer(text)]
 
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []
@@ -110,19 +106,18 @@ class Invoke(Tagged):
         t = self._text
         close = self._value_close(special)
         rest = self.param_close[len(close):]
+        after = f" {t(rest, special)}" if rest else ""
+
+        def param(key: str, schema: Any, value: str) -> str:
+            opener = self.param_open + key + self._attrs(self._schema_type(schema))
+            return f"{t(opener, special)} {value}{after}"
+
         for i, tool in enumerate(chosen):
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(_properties(tool).items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, close, special)
-                opener = self.param_open + key + self._attrs(self._schema_type(schema))
-                rules.append(f"p{i}_{k}: {t(opener, special)} {value}"
-                             + (f" {t(rest, special)}" if rest else ""))
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"tail{i}: {lit(tool.name)} {self._name_end_rule(special)} "
-                         + " ".join(parts) + f" {t(self.call_close, special)}")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+            params, parts = param_rules(i, tool, strict, close, special, param)
+            rules += params
+            rules.append(f"tail{i}: {lit(tool.name)} {self._name_end_rule(special)} {parts} "
+                         f"{t(self.call_close, special)}")
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {t(self.call_open, special)} tail")
         return rules
 
@@ -133,9 +128,8 @@ class Invoke(Tagged):
         t = self._text
         calls = "call+" if plan.parallel else "call"
         lead = f" {lit(self.lead)}" if self.lead else ""
-        return "\n".join([f"start: {self._before(special)}{t(self.block[0], special)}{lead} "
-                          f"{calls} {t(self.block[1], special)}",
-                          *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(f"{self._before(special)}{t(self.block[0], special)}{lead} {calls} "
+                    f"{t(self.block[1], special)}", self._rules(chosen, plan.strict, special))
 
     def _before(self, special: dict[str, int] | None) -> str:
         """What a forced call's grammar lets come before the block (with a space after)."""
@@ -147,8 +141,8 @@ class Invoke(Tagged):
             return None
         calls = "call+" if plan.parallel else "call"
         lead = f"{lit(self.lead)} " if self.lead else ""
-        grammar = "\n".join([f"start: {lead}{calls} {self._text(self.block[1], special)}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f"{lead}{calls} {self._text(self.block[1], special)}",
+                       self._rules(list(plan.tools), plan.strict, special))
         return Steering([re.escape(self.block[0])], grammar)
 
     def _name_end_text(self, index: int) -> str:

@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import lit, marker_writer
-from llmrun.chat.formats.xml import Tagged, _properties, _value_rule
+from llmrun.chat.formats.base import lit, marker_writer, one_of
+from llmrun.chat.formats.xml import Tagged, param_rules
 from llmrun.chat.tools import TemplateInfo
 from llmrun.request import Tool, ToolCall
 
@@ -31,10 +31,6 @@ class MiniCPM5(Tagged):
 
     def matches(self, template: str) -> bool:
         return '<function name="' in template and '<param name="' in template
-
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
 
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []
@@ -64,18 +60,14 @@ class MiniCPM5(Tagged):
         mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
-            props = _properties(tool)
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, "</param>", special)
-                rules.append(f"p{i}_{k}: {mark('<param')} {lit(f' name={json.dumps(key)}>')} "
-                             f"{value}")
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-            rules.append(f"tail{i}: {lit(json.dumps(tool.name)[1:] + '>')} "
-                         + " ".join(parts) + f" {mark('</function>')}")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+            params, parts = param_rules(
+                i, tool, strict, "</param>", special,
+                lambda key, _, value: f"{mark('<param')} {lit(f' name={json.dumps(key)}>')} "
+                                      f"{value}")
+            rules += params
+            rules.append(f"tail{i}: {lit(json.dumps(tool.name)[1:] + '>')} {parts} "
+                         f"{mark('</function>')}")
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {mark('<function')} {lit(' name=' + chr(34))} tail")
         return rules
 

@@ -24,9 +24,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmrun.chat.formats.base import choice, lit, marker_writer
-from llmrun.chat.formats.xml import Tagged, _properties, _value_rule, free_text
-from llmrun.chat.textstream import partial_match
+from llmrun.chat.formats.base import choice, lark, lit, marker_writer, one_of
+from llmrun.chat.formats.messages import MessageSplitter
+from llmrun.chat.formats.xml import Tagged, free_text, param_rules
 from llmrun.chat.thinking import Splitter
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -36,71 +36,28 @@ CANON = START + "assistant to="
 CALLS_OPEN, CALLS_CLOSE = "<atem:function_calls>", "</atem:function_calls>"
 PARAM_CLOSE = "</atem:parameter>"
 _ENDS = (EOM, EOT)
-_HEADER_LIMIT = 256
 _RECIPIENT = re.compile(r"to=([^\s<>]{1,256}?)(?=\s|<\||$)")
 _SELF, _USER = "self", "user"
 
 
 @dataclass
-class MuseSplitter:
+class MuseSplitter(MessageSplitter):
     """(thinking, content) of streamed Muse Glimmer messages (the module's doc)."""
 
-    keep: bool = True
-    _held: str = ""
-    _state: str = "head"  # head: a header; body: a message's body; text: no messages
     _recipient: str = _USER
 
-    def push(self, text: str) -> tuple[str, str]:
-        self._held += text
-        thinking: list[str] = []
-        content: list[str] = []
-        while self._held:
-            if self._state == "head":
-                at = self._held.find(MESSAGE)
-                if at == -1:
-                    if len(self._held) > _HEADER_LIMIT or not self._maybe_header():
-                        self._state = "text"
-                        continue
-                    break
-                found = _RECIPIENT.search(self._held[:at])
-                self._recipient = found.group(1) if found else _USER
-                self._held = self._held[at + len(MESSAGE):]
-                if self._recipient not in (_SELF, _USER):
-                    content.append(CANON + self._recipient + MESSAGE)
-                self._state = "body"
-            elif self._state == "body":
-                ends = [(i, m) for m in (*_ENDS, START) if (i := self._held.find(m)) != -1]
-                if not ends:
-                    keep = partial_match(self._held, (*_ENDS, START))
-                    self._emit(self._held[:len(self._held) - keep], thinking, content)
-                    self._held = self._held[len(self._held) - keep:]
-                    break
-                at, marker = min(ends)
-                self._emit(self._held[:at], thinking, content)
-                self._held = self._held[at + (len(marker) if marker in _ENDS else 0):]
-                self._state = "head"
-            else:
-                content.append(self._held)
-                self._held = ""
-        return "".join(thinking) if self.keep else "", "".join(content)
+    message = MESSAGE
+    ends = _ENDS
+    opens = (START,)
+    header_starts = ("to=", START, MESSAGE)
 
-    def _maybe_header(self) -> bool:
-        head = self._held.lstrip()
-        return any(head.startswith(m) or m.startswith(head) for m in ("to=", START, MESSAGE))
+    def _open(self, header: str) -> str:
+        found = _RECIPIENT.search(header)
+        self._recipient = found.group(1) if found else _USER
+        return "" if self._recipient in (_SELF, _USER) else CANON + self._recipient + MESSAGE
 
     def _emit(self, text: str, thinking: list[str], content: list[str]) -> None:
         (thinking if self._recipient == _SELF else content).append(text)
-
-    def finish(self) -> tuple[str, str]:
-        held, self._held = self._held, ""
-        if self._state == "body":
-            thinking: list[str] = []
-            content: list[str] = []
-            self._emit(held, thinking, content)
-            return ("".join(thinking) if self.keep else ""), "".join(content)
-        if self._state == "head" and self._maybe_header():
-            return "", ""  # a header cut off
-        return "", held
 
 
 class MuseGlimmer(Tagged):
@@ -150,21 +107,16 @@ class MuseGlimmer(Tagged):
         mark = marker_writer(special)
         rules: list[str] = []
         for i, tool in enumerate(chosen):
-            props = _properties(tool)
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, PARAM_CLOSE, special)
-                rules.append(f"p{i}_{k}: {mark('<atem:parameter')} "
-                             f'{lit(f" name={json.dumps(key)}>")} {value} "\\n"')
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            params, parts = param_rules(
+                i, tool, strict, PARAM_CLOSE, special,
+                lambda key, _, value: f"{mark('<atem:parameter')} "
+                                      f'{lit(f" name={json.dumps(key)}>")} {value} "\\n"')
+            rules += params
             rules.append(f"tail{i}: {lit(tool.name)} {mark(MESSAGE)} {mark(CALLS_OPEN)} "
                          f'"\\n" {mark("<atem:invoke")} '
-                         f"{lit(f' name={json.dumps(tool.name)}>' + chr(10))} "
-                         + " ".join(parts)
-                         + f' {mark("</atem:invoke>")} "\\n" {mark(CALLS_CLOSE)}')
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+                         f"{lit(f' name={json.dumps(tool.name)}>' + chr(10))} {parts}"
+                         f' {mark("</atem:invoke>")} "\\n" {mark(CALLS_CLOSE)}')
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'next: {mark(EOM)} {mark(START)} "assistant to=" tail')
         return rules
 
@@ -178,12 +130,11 @@ class MuseGlimmer(Tagged):
         more = " next*" if plan.parallel else ""
         # (" to=" once, before both: a literal that is a prefix of another ends a lexeme
         # too soon, so " to=" and " to=self" would refuse a tool named "se...")
-        return "\n".join([
-            f'start: " to=" (thought | tail{more})',
+        return lark(f'" to=" (thought | tail{more})', [
             f'thought: "self" {mark(MESSAGE)} thought_body {mark(START)} "assistant to=" '
             f"tail{more}",
             free_text("thought_body", EOM, special),
-            *self._rules(list(chosen), plan.strict, special)]) + "\n"
+            *self._rules(list(chosen), plan.strict, special)])
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """A call has begun at a recipient that is a tool, the output's first or one after
@@ -192,8 +143,7 @@ class MuseGlimmer(Tagged):
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         more = " next*" if plan.parallel else ""
-        grammar = "\n".join([f"start: tail{more}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f"tail{more}", self._rules(list(plan.tools), plan.strict, special))
         return Steering([r"(?:\A\n|<\|start\|>assistant) to=(?=(?:" + names + r")<\|message\|>)"],
                         grammar)
 

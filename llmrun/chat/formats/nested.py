@@ -17,10 +17,19 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer, text_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    lark,
+    lit,
+    marker_writer,
+    one_of,
+    text_writer,
+)
 from llmrun.chat.formats.xml import _types, convert
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
@@ -169,23 +178,14 @@ class MiniMaxM3(Family):
 
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for start, end, name, body, closed in self._calls_at(text):
             args = self._arguments(body, check.schemas.get(name)) if closed else None
             if args is None or not check.accepts(name, args):
-                if truncated and calls and not closed:
-                    break  # a further call cut off: dropped
-                return None
-            calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
-            rest.append(text[pos:start])
-            pos = end
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+                # (a further call cut off: dropped)
+                return got.result(whole=False) if truncated and not closed else None
+            got.call(start, end, name, args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = self._calls_at(text)
@@ -251,7 +251,7 @@ class MiniMaxM3(Family):
             schema = tool.parameters or {"type": "object", "properties": {}}
             self._value_rules(f"args{i}", schema, "</invoke>", strict, special, 0, rules)
             rules.append(f"tail{i}: {lit(tool.name + chr(34) + '>')} args{i} \"\\n\"")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {ns} {lit('<invoke name=' + chr(34))} tail")
         if any(" tree " in r for r in rules):
             rules.append(f'tree: /(?s:.*)/ ({ns} "<" TAG ">" tree {ns} "</" TAG ">" '
@@ -267,9 +267,8 @@ class MiniMaxM3(Family):
         calls = "call+" if plan.parallel else "call"
         t = text_writer(special)
         # (the namespace a lexeme of its own: a call and the block's end both begin with it)
-        return "\n".join([f"start: {ns} {t('<tool_call>' + chr(10))} {calls} {ns} "
-                          f"{t('</tool_call>')}",
-                          *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(f"{ns} {t('<tool_call>' + chr(10))} {calls} {ns} {t('</tool_call>')}",
+                    self._rules(chosen, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """The block's opening tag starts the grammar: the calls and the block's end."""
@@ -277,9 +276,8 @@ class MiniMaxM3(Family):
             return None
         ns = marker_writer(special)(NS)
         calls = "call+" if plan.parallel else "call"
-        grammar = "\n".join([f"start: {lit(chr(10))} {calls} {ns} "
-                             f"{text_writer(special)('</tool_call>')}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f"{lit(chr(10))} {calls} {ns} {text_writer(special)('</tool_call>')}",
+                       self._rules(list(plan.tools), plan.strict, special))
         return Steering([re.escape(self.block[0])], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import Family, choice, lark, lit, marker_writer, one_of
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.toolcalls import ToolCheck, new_call_id
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
@@ -204,7 +204,7 @@ class LFM2(Family):
                 rules.append(f'more{i}_{k}: ", " p{i}_{k} more{i}_{k + 1}'
                              + (f" | more{i}_{k + 1}" if skip else ""))
             rules.append(f"call{i}: {lit(tool.name + '(')} first{i}_0 \")\"")
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(tools))))
+        rules.append(one_of("call", len(tools)))
         more = ' (", " call)*' if parallel else ""
         rules.append(f'calls: call{more} "]" {marker_writer(special)(self.close)}')
         return rules
@@ -213,15 +213,15 @@ class LFM2(Family):
         chosen = choice(plan)
         if chosen is None:
             return None
-        return "\n".join([f'start: {marker_writer(special)(self.open)} "[" calls',
-                          *self._rules(chosen, plan.parallel, plan.strict, special)]) + "\n"
+        return lark(f'{marker_writer(special)(self.open)} "[" calls',
+                    self._rules(chosen, plan.parallel, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """The opening marker starts the grammar: the list and the closing marker."""
         if plan.choice != "auto":
             return None
-        grammar = "\n".join(['start: "[" calls', *self._rules(
-            list(plan.tools), plan.parallel, plan.strict, special)]) + "\n"
+        grammar = lark('"[" calls', self._rules(list(plan.tools), plan.parallel, plan.strict,
+                                                special))
         return Steering([re.escape(self.open)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
-from llmrun.chat.formats.base import Family, args_rule, choice, marker_writer
+from llmrun.chat.formats.base import (
+    Family,
+    choice,
+    json_calls,
+    lark,
+    lit,
+    marker_writer,
+    object_at,
+    past,
+)
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
-from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, balanced, loads, nesting
+from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import ToolCall
 
@@ -71,29 +81,16 @@ class Sections(Family):
             m = self._head.match(text, pos)
             if m is None:
                 break
-            end = balanced(text, m.end()) if text[m.end():m.end() + 1] == "{" else None
-            args = None
-            if end is not None:
-                try:
-                    args = loads(text[m.end():end])
-                except ValueError:
-                    args = None
-            if end is None or not isinstance(args, dict):
+            found = object_at(text, m.end())
+            if found is None:
                 if truncated and calls:
                     return calls, head.strip()  # a further call cut off: dropped
                 return None
+            end, args = found
             if not check.accepts(m.group(1), args):
                 return None
             calls.append(ToolCall(id=new_call_id(), name=m.group(1), arguments=args))
-            pos = end
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if self.fence and text.startswith("```", pos):
-                pos += 3
-                while pos < len(text) and text[pos].isspace():
-                    pos += 1
-            if text.startswith(self.call_end, pos):
-                pos += len(self.call_end)
+            pos = past(text, past(text, end, "```" if self.fence else ""), self.call_end)
         if not calls:
             return None
         tail = text[pos:].lstrip()
@@ -117,21 +114,18 @@ class Sections(Family):
     def _calls(self, plan: ToolPlan, chosen: list[object], special: dict[str, int] | None,
                ) -> list[str]:
         mark = marker_writer(special)
-        rules = []
-        for i, tool in enumerate(chosen):
-            name = json.dumps(self.name_prefix + tool.name)  # type: ignore[attr-defined]
-            index = ' /:[0-9]{1,3}/' if self.indexed else ""
+        index = ' /:[0-9]{1,3}/' if self.indexed else ""
+        fence = ('"\\n```json\\n"', '"\\n```"') if self.fence else ("", "")
+
+        def call(i: int, tool: Any) -> str:
+            name = lit(self.name_prefix + tool.name)
             if self.kind:
-                fence = ('"\\n```json\\n"', '"\\n```"') if self.fence else ("", "")
-                rules.append(f"call{i}: {mark(self.call_begin)} {json.dumps(self.kind)} "
-                             f"{mark(self.sep)} {name} {fence[0]} args{i} {fence[1]} "
-                             f"{mark(self.call_end)}")
-            else:
-                rules.append(f"call{i}: {mark(self.call_begin)} {name}{index} "
-                             f"{mark(self.sep)} args{i} {mark(self.call_end)}")
-            rules.append(args_rule(f"args{i}", tool, plan.strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
-        return rules
+                return (f"{mark(self.call_begin)} {lit(self.kind)} {mark(self.sep)} {name} "
+                        f"{fence[0]} args{i} {fence[1]} {mark(self.call_end)}")
+            return f"{mark(self.call_begin)} {name}{index} {mark(self.sep)} args{i} " \
+                f"{mark(self.call_end)}"
+
+        return json_calls("call", chosen, plan.strict, call)
 
     def grammar(self, plan: ToolPlan, special: dict[str, int] | None = None) -> str | None:
         chosen = choice(plan)
@@ -139,9 +133,8 @@ class Sections(Family):
             return None
         mark = marker_writer(special)
         calls = "call+" if plan.parallel else "call"
-        return "\n".join([f"start: {mark(self.section_begin)} {calls} "
-                          f"{mark(self.section_end)}",
-                          *self._calls(plan, list(chosen), special)]) + "\n"
+        return lark(f"{mark(self.section_begin)} {calls} {mark(self.section_end)}",
+                    self._calls(plan, list(chosen), special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         """The section's marker starts the grammar: the calls and the section's end."""
@@ -149,8 +142,8 @@ class Sections(Family):
             return None
         mark = marker_writer(special)
         calls = "call+" if plan.parallel else "call"
-        grammar = "\n".join([f"start: {calls} {mark(self.section_end)}",
-                             *self._calls(plan, list(plan.tools), special)]) + "\n"
+        grammar = lark(f"{calls} {mark(self.section_end)}",
+                       self._calls(plan, list(plan.tools), special))
         return Steering([re.escape(self.section_begin)], grammar)
 
     def _call_text(self, call: ToolCall, index: int) -> str:

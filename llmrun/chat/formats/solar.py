@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 
-from llmrun.chat.formats.base import args_rule, marker_writer
+from llmrun.chat.formats.base import json_calls, lit, marker_writer
 from llmrun.chat.formats.jsonlist import Unwrapped
 from llmrun.chat.formats.sections import Sections
 from llmrun.chat.thinking import Splitter, ThinkStream
@@ -53,14 +53,10 @@ class SolarOpen(Sections):
     def _calls(self, plan: ToolPlan, chosen: list[object], special: dict[str, int] | None,
                ) -> list[str]:
         mark = marker_writer(special)
-        rules = []
-        for i, tool in enumerate(chosen):
-            name = json.dumps(tool.name)  # type: ignore[attr-defined]
-            rules.append(f"call{i}: {mark(self.call_begin)} /[A-Za-z0-9_-]{{1,40}}/ "
-                         f"{mark(NAME)} {name} {mark(self.sep)} args{i} {mark(self.call_end)}")
-            rules.append(args_rule(f"args{i}", tool, plan.strict))
-        rules.append("call: " + " | ".join(f"call{i}" for i in range(len(chosen))))
-        return rules
+        return json_calls("call", chosen, plan.strict,
+                          lambda i, tool: f"{mark(self.call_begin)} /[A-Za-z0-9_-]{{1,40}}/ "
+                                          f"{mark(NAME)} {lit(tool.name)} {mark(self.sep)} "
+                                          f"args{i} {mark(self.call_end)}")
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:
         return self.section_begin + "".join(

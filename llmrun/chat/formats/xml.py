@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmrun.chat.formats.base import Family, choice, lit, marker_writer
+from llmrun.chat.formats.base import (
+    Family,
+    Gathered,
+    choice,
+    lark,
+    lit,
+    marker_writer,
+    one_of,
+)
 from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
-from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck, new_call_id
+from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
 
@@ -87,9 +96,14 @@ class Tagged(Family):
         `whole_only`: those written whole, of a body the token limit cut."""
         raise NotImplementedError
 
+    # a call: its name (group 1), its body (group 2), its closing tag (group 3, where
+    # written); a family whose pattern reads otherwise overrides `_calls_at`
+    _CALL: re.Pattern[str]
+
     def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
         """(start, end, name, body, closed) of each call in `text`."""
-        raise NotImplementedError
+        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
+                for m in self._CALL.finditer(text)]
 
     # the steering trigger, a pattern with `{names}` for the tools' names (escaped, joined)
     trigger = ""
@@ -105,40 +119,30 @@ class Tagged(Family):
         if chosen is None:
             return None
         root = 'call ("\\n" call)*' if plan.parallel else "call"
-        return "\n".join([f"start: {root}", *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(root, self._rules(chosen, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         if plan.choice != "auto":
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         root = 'tail ("\\n" call)*' if plan.parallel else "tail"
-        grammar = "\n".join([f"start: {root}",
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(root, self._rules(list(plan.tools), plan.strict, special))
         return Steering([self.trigger.format(names=names)], grammar)
 
     def parse(self, text: str, check: ToolCheck,
               truncated: bool) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        rest: list[str] = []
-        pos = 0
+        got = Gathered(text)
         for start, end, name, body, closed in self._calls_at(text)[:MAX_TRIES]:
             pairs = self._pairs(body)
             if pairs is None or (not closed and truncated):
-                if truncated and calls:
-                    break  # a further call cut off: dropped
-                return None
+                # (a further call cut off: dropped)
+                return got.result(whole=False) if truncated else None
             schemas = _properties_of(check, name)
             args = {k: convert(v, schemas.get(k)) for k, v in pairs}
             if not check.accepts(name, args):
                 return None
-            calls.append(ToolCall(id=new_call_id(), name=name, arguments=args))
-            rest.append(text[pos:start])
-            pos = end
-        else:
-            rest.append(text[pos:])
-        if not calls:
-            return None
-        return calls, " ".join(r.strip() for r in rest if r.strip())
+            got.call(start, end, name, args)
+        return got.result()
 
     def cut(self, text: str, names: set[str]) -> tuple[str, str] | None:
         found = self._calls_at(text)
@@ -187,6 +191,23 @@ def _value_rule(name: str, schema: Any, strict: bool, close: str,
     return [free_text(name, close, special)]
 
 
+def param_rules(i: int, tool: Tool, strict: bool, close: str, special: dict[str, int] | None,
+                write: Callable[[str, Any, str], str]) -> tuple[list[str], str]:
+    """The rules `p{i}_{k}` of tool `i`'s parameters, each as the family writes it
+    (`write(key, schema, value)`: the rule's body, `value` the name of the rule of the
+    value, which ends at `close`), and the sequence a call holds: the schema's order, its
+    required parameters, the others optional."""
+    required = set((tool.parameters or {}).get("required") or [])
+    rules: list[str] = []
+    parts: list[str] = []
+    for k, (key, schema) in enumerate(_properties(tool).items()):
+        value = f"v{i}_{k}"
+        rules += _value_rule(value, schema, strict, close, special)
+        rules.append(f"p{i}_{k}: {write(key, schema, value)}")
+        parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+    return rules, " ".join(parts)
+
+
 def _function_call(open_: str, close: str) -> re.Pattern[str]:
     """A `<function=NAME>...</function>` call, in its `open_`/`close` block or not."""
     o, c = re.escape(open_), re.escape(close)
@@ -210,10 +231,6 @@ class QwenCoder(Tagged):
         return "<function=" in template and "<parameter=" in template \
             and "<seed:" not in template
 
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
-
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out = []
         pos = 0
@@ -231,17 +248,11 @@ class QwenCoder(Tagged):
     def _tool_rules(self, i: int, tool: Tool, strict: bool,
                     special: dict[str, int] | None) -> list[str]:
         mark = marker_writer(special)
-        props = _properties(tool)
-        required = set((tool.parameters or {}).get("required") or [])
-        parts: list[str] = []
-        rules: list[str] = []
         gap = self.value_gap
-        for k, (key, schema) in enumerate(props.items()):
-            value = f"v{i}_{k}"
-            rules += _value_rule(value, schema, strict, gap + "</parameter>\n", special)
-            rules.append(f"p{i}_{k}: {lit(f'<parameter={key}>' + gap)} {value}")
-            parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
-        rules.append(f"params{i}: " + (" ".join(parts) if parts else '""'))
+        rules, parts = param_rules(i, tool, strict, gap + "</parameter>\n", special,
+                                   lambda key, _, value: f"{lit(f'<parameter={key}>' + gap)} "
+                                                         f"{value}")
+        rules.append(f"params{i}: " + (parts or '""'))
         rules.append(f"tail{i}: {lit(tool.name + '>' + chr(10))} params{i} "
                      f'"</function>\\n" {mark(self.block[1])}')
         return rules
@@ -252,7 +263,7 @@ class QwenCoder(Tagged):
         rules: list[str] = []
         for i, tool in enumerate(chosen):
             rules += self._tool_rules(i, tool, strict, special)
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f'call: {mark(self.block[0])} "\\n<function=" tail')
         return rules
 
@@ -335,10 +346,6 @@ class GLM(Tagged):
     def matches(self, template: str) -> bool:
         return "<arg_key>" in template and "<arg_value>" in template
 
-    def _calls_at(self, text: str) -> list[tuple[int, int, str, str, bool]]:
-        return [(m.start(), m.end(), m.group(1), m.group(2), m.group(3) is not None)
-                for m in self._CALL.finditer(text)]
-
     def _pairs(self, body: str, whole_only: bool = False) -> list[tuple[str, str]] | None:
         out: list[tuple[str, str]] = []
         pos = 0
@@ -357,23 +364,18 @@ class GLM(Tagged):
         mark = marker_writer(special)
         t = self._tag
         rules: list[str] = []
+        pair_end = f" {lit(self.pair_end)}?" if self.pair_end else ""
         for i, tool in enumerate(chosen):
-            props = _properties(tool)
-            required = set((tool.parameters or {}).get("required") or [])
-            parts = []
-            for k, (key, schema) in enumerate(props.items()):
-                value = f"v{i}_{k}"
-                rules += _value_rule(value, schema, strict, t("/arg_value"), special)
-                rules.append(f"p{i}_{k}: {mark(t('arg_key'))} {lit(key)} "
-                             f"{mark(t('/arg_key'))} "
-                             f'"\\n"? {mark(t("arg_value"))} {value}'
-                             + (f" {lit(self.pair_end)}?" if self.pair_end else ""))
-                parts.append(f"p{i}_{k}" + ("" if key in required else "?"))
+            params, parts = param_rules(
+                i, tool, strict, t("/arg_value"), special,
+                lambda key, _, value: f"{mark(t('arg_key'))} {lit(key)} "
+                                      f"{mark(t('/arg_key'))} "
+                                      f'"\\n"? {mark(t("arg_value"))} {value}{pair_end}')
+            rules += params
             name = lit(tool.name) + (f" {mark(self.sep)} " if self.sep else " ") + '"\\n"?'
             end = f"{lit(self.call_end)} " if self.call_end else ""
-            rules.append(f"tail{i}: {name} " + " ".join(parts)
-                         + f" {end}{mark(t('/tool_call'))}")
-        rules.append("tail: " + " | ".join(f"tail{i}" for i in range(len(chosen))))
+            rules.append(f"tail{i}: {name} {parts} {end}{mark(t('/tool_call'))}")
+        rules.append(one_of("tail", len(chosen)))
         rules.append(f"call: {mark(t('tool_call'))} tail")
         return rules
 
@@ -385,8 +387,8 @@ class GLM(Tagged):
             return None
         mark = marker_writer(special)
         calls = '(call "\\n")+' if plan.parallel else 'call "\\n"'
-        return "\n".join([f'start: {mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
-                          *self._rules(chosen, plan.strict, special)]) + "\n"
+        return lark(f'{mark(self.block[0])} "\\n" {calls} {mark(self.block[1])}',
+                    self._rules(chosen, plan.strict, special))
 
     def steering(self, plan: ToolPlan, special: dict[str, int] | None = None) -> Steering | None:
         if self.block is None:
@@ -395,8 +397,8 @@ class GLM(Tagged):
             return None
         names = "|".join(re.escape(t.name) for t in plan.tools)
         more = ' (call "\\n")*' if plan.parallel else ""
-        grammar = "\n".join([f'start: tail "\\n"{more} {marker_writer(special)(self.block[1])}',
-                             *self._rules(list(plan.tools), plan.strict, special)]) + "\n"
+        grammar = lark(f'tail "\\n"{more} {marker_writer(special)(self.block[1])}',
+                       self._rules(list(plan.tools), plan.strict, special))
         return Steering([self.trigger.format(names=names)], grammar)
 
     def write_calls(self, calls: list[ToolCall], info: TemplateInfo) -> str:

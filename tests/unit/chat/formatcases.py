@@ -13,7 +13,7 @@ from typing import Any
 import llguidance
 
 from llmrun.chat import formats
-from llmrun.chat.formats import BY_NAME
+from llmrun.chat.formats import BY_NAME, Format
 from llmrun.chat.tools import TemplateInfo, ToolPlan
 from llmrun.engine import constraint
 from llmrun.request import NamedTool, Tool, ToolCall
@@ -79,24 +79,26 @@ def written_as_its_template_writes(template: str, lists: bool = True) -> None:
     assert body in prompt, (body, prompt)
 
 
-def run(name: str, text: str, pieces: list[str], truncated: bool = False,
-        choice: Any = "auto", inside: bool = False,
-        tools: list[Tool] | None = None) -> tuple[str, str, Any]:
+def run(name: str | Format, text: str, pieces: list[str], truncated: bool = False,
+        choice: Any = "auto", inside: bool = False, tools: list[Tool] | None = None,
+        template: str | None = "<think>", split: bool = True,
+        info: TemplateInfo = INFO) -> tuple[str, str, Any]:
     """(thinking, content, finished) of `text` streamed in `pieces` through the family's
-    splitter and reader, as the runner applies them (`inside`: the prompt opened a
-    thought)."""
-    fmt = BY_NAME[name]
+    splitter and reader, as the runner applies them: the thought's splitter where the
+    template (`template`: its text, what the family's think_pair reads) thinks, else its
+    answer splitter; none unless `split` (`inside`: the prompt opened a thought)."""
+    fmt = BY_NAME[name] if isinstance(name, str) else name
     assert "".join(pieces) == text
-    pair = fmt.think_pair("<think>")
-    split = fmt.splitter(pair, inside=inside, keep=True) if pair else None
-    reader = fmt.reader(ToolPlan(INFO, tools or TOOLS, choice))
+    pair = fmt.think_pair(template)
+    splitter = (fmt.splitter(pair, inside=inside, keep=True) if pair
+                else fmt.answer_splitter()) if split else None
+    reader = fmt.reader(ToolPlan(info, tools or TOOLS, choice))
     thought, content = [], []
-    for piece in pieces:
-        t, c = split.push(piece) if split else ("", piece)
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    if split:
-        t, c = split.finish()
+    for piece in [*pieces, None]:
+        if splitter is not None:
+            t, c = splitter.push(piece) if piece is not None else splitter.finish()
+        else:
+            t, c = "", piece or ""
         thought.append(t)
         content.append(reader.push(c)[0])
     end = reader.finish(truncated)

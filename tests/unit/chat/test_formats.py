@@ -4,38 +4,15 @@ cut by the token limit, its detection from the real templates (tests/fakes/templ
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME, convert
-from llmrun.chat.tools import TemplateInfo, ToolPlan
-from llmrun.request import Tool, ToolCall
-
-TEMPLATES = Path(__file__).parents[2] / "fakes" / "templates"
-
-WEATHER = Tool(name="get_weather", parameters={
-    "type": "object",
-    "properties": {"city": {"type": "string"},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                   "days": {"type": "integer"}},
-    "required": ["city"]})
-SEARCH = Tool(name="search", parameters={
-    "type": "object",
-    "properties": {"query": {"type": "string"}, "limit": {"type": "number"},
-                   "exact": {"type": "boolean"},
-                   "filters": {"type": "object", "properties": {"tags": {"type": "array"}}}},
-    "required": ["query"]})
-TOOLS = [WEATHER, SEARCH]
-INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
-CALLS = [ToolCall(id="a", name="get_weather", arguments={"city": "Zürich 東京", "days": 3,
-                                                         "unit": "celsius"}),
-         ToolCall(id="b", name="search", arguments={
-             "query": "a \"quoted\" line\nand another", "limit": 2.5, "exact": True,
-             "filters": {"tags": ["x", {"deep": [1, 2]}]}})]
+from llmrun.chat.tools import ToolPlan
+from llmrun.request import ToolCall
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, chunkings, run
 
 
 @pytest.mark.parametrize(("template", "name"), [
@@ -68,41 +45,6 @@ def written(name: str, calls: list[ToolCall]) -> str:
                 "<|start|>assistant<|channel|>commentary<|message|>Let me look.<|end|>"
                 + body)
     return "Let me look. " + body
-
-
-def run(name: str, text: str, pieces: list[str], truncated: bool = False,
-        choice: Any = "auto") -> tuple[str, str, Any]:
-    """(thinking, content, finished) of `text` streamed in `pieces` through the format's
-    splitter and reader, as the runner applies them."""
-    fmt = BY_NAME[name]
-    assert "".join(pieces) == text
-    pair = fmt.think_pair("<think>")
-    split = fmt.splitter(pair, inside=False, keep=True) if pair else None
-    reader = fmt.reader(ToolPlan(INFO, TOOLS, choice))
-    thought, content = [], []
-    for piece in pieces:
-        t, c = split.push(piece) if split else ("", piece)
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    if split:
-        t, c = split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
-
-
-def chunkings(text: str) -> list[list[str]]:
-    rng = random.Random(len(text))
-    out = [[text], list(text)]
-    for _ in range(3):
-        pieces, i = [], 0
-        while i < len(text):
-            n = rng.randint(1, 9)
-            pieces.append(text[i:i + n])
-            i += n
-        out.append(pieces)
-    return out
 
 
 FAMILIES = ["harmony", "qwen3-coder", "glm", "deepseek-v3.1", "kimi-k2"]

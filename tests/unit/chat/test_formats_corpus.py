@@ -12,8 +12,9 @@ import pytest
 from llmrun.chat import formats, thinking, tools
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import TEMPLATES, TOOLS, WEATHER, chunkings
 
 # template -> the format it is detected as (and why, where it is not its own family)
 PLACES = {
@@ -57,18 +58,8 @@ def run(template: str, text: str, pieces: list[str], truncated: bool = False,
     """(thinking, content, finished) through the template's format, as the runner applies
     it: its splitter when the template thinks, its reader."""
     src = source(template)
-    fmt = formats.detect(src)
-    pair = fmt.think_pair(src)
-    split = fmt.splitter(pair, inside=False, keep=True) if pair else None
-    reader = fmt.reader(ToolPlan(tools.inspect_template(src), TOOLS, choice))
-    thought, content = [], []
-    for piece in [*pieces, None]:
-        t, c = (split.push(piece) if piece is not None else split.finish()) if split \
-            else ("", piece or "")
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    return cases.run(formats.detect(src), text, pieces, truncated, choice, template=src,
+                     info=tools.inspect_template(src))
 
 
 MINISTRAL = "mistralai-Ministral-3-14B-Reasoning-2512.jinja"

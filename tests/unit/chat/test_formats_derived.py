@@ -7,7 +7,6 @@ default or to a named family; a template that fails or runs away derives nothing
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,8 @@ from llmrun.chat import formats
 from llmrun.chat.formats.derive import Derived, Envelope, derive, envelope, think_pair
 from llmrun.chat.tools import TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import chunkings
 
 TEMPLATES = Path(__file__).parents[2] / "fakes" / "templates"
 INFO = TemplateInfo("hermes", native=True, native_calls=True, native_results=True)
@@ -95,23 +96,9 @@ def test_an_unknown_family_is_derived_and_detected() -> None:
 
 def stream(fmt: Derived, text: str, pieces: list[str], truncated: bool = False,
            choice: str = "auto") -> tuple[str, list[tuple[str, dict]], object]:
-    reader = fmt.reader(ToolPlan(INFO, [WEATHER, SEARCH], choice))
-    out = "".join(reader.push(p)[0] for p in pieces)
-    end = reader.finish(truncated)
-    return out + end.text, [(c.name, c.arguments) for c in end.calls], end.partial
-
-
-def chunkings(text: str) -> list[list[str]]:
-    rng = random.Random(len(text))
-    out = [[text], list(text)]
-    for _ in range(3):
-        pieces, i = [], 0
-        while i < len(text):
-            n = rng.randint(1, 9)
-            pieces.append(text[i:i + n])
-            i += n
-        out.append(pieces)
-    return out
+    _, content, end = cases.run(fmt, text, pieces, truncated, choice, tools=[WEATHER, SEARCH],
+                                split=False)
+    return content, [(c.name, c.arguments) for c in end.calls], end.partial
 
 
 def test_the_derived_format_reads_whole_and_streamed() -> None:

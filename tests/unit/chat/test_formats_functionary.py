@@ -13,8 +13,9 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import NamedTool, Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 V31, V32 = "functionary-v3.1", "functionary-v3.2"
 PYTHON = Tool(name="python", parameters={"type": "object", "properties": {
@@ -28,17 +29,9 @@ def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", tools: list[Tool] | None = None) -> tuple[str, Any]:
     """(content, finished) of `text` streamed in `pieces` through the family's answer
     splitter (the runner's, for a template that does not think) and reader."""
-    assert "".join(pieces) == text
-    fmt = BY_NAME[name]
-    split = fmt.answer_splitter()
-    reader = fmt.reader(ToolPlan(INFO, tools or TOOLS, choice))
-    content = []
-    for piece in [*pieces, None]:
-        _, c = (split.push(piece) if piece is not None else split.finish()) if split \
-            else ("", piece or "")
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(content) + end.text, end
+    _, content, end = cases.run(name, text, pieces, truncated, choice, tools=tools,
+                                template=None)
+    return content, end
 
 
 def written(name: str, calls: list[ToolCall], text: str = "Let me look.") -> str:

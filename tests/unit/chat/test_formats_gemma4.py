@@ -14,8 +14,9 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import NamedTool, Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 FMT = BY_NAME["gemma4"]
 GET_TIME = Tool(name="get_time", parameters={"type": "object", "properties": {
@@ -29,16 +30,7 @@ EMPTY = Tool(name="empty_args", parameters={"type": "object", "properties": {}})
 
 def run(text: str, pieces: list[str], truncated: bool = False, choice: Any = "auto",
         tools: list[Tool] | None = None, inside: bool = False) -> tuple[str, str, Any]:
-    assert "".join(pieces) == text
-    split = FMT.splitter(FMT.think_pair(None) or ("", ""), inside=inside, keep=True)
-    reader = FMT.reader(ToolPlan(INFO, tools or TOOLS, choice))
-    thought, content = [], []
-    for piece in [*pieces, None]:
-        t, c = split.push(piece) if piece is not None else split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    return cases.run(FMT, text, pieces, truncated, choice, inside, tools, template=None)
 
 
 @pytest.mark.parametrize("template", ["google-gemma-4-31B-it.jinja",

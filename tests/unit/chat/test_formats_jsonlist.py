@@ -13,8 +13,9 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 NAMES = ["command-r7b", "command-r-plus", "granite", "apriel", "firefunction"]
 TEMPLATE = {"command-r7b": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
@@ -31,26 +32,13 @@ THOUGHT = {"command-r7b": ("<|START_THINKING|>I'm\nthinking<|END_THINKING|>", Fa
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto", tools: list[Tool] | None = None,
         template: str | None = None) -> tuple[str, str, Any]:
-    """(thinking, content, finished) of `text` streamed in `pieces` through the family's
-    splitter and reader, as the runner applies them."""
+    """`cases.run` by the family's real template (the prompt opened a thought where
+    THOUGHT says so and the text ends one)."""
     fmt = BY_NAME[name]
-    assert "".join(pieces) == text
     source = (TEMPLATES / (template or TEMPLATE[name])).read_text()
     pair = fmt.think_pair(source)
-    inside = THOUGHT.get(name, ("", False))[1] and text.find(pair[1]) != -1 if pair else False
-    split = fmt.splitter(pair, inside=inside, keep=True) if pair else None
-    reader = fmt.reader(ToolPlan(INFO, tools or TOOLS, choice))
-    thought, content = [], []
-    for piece in pieces:
-        t, c = split.push(piece) if split else ("", piece)
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    if split:
-        t, c = split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    inside = bool(THOUGHT.get(name, ("", False))[1] and pair and text.find(pair[1]) != -1)
+    return cases.run(name, text, pieces, truncated, choice, inside, tools, template=source)
 
 
 def written(name: str, calls: list[ToolCall], thought: bool = True) -> str:
@@ -302,3 +290,53 @@ def test_firefunction_template_renders_with_its_variables() -> None:
         assert "<tool_call>" not in text  # the template's own instructions, not Hermes'
     with pytest.raises(templates.TemplateError):
         templates.render(source, messages)
+
+
+# -- what the one reader promises every family of formats/jsonlist.py ------------------------
+
+ALL = sorted(n for n, f in BY_NAME.items() if isinstance(f, formats.jsonlist.JsonList))
+
+
+def test_all_the_json_families_share_the_base() -> None:
+    assert set(NAMES) < set(ALL)
+    assert {"nemotron", "apertus", "minimax-m1", "gigachat3", "gigachat3.1"} < set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_cut_call_whose_arguments_hold_a_name_key_is_the_tools(name: str) -> None:
+    """The partial call is named by the object the cut is in, not by a `"name"` key inside
+    its arguments (a search for people by name)."""
+    call = ToolCall(id="a", name="search", arguments={
+        "query": "x", "filters": {"name": "bob", "tags": ["y"]}})
+    text = "Let me look. " + BY_NAME[name].write_calls([call], INFO)
+    cut_at = text.index('"tags"')
+    for pieces in cases.chunkings(text[:cut_at]):
+        _, content, end = cases.run(name, text[:cut_at], pieces, truncated=True)
+        assert not end.calls and end.partial is not None, name
+        assert end.partial.name == "search", name
+        assert '"name": "bob"' in end.partial.arguments
+        assert content.strip() == "Let me look."
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "command-r-plus"])  # (fenced anyway)
+def test_calls_in_a_json_fence_are_read(name: str) -> None:
+    """A model that fences its calls' JSON after the marker (as Command R+ is taught to)."""
+    fmt = BY_NAME[name]
+    body = fmt.write_calls(CALLS[:1], INFO)[len(fmt.open):]
+    if fmt.close:
+        body = body[:-len(fmt.close)]
+    text = f"Let me look. {fmt.open}```json\n{body.strip()}\n```{fmt.close}"
+    _, content, calls = cases.read_alike(name, text)
+    assert calls == [(CALLS[0].name, CALLS[0].arguments)], text
+    assert content.strip() == "Let me look."
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if BY_NAME[n].listed])
+def test_a_lone_object_without_its_list_is_one_call(name: str) -> None:
+    fmt = BY_NAME[name]
+    one = fmt.write_calls(CALLS[:1], INFO)
+    inner = one[len(fmt.open) + len(fmt.lead):len(one) - len(fmt.end) - len(fmt.close)]
+    text = f"{fmt.open}{inner}{fmt.close} Done."
+    _, content, calls = cases.read_alike(name, text)
+    assert calls == [(CALLS[0].name, CALLS[0].arguments)], text
+    assert content.strip() == "Done."

@@ -1,5 +1,5 @@
 """The families that write their calls as JSON objects or a list after a marker
-(formats/jsonobjects.py's Nemotron Nano 2, Apertus, MiniMax M1, GigaChat 3 and 3.1;
+(formats/jsonlist.py's Nemotron Nano 2, Apertus, MiniMax M1, GigaChat 3 and 3.1;
 formats/pythonic.py's LFM2): their outputs as llama.cpp's tests (tests/test-chat.cpp) or
 their templates give them, and the checks every family passes (formatcases.py)."""
 

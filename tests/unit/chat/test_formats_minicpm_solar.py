@@ -14,8 +14,9 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import NamedTool, Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 NAMES = ["minicpm5", "solar-open"]
 TEMPLATE = {"minicpm5": "openbmb-MiniCPM5-1B.jinja",
@@ -30,19 +31,9 @@ ORDERED = [ToolCall(id="a", name="get_weather", arguments={"city": "Zürich 東�
 
 def run(name: str, text: str, pieces: list[str], truncated: bool = False,
         choice: Any = "auto") -> tuple[str, str, Any]:
-    fmt = BY_NAME[name]
-    assert "".join(pieces) == text
-    pair = fmt.think_pair((TEMPLATES / TEMPLATE[name]).read_text())
-    assert pair is not None
-    split = fmt.splitter(pair, inside=False, keep=True)
-    reader = fmt.reader(ToolPlan(INFO, TOOLS, choice))
-    thought, content = [], []
-    for piece in [*pieces, None]:
-        t, c = split.push(piece) if piece is not None else split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    template = (TEMPLATES / TEMPLATE[name]).read_text()
+    assert BY_NAME[name].think_pair(template) is not None
+    return cases.run(name, text, pieces, truncated, choice, template=template)
 
 
 def written(name: str, calls: list[ToolCall], thought: bool = True) -> str:

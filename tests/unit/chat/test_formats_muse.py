@@ -13,8 +13,9 @@ from llmrun.chat import formats
 from llmrun.chat.formats import BY_NAME
 from llmrun.chat.tools import ToolPlan
 from llmrun.request import NamedTool, Tool, ToolCall
+from tests.unit.chat import formatcases as cases
+from tests.unit.chat.formatcases import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 from tests.unit.chat.grammarcheck import accepts
-from tests.unit.chat.test_formats import CALLS, INFO, TEMPLATES, TOOLS, WEATHER, chunkings
 
 FMT = BY_NAME["muse-glimmer"]
 SPECIAL = Tool(name="special_function", parameters={
@@ -29,18 +30,8 @@ ORDERED = [ToolCall(id="a", name="get_weather", arguments={"city": "Zürich 東�
 
 def run(text: str, pieces: list[str], truncated: bool = False, choice: Any = "auto",
         tools: list[Tool] | None = None) -> tuple[str, str, Any]:
-    assert "".join(pieces) == text
-    pair = FMT.think_pair(None)
-    assert pair is not None
-    split = FMT.splitter(pair, inside=False, keep=True)
-    reader = FMT.reader(ToolPlan(INFO, tools or TOOLS, choice))
-    thought, content = [], []
-    for piece in [*pieces, None]:
-        t, c = split.push(piece) if piece is not None else split.finish()
-        thought.append(t)
-        content.append(reader.push(c)[0])
-    end = reader.finish(truncated)
-    return "".join(thought), "".join(content) + end.text, end
+    assert FMT.think_pair(None) is not None
+    return cases.run(FMT, text, pieces, truncated, choice, tools=tools, template=None)
 
 
 def output(calls: list[ToolCall]) -> str:
@@ -97,7 +88,8 @@ def test_calls_read_whole_and_streamed_alike() -> None:
 def test_a_call_cut_by_the_token_limit() -> None:
     text = output(CALLS[:1])
     for cut_at, expected in ((text.index("Zürich") + 3, "{"),
-                             (text.index('"unit"') + 3, '{"city": "Zürich 東京", "days": "3"')):
+                             (text.index('"days"') + 3,
+                              '{"city": "Zürich 東京", "unit": "celsius"')):
         for pieces in chunkings(text[:cut_at]):
             _, content, end = run(text[:cut_at], pieces, truncated=True)
             assert not end.calls and end.partial is not None
