@@ -181,6 +181,11 @@ class Client:
         r = self.http.post("/api/generate", json={"model": model, "keep_alive": 0}, timeout=None)
         self._raise_for(r)
 
+    def delete(self, model: str) -> None:
+        """Remove `model` from the store through the daemon, which unloads it too."""
+        r = self.http.request("DELETE", "/api/delete", json={"model": model}, timeout=None)
+        self._raise_for(r)
+
     def load(self, model: str, num_ctx: int | None = None) -> None:
         """Load a model without generating (an empty chat, as Ollama's clients do); with
         `num_ctx`, as a client that sends X-Llmrun-Num-Ctx gets it (`llmrun launch`)."""

@@ -187,14 +187,21 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def rm(names: list[str] = typer.Argument(..., help="Models to remove")) -> None:
-        """Remove models (and their files, when no other model uses them)."""
+        """Remove models (and their files, when no other model uses them). A running
+        daemon removes them itself, so that it unloads them too (as `ollama rm` does)."""
+        from llmrun.client import Client, ClientError
         from llmrun.store import InvalidName, ModelNotFound
 
-        store = _store()
+        client = Client()
+        daemon = client.probe() == "llmrun"
+        store = None if daemon else _store()
         for name in names:
             try:
-                store.remove(name)
-            except (ModelNotFound, InvalidName) as exc:
+                if store is None:
+                    client.delete(name)
+                else:
+                    store.remove(name)
+            except (ModelNotFound, InvalidName, ClientError) as exc:
                 fail(str(exc))
             console.print(f"deleted '{name}'")
 

@@ -136,7 +136,7 @@ class Loaded:
     keep_alive: float = 300.0
     expires_at: float = math.inf
     last_used: float = field(default_factory=time.monotonic)
-    unload_when_idle: bool = False  # `llmrun stop` or keep_alive 0 while requests ran
+    unload_when_idle: bool = False  # `llmrun stop`, keep_alive 0 or `rm` while requests ran
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while loaded, refs == 0
     waiting: int = 0  # requests waiting for its load or for it to be idle (in the queue bound)
     reloads_waiting: int = 0  # of them, with other load options: no new request joins it
@@ -594,6 +594,17 @@ class Scheduler:
         else:
             loaded.unload_when_idle = True  # once its load and its requests are done
         return True
+
+    async def forget(self, name: str) -> None:
+        """`name` left the store: unload the runner loaded under it, now if idle, else once
+        its requests end. A runner of the same weights loaded under another name stays."""
+        for loaded in list(self._models.values()):
+            if loaded.name != name:
+                continue
+            if loaded.state == READY and loaded.refs == 0:
+                await self.unload(loaded)
+            else:
+                loaded.unload_when_idle = True
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():

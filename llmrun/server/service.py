@@ -375,6 +375,15 @@ class Service:
         for upstream in self.upstreams.values():
             await upstream.close()
 
+    async def remove(self, model: str) -> None:
+        """Delete `model` from the store, and the runner loaded under its name (once its
+        requests end), as `ollama rm` stops a running model. Left loaded, `ps` and the
+        metrics would go on naming a model the store no longer has, and the requests of
+        the same weights' other names would lease it under that name."""
+        parsed, _ = self.store.get(model)
+        self.store.remove(model)
+        await self.scheduler.forget(str(parsed))
+
     async def unload(self, model: str) -> bool:
         """Unload `model` now if it is loaded and idle (or once its requests finish)."""
         return await self.scheduler.unload_name(model)

@@ -50,6 +50,34 @@ def test_show(client: ollama.Client) -> None:
     assert err.value.status_code == 404
 
 
+def test_delete_unloads_the_runner_loaded_under_that_name(client: ollama.Client) -> None:
+    """A copy shares SmolLM2's weights, so one runner serves both names under the name that
+    loaded it. Deleting that name unloads it (as `ollama rm` stops a running model): `ps`
+    never lists a name the store lost, and SmolLM2's next request loads under its own."""
+    def ps() -> list[str]:
+        return [m.model for m in client.ps().models]
+
+    client.copy("smollm2", "smol-alias")
+    try:
+        client.chat(model="smol-alias", messages=[{"role": "user", "content": "Hi"}],
+                    options={"num_predict": 1})
+        assert ps() == ["smol-alias:latest"]
+        client.chat(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                    options={"num_predict": 1})
+        assert ps() == ["smol-alias:latest"]  # the same runner: the same weights
+    finally:
+        client.delete("smol-alias")
+    assert ps() == []
+    client.chat(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                options={"num_predict": 1})
+    assert ps() == ["smollm2:latest"]
+    # deleting another name of the same weights leaves the runner loaded under its own
+    client.copy("smollm2", "smol-alias2")
+    client.delete("smol-alias2")
+    assert ps() == ["smollm2:latest"]
+    client.generate(model="smollm2", keep_alive=0)
+
+
 def test_copy_then_delete(client: ollama.Client, store_daemon: Daemon) -> None:
     client.copy("smollm2", "smol-copy")
     names = {m.model for m in client.list().models}

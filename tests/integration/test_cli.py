@@ -157,6 +157,22 @@ def test_create_refuses_non_gguf(_isolated_home: Path, tmp_path: Path) -> None:
     assert "fake" not in llmrun("list").stdout
 
 
+def test_rm_through_a_running_daemon_unloads_the_model(home_with_model: Path) -> None:
+    import httpx
+
+    assert llmrun("cp", "smollm2", "mine").returncode == 0
+    r = llmrun("run", "mine", "Hi")
+    assert r.returncode == 0, r.stderr
+    url = f"http://{os.environ['LLMRUN_HOST']}"
+    assert [m["name"] for m in httpx.get(url + "/api/ps").json()["models"]] == ["mine:latest"]
+    r = llmrun("rm", "mine")
+    assert r.returncode == 0 and "deleted 'mine'" in r.stdout, r.stderr
+    assert httpx.get(url + "/api/ps").json()["models"] == []
+    assert "mine" not in llmrun("list").stdout
+    r = llmrun("rm", "mine")  # the daemon's 404, said as the store says it
+    assert r.returncode == 1 and "model 'mine' not found" in r.stderr, r.stderr
+
+
 def test_rm_missing_model(_isolated_home: Path) -> None:
     r = llmrun("rm", "ghost")
     assert r.returncode == 1

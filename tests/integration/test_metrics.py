@@ -19,6 +19,11 @@ def samples(api: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], f
 
 
 def test_metrics_count_requests_tokens_and_slots(api: httpx.Client) -> None:
+    # The shared daemon may hold SmolLM2's weights loaded under another name that a test
+    # left (a copy or a created variant): the slots below are those of a runner loaded as
+    # smollm2, so begin with nothing loaded
+    for m in api.get("/api/ps").json()["models"]:
+        api.post("/api/generate", json={"model": m["name"], "keep_alive": 0})
     before = samples(api)
     model = frozenset({("model", "smollm2:latest")})  # the canonical name
     for _ in range(2):

@@ -88,6 +88,14 @@ def router(service: Service) -> APIRouter:
     async def tags() -> dict[str, Any]:
         return {"models": [model_entry(m) for m in service.store.list()]}
 
+    @api.delete("/api/delete", response_model=None)
+    async def delete(body: ModelBody) -> Response:
+        try:
+            await service.remove(body.target)
+        except StoreError as exc:
+            return error(store_status(exc), str(exc))
+        return Response(status_code=200)
+
     @api.post("/api/pull", response_model=None)
     async def pull(body: PullBody) -> Response:
         name = body.model or body.name
@@ -263,7 +271,8 @@ def show_response(store: Store, manifest: Manifest) -> dict[str, Any]:
 
 def store_router(store: Store,
                  devices: Callable[[], list[Device]] | None = None) -> APIRouter:
-    """Store operations: show, copy, delete, create, blobs (no model is loaded for these).
+    """Store operations: show, copy, create, blobs (no model is loaded for these; delete,
+    which unloads, is in `router`).
     `devices`: the daemon's cached device list, which `show` adds."""
     api = APIRouter()
 
@@ -291,14 +300,6 @@ def store_router(store: Store,
     async def copy(body: CopyBody) -> Response:
         try:
             store.copy(body.source, body.destination)
-        except StoreError as exc:
-            return fail(exc)
-        return Response(status_code=200)
-
-    @api.delete("/api/delete", response_model=None)
-    async def delete(body: ModelBody) -> Response:
-        try:
-            store.remove(body.target)
         except StoreError as exc:
             return fail(exc)
         return Response(status_code=200)
