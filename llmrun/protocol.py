@@ -107,6 +107,7 @@ class Load:
     tensor_split: list[float] | None = None  # the share of the layers each device gets
     main_gpu: int = 0  # the device (index in `device`) holding every layer; -1: split
     debug: bool = False  # log every engine step (LLMRUN_DEBUG)
+    mmap: bool = True  # the weights mapped from their files (use_mmap), else read in
     # the daemon's estimate of the memory this load needs (server/memory.estimate; 0:
     # unknown), from which the runner's address-space limit is set (engine/sandbox/limits.py)
     memory: int = 0

@@ -7,23 +7,73 @@ nothing else. Nothing here knows HTTP or llama.cpp.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+import re
+from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from llmrun import config
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-class Options(BaseModel):
-    """Generation and load options, named as Ollama names them (also Modelfile PARAMETERs).
 
-    `None` means "not set here": the model's Modelfile defaults, then llmrun's defaults apply.
+def duration_seconds(value: str | float) -> float:
+    """Seconds to keep a model loaded, as Ollama's API writes them: `5m`, `1h30m`, `30s`,
+    `250ms`, a number of seconds; negative means forever (math.inf), 0 unload once idle."""
+    if isinstance(value, bool):  # JSON true is no duration (Python's bool is an int)
+        raise ValueError(f"invalid keep_alive duration {value!r}")
+    if isinstance(value, int):
+        # (an integer past a float's range, which JSON may carry: as long as it can be)
+        seconds = float(value) if abs(value) < 2**1000 else (math.inf if value > 0 else -math.inf)
+    elif isinstance(value, float):
+        seconds = value
+    else:
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            sign = -1.0 if text.startswith("-") else 1.0
+            body = text[1:] if text[:1] in "+-" else text
+            parts = _DURATION.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(f"invalid keep_alive duration {value!r}") from None
+            seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    if math.isnan(seconds):
+        raise ValueError(f"invalid keep_alive duration {value!r}")
+    return math.inf if seconds < 0 else seconds
+
+
+def _keep_alive(value: Any) -> Any:
+    if value is None or not isinstance(value, str | int | float):
+        return value  # None: the daemon's LLMRUN_KEEP_ALIVE; other types: pydantic says why
+    return duration_seconds(value)
+
+
+# A request's keep_alive, parsed where it enters (every dialect's body): seconds (math.inf:
+# forever), or None for the daemon's default. An invalid one is the body's 400.
+KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
+
+
+class RunnerOptions(BaseModel):
+    """The options a runner is started with, named as Ollama names them (also Modelfile
+    PARAMETERs): a change of any means another runner, as the `Runner` part of Ollama's
+    options. The scheduler reads these alone (server/scheduler.spec_for).
+
+    `None` means "not set here": the model's Modelfile, then llmrun's defaults apply.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    # load-time: a change means a different runner
     num_ctx: int | None = Field(None, ge=1, description="Context tokens per request")
     num_batch: int | None = Field(None, ge=1)
     num_thread: int | None = Field(None, ge=0)
@@ -31,18 +81,41 @@ class Options(BaseModel):
     # alone; main_gpu: the GPU (index among them) a model that fits on one goes to
     num_gpu: int | None = None
     main_gpu: int | None = Field(None, ge=0)
+    # false reads the weights into memory instead of mapping the file (a file on a slow or
+    # network disk, whose pages mapped would be read again after the kernel drops them)
     use_mmap: bool | None = None
     # the KV cache's element type (quantized halves or quarters its memory) and flash
     # attention, as Ollama's OLLAMA_KV_CACHE_TYPE and OLLAMA_FLASH_ATTENTION
     kv_cache_type: str | None = Field(None, pattern="^(f16|q8_0|q4_0)$")
     flash_attention: str | None = Field(None, pattern="^(auto|on|off)$")
+    # a smaller model of the same vocabulary (a model in the store, by name), loaded beside
+    # the model, whose guesses the model checks in the same decode; num_draft then defaults
+    # to 8 (engine/draft.py)
+    draft_model: str | None = Field(None, min_length=1, max_length=256)
+
+    @field_validator("kv_cache_type", "flash_attention", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return config.choice_word(value) if isinstance(value, str) else value
+
+    def runner(self) -> RunnerOptions:
+        """The runner's part of these options alone."""
+        return RunnerOptions.model_construct(
+            **{k: getattr(self, k) for k in RunnerOptions.model_fields})
+
+
+class Options(RunnerOptions):
+    """Every option of a request: the runner's (RunnerOptions) and those each request may
+    change without another runner (sampling, limits, stops, reranking, embedding)."""
+
     # when the prompt or the output outgrows num_ctx (None, false: a clear error; the output
     # stops with "length"): `truncate` drops the oldest turns, keeping the system prompt and
     # the last user turn; `shift` drops the oldest half of the context after num_keep
     # tokens and goes on generating (as Ollama's request fields of those names)
     truncate: bool | None = None
     shift: bool | None = None
-    # per request
     num_keep: int | None = None
     seed: int | None = None
     num_predict: int | None = Field(None, description="Max tokens to generate; -1 = no limit")
@@ -58,10 +131,8 @@ class Options(BaseModel):
     stop: list[str] | None = None
     # speculative decoding: the most tokens (up to 16) guessed ahead per step by prompt
     # lookup and checked in the same decode; 0 (the default) is off. engine/draft.py
+    # (or by draft_model's guesses: see RunnerOptions)
     num_draft: int | None = Field(None, ge=0, le=64)
-    # ... or guessed by this smaller model of the same vocabulary (a model in the store, by
-    # name), loaded beside the model; num_draft then defaults to 8 (engine/draft.py)
-    draft_model: str | None = Field(None, min_length=1, max_length=256)
     # reranking with a causal model (engine/rerank.py): a document's score is
     # p(yes) / (p(yes) + p(no)) at the end of a prompt that asks whether it meets the query.
     # `rerank` makes the model a reranker (setting any other rerank_ option does too: a
@@ -79,13 +150,6 @@ class Options(BaseModel):
     # The daemon adds it (server/service.py); the runner sees prefixed texts
     embed_prefix: str | None = Field(None, min_length=1, max_length=4096)
 
-    @field_validator("kv_cache_type", "flash_attention", mode="before")
-    @classmethod
-    def _lower(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        return config.choice_word(value) if isinstance(value, str) else value
-
     def reranks(self) -> bool:
         """Whether these options make the model a reranker (see `rerank`)."""
         if self.rerank is not None:
@@ -97,11 +161,6 @@ class Options(BaseModel):
         """These options, with unset fields taken from `base`."""
         return base.model_copy(update=self.model_dump(exclude_none=True))
 
-
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap",
-                "kv_cache_type",
-                "draft_model",
-                "flash_attention")
 
 # Ollama's defaults for what a request and the Modelfile leave unset.
 DEFAULT_OPTIONS = Options(
@@ -198,7 +257,7 @@ class ChatRequest(BaseModel):
     options: Options = Field(default_factory=Options)
     stream: bool = True
     progress: bool = False  # a long prompt's reading reported as Progress events
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     format: Format = None
     # False when the client asked for non-strict output (OpenAI json_schema or tools without
     # "strict": true): a schema keyword structured output cannot enforce is then a logged

@@ -23,7 +23,7 @@ from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import ChatCompletionBody, chat_requests
-from llmrun.request import ChatRequest, EngineError
+from llmrun.request import ChatRequest, EngineError, KeepAlive
 from llmrun.server.service import Service
 
 
@@ -34,7 +34,7 @@ class TokenizeBody(BaseModel):
     content: str
     add_special: bool = False
     with_pieces: bool = False
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
 
 class DetokenizeBody(BaseModel):
@@ -42,7 +42,7 @@ class DetokenizeBody(BaseModel):
 
     model: str
     tokens: list[int]
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -137,7 +137,7 @@ def _drafter(load: Load, model: Model, n_ctx_seq: int) -> DraftModel:
     """The draft model (Load.draft_model), with a KV sequence for each slot as long as the
     model's; LlamaError when its vocabulary is not the model's."""
     paths = [Path(p) for p in load.draft_model]
-    draft = Model(paths)
+    draft = Model(paths, mmap=load.mmap)
     try:
         ctx = Context(draft, n_ctx_seq=n_ctx_seq, n_seq=load.slots, n_batch=load.batch,
                       n_threads=load.threads, kv_type=load.kv_type,
@@ -207,15 +207,16 @@ def boot(chan: SyncChannel, load: Load,
     try:
         offload = load.gpu_layers if load.gpu_layers >= 0 else 10_000
         if workers is not None:
-            model = Model(model_paths, n_gpu_layers=offload, tensor_split=load.rpc_split)
+            model = Model(model_paths, n_gpu_layers=offload, tensor_split=load.rpc_split,
+                          mmap=load.mmap)
             confinement["rpc"] = _placement(workers, model, offload, load.rpc_split)
         elif load.device:  # the daemon's fit (server/fit.py) decided the split
             model = Model(model_paths, n_gpu_layers=offload, tensor_split=load.tensor_split,
-                          main_gpu=load.main_gpu, devices=load.device)
+                          main_gpu=load.main_gpu, devices=load.device, mmap=load.mmap)
             log.info("%d of %d layers on %s", min(offload, model.n_layer + 1),
                      model.n_layer + 1, ", ".join(load.device))
         else:
-            model = Model(model_paths)
+            model = Model(model_paths, mmap=load.mmap)
         n_ctx_seq = min(load.ctx, model.n_ctx_train) if model.n_ctx_train > 0 else load.ctx
         # An encoder (BERT and kin) gets no generation context: llama.cpp gives it no KV
         # cache to generate with, and the pooled context of its side work is the one it uses.

@@ -165,6 +165,7 @@ class RunnerSpec:
     gpu_layers: int = -1  # num_gpu: layers off the CPU (GPUs or workers); -1: fitted / all
     main_gpu: int = -1  # main_gpu: the GPU (index among them) preferred; -1: most room
     debug: bool = False  # LLMRUN_DEBUG: the runner logs every engine step
+    use_mmap: bool = True  # use_mmap: the weights mapped from the file, else read into memory
 
 
 class RunnerProcess:
@@ -313,7 +314,7 @@ class RunnerProcess:
             rpc=list(s.rpc_workers),
             rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
             gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
-            debug=s.debug, memory=self.memory,
+            debug=s.debug, memory=self.memory, mmap=s.use_mmap,
             max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
 
     def _why(self, exc: BaseException) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmrun import bounds, config
-from llmrun.request import ChatRequest, Chunk, Done, EngineError, Options, Progress, Started
+from llmrun.request import ChatRequest, Chunk, Done, EngineError, Progress, RunnerOptions, Started
 from llmrun.server import context, fit, keepalive, memory
 from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
@@ -62,10 +62,10 @@ def _warn_unconfined(info: dict[str, Any]) -> None:
                 "run a model unconfined)", "; ".join(missing))
 
 
-def named_context(manifest: Manifest, options: Options) -> int:
-    """The context something names for a load, 0 if nothing does: the request's num_ctx,
-    then the Modelfile's, then LLMRUN_CONTEXT_LENGTH."""
-    return options.num_ctx or manifest.options().num_ctx or config.context_length()
+def named_context(options: RunnerOptions) -> int:
+    """The context something names for a load, 0 if nothing does: the merged options' num_ctx
+    (the request's, the client's header, the Modelfile's), then LLMRUN_CONTEXT_LENGTH."""
+    return options.num_ctx or config.context_length()
 
 
 def model_key(manifest: Manifest) -> str:
@@ -75,11 +75,6 @@ def model_key(manifest: Manifest) -> str:
 
 def _main_gpu(spec: RunnerSpec) -> int | None:
     return spec.main_gpu if spec.main_gpu >= 0 else None
-
-
-def _option(asked: int | None, model: int | None, unset: int) -> int:
-    """A load option from the request, else the Modelfile, else `unset`."""
-    return asked if asked is not None else model if model is not None else unset
 
 
 LOADING, READY = "loading", "ready"
@@ -230,31 +225,28 @@ class Scheduler:
         self._verified: set[tuple[str, int, int]] = set()
         self._default_ctx: dict[str, int] = {}  # by model_key: default_context's choice
 
-    def spec_for(self, manifest: Manifest, options: Options,
+    def spec_for(self, manifest: Manifest, options: RunnerOptions,
                  default_ctx: int = context.STEPS[0]) -> RunnerSpec:
-        """The runner `options` ask for, with their load-time values capped (as Ollama
-        does, quietly): num_ctx to the model's trained context, num_batch to
-        bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
+        """The runner `options` (merged: request over Modelfile) ask for, their values
+        capped (as Ollama does, quietly): num_ctx to the model's trained context, num_batch
+        to bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
         nothing, and each distinct spec would be another reload. Without num_thread (or
         LLMRUN_NUM_THREADS) the runner may use every core and uses fewer while other
         processes keep some busy. Where nothing names a context, `default_ctx` is it
         (`default_context`)."""
-        n_ctx = named_context(manifest, options) or default_ctx
+        n_ctx = named_context(options) or default_ctx
         trained = manifest.details.context_length
         if trained:
             n_ctx = min(n_ctx, trained)
-        flash = options.flash_attention or manifest.options().flash_attention \
-            or config.flash_attention()
-        kv_type = options.kv_cache_type or manifest.options().kv_cache_type \
-            or config.kv_cache_type()
+        flash = options.flash_attention or config.flash_attention()
+        kv_type = options.kv_cache_type or config.kv_cache_type()
         if kv_type != "f16" and flash == "off":
             # llama.cpp cannot quantize the V cache without flash attention (Ollama, too,
             # falls back to f16 then)
             log.warning("KV cache type %s needs flash attention, which is off: using f16",
                         kv_type)
             kv_type = "f16"
-        draft_model, draft_paths = self._draft_model(
-            options.draft_model or manifest.options().draft_model, manifest)
+        draft_model, draft_paths = self._draft_model(options.draft_model, manifest)
         fixed = options.num_thread or config.num_threads_fixed()
         cores = config.usable_cores()  # the runner's governor counts the same cores
         n_threads = min(fixed or cores, cores)
@@ -278,8 +270,9 @@ class Scheduler:
             step_budget=config.step_budget(),
             rpc_workers=config.rpc_workers(),
             rpc_split=config.rpc_split(),
-            gpu_layers=_option(options.num_gpu, manifest.options().num_gpu, -1),
-            main_gpu=_option(options.main_gpu, manifest.options().main_gpu, -1),
+            gpu_layers=-1 if options.num_gpu is None else options.num_gpu,
+            main_gpu=-1 if options.main_gpu is None else options.main_gpu,
+            use_mmap=options.use_mmap is not False,
             debug=config.debug(),
         )
 
@@ -313,14 +306,16 @@ class Scheduler:
             raise EngineError(f"invalid model name: {exc}", code="invalid_request") from None
 
     @contextlib.asynccontextmanager
-    async def use(self, model: str | tuple[ModelName, Manifest], options: Options,
-                  keep_alive: str | float | None = None) -> AsyncIterator[Lease]:
+    async def use(self, model: str | tuple[ModelName, Manifest], options: RunnerOptions,
+                  keep_alive: float | None = None) -> AsyncIterator[Lease]:
         """Hold a loaded runner for `model` (a name, or what `lookup` gave for it: the
-        service looks a request's model up once) for the duration of the block."""
+        service looks a request's model up once) for the duration of the block. `options`:
+        the runner's, merged already (request over Modelfile: service.merged); `keep_alive`:
+        seconds (inf: forever), None for LLMRUN_KEEP_ALIVE."""
         try:
-            ttl = keepalive.parse(keep_alive)
-        except ValueError as exc:
-            raise EngineError(str(exc), code="invalid_request") from None
+            ttl = keepalive.seconds(keep_alive)
+        except ValueError as exc:  # LLMRUN_KEEP_ALIVE itself
+            raise EngineError(f"LLMRUN_KEEP_ALIVE: {exc}", code="invalid_request") from None
         parsed, manifest = self.lookup(model) if isinstance(model, str) else model
         lease = await self._acquire(parsed, manifest, options, ttl)
         loaded = lease.loaded
@@ -337,7 +332,7 @@ class Scheduler:
                 if ttl == 0 or replaced or loaded.unload_when_idle:
                     await self.unload(loaded)
 
-    async def default_context(self, manifest: Manifest, options: Options) -> int:
+    async def default_context(self, manifest: Manifest, options: RunnerOptions) -> int:
         """The context `manifest` is loaded with where nothing names one (server/context.py),
         chosen at its first load and kept: a default that followed free memory would
         reload runners under requests that name no context."""
@@ -356,9 +351,9 @@ class Scheduler:
                 manifest.details.context_length)
         return self._default_ctx[key]
 
-    async def _acquire(self, parsed: ModelName, manifest: Manifest, options: Options,
+    async def _acquire(self, parsed: ModelName, manifest: Manifest, options: RunnerOptions,
                        ttl: float) -> Lease:
-        named = named_context(manifest, options)
+        named = named_context(options)
         spec = self.spec_for(manifest, options,
                              named or await self.default_context(manifest, options))
         key = model_key(manifest)

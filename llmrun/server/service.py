@@ -54,8 +54,12 @@ def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
     request brings one, its SYSTEM as the default system prompt. The client's stop strings
     replace the Modelfile's (as Ollama's and OpenAI's options do), or with `stop_adds`
     (Anthropic's stop_sequences, which never turn a model's own end markers off) come after
-    them."""
+    them. The context: the request's num_ctx, else the client's (X-Llmrun-Num-Ctx), else the
+    Modelfile's. What the runner is started with (options.runner()) and what it generates
+    with both come from this one merge."""
     options = req.options
+    if options.num_ctx is None and CLIENT_NUM_CTX.get() is not None:
+        options = options.model_copy(update={"num_ctx": CLIENT_NUM_CTX.get()})
     if req.stop_adds and options.stop:
         own = [s for s in manifest.options().stop or [] if s not in options.stop]
         options = options.model_copy(update={"stop": [*own, *options.stop]})
@@ -220,16 +224,14 @@ class Service:
     async def _hold(self, req: ChatRequest, target: Target,
                     kind: str | None) -> AsyncIterator[Held]:
         """`target` held for the block: a local model through the scheduler (loaded if need
-        be), a remote one as its server; each counted, with the runner request (`kind`:
-        generate, count, embed, tokenize...; None for a load alone) it is held for."""
+        be, with the runner options of `req`, merged already), a remote one as its server;
+        each counted, with the runner request (`kind`: generate, count, embed, tokenize...;
+        None for a load alone) it is held for."""
         if target.upstream is not None:
             yield self._counted(Held(RemoteRunner(target.upstream, req.model), target.manifest,
                                      0.0), kind)
             return
-        options = req.options
-        if options.num_ctx is None and CLIENT_NUM_CTX.get() is not None:
-            options = options.model_copy(update={"num_ctx": CLIENT_NUM_CTX.get()})
-        async with self.scheduler.use((target.name, target.manifest), options,
+        async with self.scheduler.use((target.name, target.manifest), req.options.runner(),
                                       req.keep_alive) as lease:
             yield self._counted(Held(lease.runner, lease.manifest, lease.load_seconds), kind)
 
@@ -249,10 +251,11 @@ class Service:
         load from a queue)."""
         t0 = time.perf_counter()
         target = await self.prepare_chat(req)
+        req = merged(req, target.manifest)
         async with self._hold(req, target, "generate") as held:
             if leased is not None:
                 leased.set()
-            async for event in held.runner.generate(merged(req, held.manifest)):
+            async for event in held.runner.generate(req):
                 if isinstance(event, Done):
                     event.stats.load_ns = int(held.load_seconds * 1e9)
                     event.stats.total_ns = int((time.perf_counter() - t0) * 1e9)
@@ -265,8 +268,9 @@ class Service:
         """The number of prompt tokens `req` renders to on its model (nothing is generated);
         the same request `chat` would send, so the count matches its `prompt_tokens`."""
         target = await self.prepare_chat(req)
+        req = merged(req, target.manifest)
         async with self._hold(req, target, "count") as held:
-            return await held.runner.count(merged(req, held.manifest))
+            return await held.runner.count(req)
 
     async def tokens(self, req: ChatRequest, msg: dict[str, Any], answer: str
                      ) -> dict[str, Any]:
@@ -277,9 +281,10 @@ class Service:
             target = await self.prepare_chat(req)
         else:
             target = self.prepare(req)
+        req = merged(req, target.manifest)
         async with self._hold(req, target, str(msg["type"])) as held:
             if msg["type"] == "count":
-                msg = {**msg, "request": merged(req, held.manifest).model_dump()}
+                msg = {**msg, "request": req.model_dump()}
             return await held.runner.ask(msg, answer)
 
     async def embed(self, req: ChatRequest, inputs: list[str],
@@ -295,7 +300,8 @@ class Service:
         # a chat model embeds too (its last layer pooled), as Ollama lets it; a cross-encoder's
         # output is a score, no vector
         await self._require(req, target, ("embedding", "completion"), "embed")
-        prefix = merged(req, target.manifest).options.embed_prefix
+        req = merged(req, target.manifest)
+        prefix = req.options.embed_prefix
         if prefix:
             inputs = [prefix + text for text in inputs]
         async with self._hold(req, target, "embed") as held:
@@ -319,15 +325,14 @@ class Service:
                               "available for it", code="invalid_request")
         # a cross-encoder (rank pooling) is a reranker by its GGUF: the runner scores with
         # its classification head (engine/crossencoder.py), whatever the Modelfile says
-        if not await self._cross_encoder(target.manifest) \
-                and not merged(req, target.manifest).options.reranks():
+        req = merged(req, target.manifest)
+        if not await self._cross_encoder(target.manifest) and not req.options.reranks():
             raise EngineError(f"model '{req.model}' is not a reranker: its Modelfile makes a "
                               "chat model one with PARAMETER rerank true (and rerank_yes, "
                               "rerank_no, rerank_instruction or rerank_template)",
                               code="invalid_request")
         async with self._hold(req, target, "rerank") as held:
-            scores, n_tokens = await held.runner.rerank(merged(req, held.manifest), query,
-                                                        documents)
+            scores, n_tokens = await held.runner.rerank(req, query, documents)
             return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
@@ -391,5 +396,6 @@ class Service:
     async def load(self, req: ChatRequest) -> float:
         """Load (or keep) the model without generating; returns seconds spent loading (none
         for a remote model: its server holds it)."""
-        async with self._hold(req, self.resolve(req.model), None) as held:
+        target = self.resolve(req.model)
+        async with self._hold(merged(req, target.manifest), target, None) as held:
             return held.load_seconds

@@ -274,3 +274,34 @@ def test_the_load_message_carries_the_spec_and_the_placement() -> None:
     load = workers._load()
     assert (load.rpc, load.rpc_split, load.gpu_layers, load.device) == (["h:1"], [3.0, 1.0],
                                                                          9, [])
+
+
+def test_use_mmap_false_reads_the_weights_into_memory(tmp_path: Path,
+                                                      smollm2_path: Path) -> None:
+    """The runner maps its GGUF file by default; a Modelfile's `use_mmap false` has llama.cpp
+    read it into memory instead: the file is then in none of the runner's mappings."""
+    from tests.conftest import make_home
+
+    home = make_home(tmp_path, smollm2_path)
+    d = Daemon(home).start()
+    try:
+        r = httpx.post(f"{d.url}/api/create", timeout=60, json={
+            "model": "unmapped", "from": "smollm2", "parameters": {"use_mmap": False},
+            "stream": False})
+        assert r.status_code == 200, r.text
+        blobs = {p.name for p in (home / "blobs").iterdir()}
+
+        def mapped(model: str) -> set[str]:
+            r = httpx.post(f"{d.url}/api/chat", timeout=120, json={
+                "model": model, "stream": False, "options": {"num_predict": 2},
+                "messages": [{"role": "user", "content": "Hi"}]})
+            assert r.status_code == 200, r.text
+            [pid] = runner_pids(d.proc.pid)
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            httpx.post(f"{d.url}/api/generate", json={"model": model, "keep_alive": 0})
+            return {name for name in blobs if name in maps}
+
+        assert mapped("smollm2")  # the weights' blob, mapped
+        assert mapped("unmapped") == set()
+    finally:
+        d.stop()

@@ -55,7 +55,7 @@ def _text(shape: Shape, text: str, thinking: str | None = None) -> dict[str, Any
 
 async def load_only(service: Service, req: ChatRequest, shape: Shape) -> Response:
     """An empty prompt loads the model; with keep_alive 0 it unloads it."""
-    unloading = req.keep_alive is not None and str(req.keep_alive).strip() in ("0", "0s", "0.0")
+    unloading = req.keep_alive == 0  # ("0", "0s", 0...: parsed in the body)
     try:
         if unloading:
             await service.unload(req.model)

@@ -14,6 +14,7 @@ from llmrun.request import (
     ChatRequest,
     EngineError,
     Format,
+    KeepAlive,
     Message,
     Options,
     Think,
@@ -45,7 +46,7 @@ class ChatBody(BaseModel):
     stream: bool = True
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     tools: list[dict[str, Any]] | None = None
     think: bool | str | None = None
     logprobs: bool = False
@@ -93,7 +94,7 @@ class GenerateBody(BaseModel):
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
     stream: bool = True
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     context: list[int] | None = None
     think: bool | str | None = None
     logprobs: bool = False
@@ -149,7 +150,7 @@ class EmbedBody(BaseModel):
     input: str | list[str] = ""
     truncate: bool = True
     options: dict[str, Any] | None = None
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     dimensions: int | None = Field(None, ge=1)
 
 
@@ -157,7 +158,7 @@ class LegacyEmbedBody(BaseModel):
     model: str
     prompt: str = ""
     options: dict[str, Any] | None = None
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
 
 class PullBody(BaseModel):

@@ -18,6 +18,7 @@ from llmrun.request import (
     ChatRequest,
     EngineError,
     Format,
+    KeepAlive,
     Message,
     NamedTool,
     Options,
@@ -51,7 +52,7 @@ class LlamaExtras(Body):
     repeat_penalty: float | None = Field(None, ge=0.0)
     typical_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_last_n: int | None = Field(None, ge=-1)
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     # llama-server's structured output: a grammar (GBNF, or llguidance's Lark) or a JSON
     # schema the output must match; one of them, or response_format, per request
     grammar: str | None = None
@@ -211,7 +212,7 @@ class EmbeddingBody(Body):
     dimensions: int | None = Field(None, ge=1)
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
 
 class RerankBody(Body):
@@ -223,7 +224,7 @@ class RerankBody(Body):
     documents: list[Any]
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = False
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
     def texts(self) -> list[str]:
         """The documents' texts, in order; ApiError (400) naming the first that is neither a

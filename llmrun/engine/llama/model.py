@@ -32,15 +32,19 @@ class Model:
 
     def __init__(self, path: Path | list[Path], n_gpu_layers: int = 0,
                  tensor_split: list[float] | None = None, *, main_gpu: int = 0,
-                 devices: list[str] | None = None) -> None:
+                 devices: list[str] | None = None, mmap: bool = True) -> None:
         """Load one GGUF file, or the parts of a split GGUF in order. `n_gpu_layers`: the
         last layers (the output layer counts as one) placed on devices other than the CPU:
         `devices` (ggml names, in order; default every GPU and RPC worker ggml has), split
         by `tensor_split` (proportions, one per device) or by their free memory; with
-        `main_gpu` >= 0 and no split, all of them on that one device."""
+        `main_gpu` >= 0 and no split, all of them on that one device. `mmap` False reads
+        the weights into memory rather than mapping the file (Ollama's use_mmap)."""
         init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        # (this llama.cpp has `load_mode` where older ones had `use_mmap`: a ctypes structure
+        # takes an unknown attribute without a word, so the field is named as it is)
+        params.load_mode = C.LLAMA_LOAD_MODE_AUTO if mmap else C.LLAMA_LOAD_MODE_NONE
         self.n_gpu_layers = n_gpu_layers
         keep: list[Any] = []  # arrays llama.cpp reads during the load only
         if devices:

@@ -1,13 +1,19 @@
-"""Parsing of keep-alive durations (scheduler) and of LLMRUN_HOST addresses (config)."""
+"""Parsing of keep-alive durations (where a request enters, and LLMRUN_KEEP_ALIVE) and of
+LLMRUN_HOST addresses (config)."""
 
 from __future__ import annotations
 
 import math
 
+import pydantic
 import pytest
 
+from llmrun.api.anthropic.wire import MessagesBody
+from llmrun.api.ollama.wire import ChatBody
+from llmrun.api.openai.wire import ChatCompletionBody
 from llmrun.config import parse_host
-from llmrun.server.keepalive import parse as parse_keep_alive
+from llmrun.request import duration_seconds as parse_keep_alive
+from llmrun.server import keepalive
 
 
 @pytest.mark.parametrize(
@@ -30,6 +36,7 @@ from llmrun.server.keepalive import parse as parse_keep_alive
         (0, 0.0),
         (600, 600.0),
         (12.5, 12.5),
+        (10**400, math.inf),  # an integer past a float's range: no OverflowError
     ],
 )
 def test_durations(value: str | float, seconds: float) -> None:
@@ -38,7 +45,7 @@ def test_durations(value: str | float, seconds: float) -> None:
     assert isinstance(result, float)
 
 
-@pytest.mark.parametrize("value", [-1, -0.5, "-1", "-1m", "-5m30s", "-0.1s"])
+@pytest.mark.parametrize("value", [-1, -0.5, "-1", "-1m", "-5m30s", "-0.1s", -10**400])
 def test_negative_means_forever(value: str | float) -> None:
     assert parse_keep_alive(value) == math.inf
 
@@ -52,9 +59,28 @@ def test_invalid_durations(value: str) -> None:
 
 def test_none_uses_the_configured_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMRUN_KEEP_ALIVE", "2m")
-    assert parse_keep_alive(None) == 120.0
+    assert keepalive.seconds(None) == 120.0
+    assert keepalive.seconds(7.0) == 7.0
     monkeypatch.setenv("LLMRUN_KEEP_ALIVE", "-1")
-    assert parse_keep_alive(None) == math.inf
+    assert keepalive.seconds(None) == math.inf
+
+
+def test_a_body_carries_its_keep_alive_parsed() -> None:
+    """Parsed once, where the request enters: the internal request holds seconds."""
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ChatBody(model="m", messages=msgs, keep_alive="1m30s").to_request().keep_alive \
+        == 90.0
+    assert ChatBody(model="m", messages=msgs, keep_alive="-1").to_request().keep_alive \
+        == math.inf
+    assert ChatBody(model="m", messages=msgs, keep_alive="0ms").to_request().keep_alive == 0
+    assert ChatBody(model="m", messages=msgs).to_request().keep_alive is None
+    body = ChatCompletionBody.model_validate({"model": "m", "messages": msgs,
+                                              "keep_alive": 5})
+    assert body.keep_alive == 5.0
+    for bad in ("5x", True, [1], "nan"):
+        with pytest.raises(pydantic.ValidationError, match="keep_alive"):
+            ChatBody.model_validate({"model": "m", "messages": msgs, "keep_alive": bad})
+    assert "keep_alive" not in MessagesBody.model_fields  # (Anthropic's body has none)
 
 
 @pytest.mark.parametrize("value", ["nan", "NaN"])

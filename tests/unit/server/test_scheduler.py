@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -81,7 +82,7 @@ async def holding(sched: Scheduler, name: str, **options: Any) -> AsyncIterator[
 
 
 async def lease_in_task(sched: Scheduler, name: str, release: asyncio.Event,
-                        keep_alive: str | float | None = None,
+                        keep_alive: float | None = None,
                         **options: Any) -> tuple[Lease, asyncio.Task[FakeRunner]]:
     """A task that holds a lease on `name` until `release` is set; returns once it holds it."""
     got: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
@@ -145,7 +146,7 @@ def test_queue_bound_counts_requests_waiting_for_a_load(
 def test_keep_alive_expiry(store: Store, tmp_path: Path) -> None:
     async def go() -> None:
         async with scheduler(store, tmp_path) as (sched, farm):
-            async with sched.use("a", Options(), keep_alive="1s"):
+            async with sched.use("a", Options(), keep_alive=1.0):
                 pass
             (state,) = sched.models()
             assert state.expires_at.endswith("Z") and state.slots_busy == 0
@@ -154,7 +155,7 @@ def test_keep_alive_expiry(store: Store, tmp_path: Path) -> None:
             await sched.reap(now=time.monotonic() + 1.5)
             assert loaded(sched) == [] and farm.of("a")[0].stopped
             # negative: forever
-            async with sched.use("a", Options(), keep_alive=-1):
+            async with sched.use("a", Options(), keep_alive=math.inf):
                 pass
             assert sched.models()[0].expires_at == "2318-01-01T00:00:00Z"
             await sched.reap(now=time.monotonic() + 1e9)

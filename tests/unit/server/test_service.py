@@ -153,3 +153,35 @@ def test_client_stops_replace_or_follow_the_models(store: Store) -> None:
     added = merged(ask("a", stop_adds=True, options=Options(stop=["x"])), manifest)
     assert added.options.stop == ["<END>", "x"]
     assert merged(ask("a", stop_adds=True), manifest).options.stop == ["<END>"]
+
+
+def test_modelfile_load_parameters_reach_the_runner(store: Store, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every load option a Modelfile sets is the runner's unless the request names its own:
+    request over Modelfile over defaults, merged once (num_batch and num_thread were read
+    from the request alone)."""
+    # without LLMRUN_NUM_THREADS the runner's threads adapt, unless num_thread fixes them
+    monkeypatch.delenv("LLMRUN_NUM_THREADS", raising=False)
+    path = write_tiny_llama(tmp_path / "b.gguf", seed=1)
+    store.create("tuned", f"FROM {path}\nPARAMETER num_batch 64\nPARAMETER num_thread 1\n"
+                 "PARAMETER num_ctx 96\nPARAMETER kv_cache_type q8_0\n"
+                 "PARAMETER flash_attention on\nPARAMETER use_mmap false\n")
+
+    async def scenario() -> None:
+        farm = Farm(store)
+        sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free)
+        service = Service(store, sched)
+        try:
+            await events(service, ask("tuned"))
+            spec = farm.runners[-1].spec
+            assert (spec.n_batch, spec.n_threads, spec.adaptive_threads) == (64, 1, False)
+            assert (spec.n_ctx, spec.kv_type, spec.flash_attention) == (96, "q8_0", "on")
+            assert not spec.use_mmap
+            # the request's own values win, and a change of them is another runner
+            await events(service, ask("tuned", options=Options(num_batch=32, num_ctx=80)))
+            spec = farm.runners[-1].spec
+            assert (spec.n_batch, spec.n_threads, spec.n_ctx) == (32, 1, 80)
+        finally:
+            await sched.shutdown()
+
+    run(scenario())
