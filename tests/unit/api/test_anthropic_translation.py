@@ -458,6 +458,28 @@ def test_streamed_hidden_thoughts() -> None:
         ("content_block_stop", 0, None)]
 
 
+def test_streamed_thought_after_text_opens_a_block_of_its_own() -> None:
+    """A thought that follows answer text (a model that thinks again before a call, or a
+    remote model's interleaved reasoning) closes the text block first; text after it opens
+    a new one: each block started, written and stopped in turn, as the SDK assembles them."""
+    events = streamed(messages_body(stream=True), STARTED, Chunk(text="First."),
+                      Chunk(text="", thinking="again"), Chunk(text="Then."),
+                      Done(stats=STATS))
+    assert [(n, d.get("index"), d.get("delta") or d.get("content_block"))
+            for n, d in events[2:-2]] == [
+        ("content_block_start", 0, {"type": "text", "text": ""}),
+        ("content_block_delta", 0, {"type": "text_delta", "text": "First."}),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, {"type": "thinking", "thinking": "", "signature": ""}),
+        ("content_block_delta", 1, {"type": "thinking_delta", "thinking": "again"}),
+        ("content_block_delta", 1, {"type": "signature_delta",
+                                    "signature": signature("again")}),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, {"type": "text", "text": ""}),
+        ("content_block_delta", 2, {"type": "text_delta", "text": "Then."}),
+        ("content_block_stop", 2, None)]
+
+
 def test_an_error_before_the_first_token_is_an_http_error() -> None:
     too_long = EngineError("prompt is too long", code="prompt_too_long",
                            details={"prompt_tokens": 5000, "n_ctx": 4096})
