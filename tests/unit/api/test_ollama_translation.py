@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import pytest
+from ollama import ChatResponse, GenerateResponse
 from pydantic import ValidationError
 
 from llmrun.api.ollama.stream import respond
@@ -228,7 +229,9 @@ def answer(req: ChatRequest, shape: Any, *events: Event) -> tuple[Any, int, byte
 
 
 def stamped(obj: dict[str, Any]) -> dict[str, Any]:
-    """`obj` without its created_at, which must be an RFC 3339 UTC time."""
+    """`obj` read by the Ollama SDK's type of its shape, then without its created_at, which
+    must be an RFC 3339 UTC time."""
+    (ChatResponse if "message" in obj else GenerateResponse).model_validate(obj)
     assert TIMESTAMP.match(obj.pop("created_at")), obj
     return obj
 
