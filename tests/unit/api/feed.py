@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 from fastapi.responses import Response, StreamingResponse
 
-from llmrun.request import ChatRequest, Chunk, Done, Progress, Started, Stats
+from llmrun.request import ChatRequest, Chunk, Done, Progress, Started
 
 Event = Started | Progress | Chunk | Done | Exception
 T = TypeVar("T")
@@ -129,7 +129,3 @@ def ndjson(raw: bytes) -> list[dict[str, Any]]:
     text = raw.decode()
     assert text.endswith("\n"), text[-40:]
     return [json.loads(line) for line in text[:-1].split("\n")]
-
-
-def stats(**fields: Any) -> Stats:
-    return Stats(**fields)
