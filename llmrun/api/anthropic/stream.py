@@ -179,6 +179,9 @@ async def _stream(body: MessagesBody, started: Started | None,
         while isinstance(event, Chunk):
             if event.thinking and show:
                 if not thought:
+                    if text_open:  # a thought after answer text (a remote model's)
+                        text_open = False
+                        yield _sse("content_block_stop", {"index": index})
                     index += 1
                     yield _sse("content_block_start", {"index": index, "content_block": {
                         "type": "thinking", "thinking": "", "signature": ""}})

@@ -30,7 +30,8 @@ _KEEPALIVE = b": waiting for the model\n\n"
 
 def usage(stats: Stats) -> dict[str, Any]:
     return {"input_tokens": stats.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": stats.cached_tokens},
+            "input_tokens_details": {"cached_tokens": stats.cached_tokens,
+                                     "cache_write_tokens": 0},
             "output_tokens": stats.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": stats.prompt_tokens + stats.completion_tokens,
