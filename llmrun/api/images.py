@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from llmrun import bounds, config
+from llmrun import bounds, config, media
 from llmrun.request import ChatRequest, EngineError, Message
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def _decoded(text: Any, where: str, check_size: Callable[[int], None], *, a: str
     data = "".join(text.split())
     if len(data) % 4 in (2, 3):
         data += "=" * (4 - len(data) % 4)
-    check_size(bounds.image_bytes(data))
+    check_size(media.decoded_size(data))
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -165,7 +165,7 @@ async def fetched(req: ChatRequest) -> ChatRequest:
     from llmrun.server.upstream import GuardedTransport
 
     # decoded bytes of the request's images so far: inline ones count from the start
-    used = sum(bounds.image_bytes(i) for m in req.messages for i in m.images if not is_url(i))
+    used = sum(media.decoded_size(i) for m in req.messages for i in m.images if not is_url(i))
     messages: list[Message] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(FETCH_TIMEOUT), follow_redirects=False,
                                  transport=GuardedTransport(config.remote_link_local())

@@ -40,9 +40,10 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from llmrun.chat import capabilities, templates
-from llmrun.chat.schema import JSON_OPTIONS, bound_numbers, prepare_schema
 from llmrun.chat.toolcalls import ToolCheck, ToolStream, new_call_id  # noqa: F401 (re-export)
 from llmrun.request import ChatRequest, Message, NamedTool, Tool, ToolCall, ToolChoice
+from llmrun.structured.numbers import bound_numbers
+from llmrun.structured.prepare import JSON_OPTIONS, prepare_schema
 
 Family = Literal["hermes", "llama3", "mistral", "json"]
 
@@ -446,7 +447,7 @@ def build_grammar(chosen: list[Tool], info: TemplateInfo, parallel: bool, *,
 # -- steering a call the model began ("auto") -----------------------------------------------
 
 # Between the parts of a call the model writes: bounded whitespace (never empty: llguidance's
-# lexemes must not match nothing), as schema.JSON_OPTIONS bounds it inside the arguments.
+# lexemes must not match nothing), as prepare.JSON_OPTIONS bounds it inside the arguments.
 _WS = "[ \\t\\n]{0,20}"
 # The marker each family begins its calls with; the grammar takes over right after it.
 FAMILY_MARKER: dict[str, str] = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]",

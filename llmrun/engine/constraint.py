@@ -35,9 +35,10 @@ import llguidance as lg
 from llguidance.gbnf_to_lark import gbnf_to_lark
 from llguidance.llamacpp import lltokenizer_from_vocab
 
-from llmrun.chat.schema import ANY_OBJECT, JSON_OPTIONS, bound_numbers, prepare_schema
 from llmrun.engine.llama import Model
 from llmrun.request import ChatRequest
+from llmrun.structured.numbers import bound_numbers
+from llmrun.structured.prepare import ANY_OBJECT, JSON_OPTIONS, prepare_schema
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # (in llguidance's stubs alone)
@@ -68,8 +69,8 @@ def tokenizer(model: Model) -> lg.LLTokenizer:
 def from_schema(schema: dict[str, Any], *, strict: bool = True) -> str:
     """llguidance grammar text for a JSON schema. Not strict: keywords llguidance cannot
     enforce are ignored (llguidance's `lenient`), and `compile` logs them as warnings. Its
-    numbers are bounded so that what a client parses obeys it (schema.bound_numbers)."""
-    # (JSON_OPTIONS, in llmrun.chat, which may not import llguidance, is a plain dict)
+    numbers are bounded so that what a client parses obeys it (structured/numbers.py)."""
+    # (JSON_OPTIONS, in llmrun.structured, which may not import llguidance, is a plain dict)
     options = cast("JsonCompileOptions", {**JSON_OPTIONS, "lenient": not strict})
     prepared = bound_numbers(prepare_schema(schema))
     try:

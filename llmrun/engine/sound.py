@@ -2,7 +2,7 @@
 
 Audio decoders are attack surface, as image decoders are (engine/pixels.py): a request's
 bytes reach this code, so it runs only in the confined runner. The header is read first, in
-Python (llmrun/bounds.py's check_sound, which the daemon applies too), and a file is
+Python (llmrun/media.py's check_sound, which the daemon applies too), and a file is
 refused before a sample is decoded when it declares too long a sound, a coding whose length
 its header does not give (ADPCM), a sample rate outside what speech models take, or more
 data than it holds (a truncated file); an MP3's frames are walked, so a bomb never reaches
@@ -28,8 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from llmrun import bounds
-from llmrun.request import EngineError
+from llmrun import media
 
 # The shortest sound read: libmtmd asserts (aborting the process) on fewer than two
 # samples, and no word is said in less. A sound's last piece shorter than this is dropped
@@ -41,7 +40,7 @@ def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray], rate: int,
            piece_seconds: float | None = None) -> list[tuple[np.ndarray, str]]:
     """A base64 sound file as pieces of mono float32 samples at the projector's `rate`, each
     with its content hash: the whole sound as one piece, or consecutive pieces of
-    `piece_seconds` (the projector's, bounds.SOUND_PIECE_SECONDS), each to be encoded on its
+    `piece_seconds` (the projector's, media.SOUND_PIECE_SECONDS), each to be encoded on its
     own. `decoder` is the projector's (Projector.decode_sound). ValueError, naming what is
     wrong, for anything that is not a whole WAV or MP3 file within the bounds.
 
@@ -56,22 +55,22 @@ def decode(data_b64: str, decoder: Callable[[bytes], np.ndarray], rate: int,
     except (binascii.Error, ValueError):
         raise ValueError("a sound file is not valid base64") from None
     try:  # the daemon checked it too, but a request may be built anywhere
-        layout = bounds.check_sound(data)
-    except EngineError as exc:  # worded as the runner words a request's fault
-        raise ValueError(exc.message) from None
-    if isinstance(layout, bounds.Mp3Layout):  # its frames, not the file (bounds.py)
+        layout = media.check_sound(data)
+    except ValueError as exc:  # worded as the daemon words it (bounds.check_sound)
+        raise ValueError(f"a sound file: {exc}") from None
+    if isinstance(layout, media.Mp3Layout):  # its frames, not the file (media.py)
         whole = decoder(layout.stream())
         if not piece_seconds:
             return [_hashed(whole, rate)]
     else:  # a WAV file written from what was read, never the file
         samples = data[layout.start:layout.start + layout.size]
-        step = bounds.piece_frames(piece_seconds, layout.rate) * layout.block \
+        step = media.piece_frames(piece_seconds, layout.rate) * layout.block \
             if piece_seconds else layout.size
         if layout.size <= step:  # one piece
             return [_hashed(decoder(_wav(layout, samples)), rate)]
         return [_hashed(decoder(_wav(layout, samples[at:at + step])), rate)
                 for at in _starts(len(samples), step, layout.rate * layout.block)]
-    step = bounds.piece_frames(piece_seconds, rate)
+    step = media.piece_frames(piece_seconds, rate)
     return [_hashed(whole[at:at + step], rate) for at in _starts(len(whole), step, rate)]
 
 
@@ -82,10 +81,10 @@ def _starts(n: int, step: int, per_second: int) -> list[int]:
             if at == 0 or n - at >= MIN_PIECE_SECONDS * per_second]
 
 
-def _wav(layout: bounds.WavLayout, samples: bytes) -> bytes:
+def _wav(layout: media.WavLayout, samples: bytes) -> bytes:
     """A WAV file of `samples`, in the coding `layout` read: its plain 16-byte format chunk
     and one data chunk, nothing the file had besides (what dr_wav reads of it is what
-    bounds.py read)."""
+    media.py read)."""
     body = b"WAVE" + b"fmt " + struct.pack("<I", len(layout.fmt)) + layout.fmt \
         + b"data" + struct.pack("<I", len(samples)) + samples
     return b"RIFF" + struct.pack("<I", len(body)) + body

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from llmrun.bounds import SOUND_PIECE_SECONDS
+from llmrun.media import SOUND_PIECE_SECONDS
 
 MAGIC = b"GGUF"
 MAX_STRING = 1 << 24  # 16 MiB: chat templates are a few KiB, nothing legitimate comes close
@@ -110,7 +110,7 @@ class GGUFInfo:
 
     @property
     def sound_piece_seconds(self) -> float | None:
-        """The length of sound this projector encodes on its own (bounds.SOUND_PIECE_SECONDS,
+        """The length of sound this projector encodes on its own (media.SOUND_PIECE_SECONDS,
         by its audio projector's type); None: it reads a sound whole."""
         if "audio" not in self.modalities:
             return None

@@ -172,7 +172,7 @@ class Store:
 
     def sound_piece_seconds(self, manifest: Manifest) -> float | None:
         """The length of sound the model's projector encodes on its own (None: whole, or
-        no audio projector), from its GGUF (bounds.SOUND_PIECE_SECONDS)."""
+        no audio projector), from its GGUF (media.SOUND_PIECE_SECONDS)."""
         layer = manifest.projector
         if layer is None:
             return None

@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from llmrun.bounds import SOUND_PIECE_SECONDS, piece_frames
+from llmrun.media import SOUND_PIECE_SECONDS, piece_frames
 from tests.conftest import Daemon, make_home
 from tests.fakes.audio import (
     adpcm_wav,

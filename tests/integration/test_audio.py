@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from llama_cpp import mtmd_cpp as M
 
-from llmrun.bounds import SOUND_PIECE_SECONDS, piece_frames
 from llmrun.engine.llama import ImageChunk, LlamaError, Model, Projector
+from llmrun.media import SOUND_PIECE_SECONDS, piece_frames
 from tests.fakes.audio import (
     SAMPLE_RATE,
     TOKENS_PER_CHUNK,

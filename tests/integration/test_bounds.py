@@ -19,6 +19,7 @@ import pytest
 
 from llmrun import bounds
 from llmrun.request import ChatRequest, EngineError, Message, NamedTool, Options, Tool
+from llmrun.structured import keywords, limits
 
 MODEL = "smollm2"
 HUGE = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 200000}},
@@ -152,7 +153,7 @@ def test_raw_grammar_bounds() -> None:
 def test_lists_and_ceilings_are_what_llguidance_builds(smollm2_path: Any) -> None:
     """Each supported keyword and format compiles, each refused one is refused by llguidance
     too (or silently ignored by it, which is why it is refused), and schemas at the ceilings
-    build. When this fails, the constraint engine changed: revisit llmrun/bounds.py."""
+    build. When this fails, the constraint engine changed: revisit llmrun/structured/."""
     from llmrun.engine import constraint
     from llmrun.engine.llama import Model
     from llmrun.request import ChatRequest
@@ -170,16 +171,16 @@ def test_lists_and_ceilings_are_what_llguidance_builds(smollm2_path: Any) -> Non
         return True
 
     try:
-        for fmt in bounds.FORMATS:
+        for fmt in keywords.FORMATS:
             assert builds({"type": "string", "format": fmt}), fmt
         for fmt in ("regex", "uri-reference", "iri", "json-pointer", "idn-email"):
             assert not builds({"type": "string", "format": fmt}), fmt
         for key in ("not", "if", "uniqueItems", "contains", "dependentRequired",
                     "propertyNames", "unevaluatedProperties"):
             assert not builds({"type": "object", key: {}}), key
-        at_ceiling = [HUGE, nested(bounds.MAX_SCHEMA_DEPTH // 2 - 1),
-                      {"enum": list(range(bounds.MAX_ALTERNATIVES))},
-                      {"const": "x" * bounds.MAX_LITERAL_CHARS},
+        at_ceiling = [HUGE, nested(limits.MAX_SCHEMA_DEPTH // 2 - 1),
+                      {"enum": list(range(limits.MAX_ALTERNATIVES))},
+                      {"const": "x" * limits.MAX_LITERAL_CHARS},
                       {"type": "object", "properties": {"a": {"type": "number",
                        "multipleOf": 0.5, "exclusiveMinimum": 0}, "b": {"type": "object",
                        "patternProperties": {"^x": {}}, "minProperties": 1}}}]

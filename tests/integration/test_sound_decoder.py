@@ -3,7 +3,7 @@
 tests/unit/engine/test_sound_headers.py builds the hostile files; here they meet the real
 decoder, through the adapter (engine/llama/vision.py's Projector.decode_sound) and the
 runner's path (engine/sound.py): the raw file decodes to far more than its header gives,
-what the runner hands the decoder never to more than bounds.py declared. Real files (LAME's
+what the runner hands the decoder never to more than media.py declared. Real files (LAME's
 frames, as an encoder writes them with tags around) decode as they did, to the sample.
 """
 
@@ -17,7 +17,7 @@ import lameenc
 import numpy as np
 import pytest
 
-from llmrun import bounds
+from llmrun import media
 from llmrun.engine import sound
 from llmrun.engine.llama import Projector
 from tests.fakes.audio import (
@@ -62,7 +62,7 @@ def test_hostile_files_decode_to_more_than_they_declare_and_are_refused(
             heard(projector, bad)
     # counted where it is short: the frames after the junk are all heard, and declared
     data = mp3_resync_bomb(30.0)
-    assert seconds(heard(projector, data)) == pytest.approx(bounds.sound_seconds(data),
+    assert seconds(heard(projector, data)) == pytest.approx(media.sound_seconds(data),
                                                             abs=1e-3)
 
 
@@ -81,7 +81,7 @@ def lame(samples: np.ndarray, rate: int, kbps: int, channels: int = 1) -> bytes:
 def test_real_mp3s_are_heard_as_the_decoder_hears_the_file(
         projector: Projector, rate: int, kbps: int, channels: int) -> None:  # noqa: F811
     frames = lame(sine(440.0, 2.0, rate), rate, kbps, channels)
-    layout = bounds.mp3_layout(frames)
+    layout = media.mp3_layout(frames)
     assert layout.seconds == pytest.approx(2.0, abs=0.3)  # LAME's delay and last frame
     # as a tagger leaves it: ID3v2 (cover art inside: sync-like bytes), an Info frame that
     # counts the frames after it (the rest of it silent, as LAME writes it), APE and ID3v1
@@ -95,7 +95,7 @@ def test_real_mp3s_are_heard_as_the_decoder_hears_the_file(
     for data in (frames, tagged):  # heard as the decoder hears the file itself
         ours = heard(projector, data)
         np.testing.assert_array_equal(ours, projector.decode_sound(data))
-        assert len(ours) <= round(bounds.sound_seconds(data) * SAMPLE_RATE) + 1
+        assert len(ours) <= round(media.sound_seconds(data) * SAMPLE_RATE) + 1
     # junk after the frames: dr_mp3, given the file, drops the last frame (it finds no
     # frame after it); given the frames alone, it hears them all
     np.testing.assert_array_equal(heard(projector, tagged[:-160] + bytes(300) + tagged[-160:]),
@@ -103,7 +103,7 @@ def test_real_mp3s_are_heard_as_the_decoder_hears_the_file(
 
 
 def _first_frame_bytes(data: bytes) -> int:
-    frame = bounds._MP3_FRAMES[data[1] << 8 | data[2]]
+    frame = media._MP3_FRAMES[data[1] << 8 | data[2]]
     assert frame is not None
     return frame[0]
 
@@ -128,7 +128,7 @@ def test_real_wavs_are_heard_as_the_decoder_hears_the_file(
 def hostile_mp3(rng: random.Random) -> bytes:
     """Frames of one kind with fake headers in their bodies, junk between stretches (some
     of it sync-like, some free format, frames of other kinds), Xing tags, a cut tail."""
-    table = bounds._MP3_FRAMES
+    table = media._MP3_FRAMES
     firsts = [b for b in range(256) if any(table[b << 8 | x] for x in range(256))]
     b1, rate_bits = rng.choice(firsts), rng.randrange(3) << 2
     out = bytearray(b"\xff")  # a file the header check takes for MP3 by its first bytes
@@ -171,10 +171,10 @@ def test_what_the_runner_hands_the_decoder_never_outlasts_what_it_declared(
     for _ in range(300):
         data = hostile_mp3(rng)
         try:
-            layout = bounds.mp3_layout(data)
+            layout = media.mp3_layout(data)
         except ValueError:
             continue
-        if layout.seconds > bounds.MAX_SOUND_SECONDS:
+        if layout.seconds > media.MAX_SOUND_SECONDS:
             continue
         try:
             got = len(projector.decode_sound(layout.stream()))

@@ -10,7 +10,7 @@ client may go on sending the next one.
 
 The session is one sequence in the engine, kept in one slot between its requests
 (ChatRequest.session, engine/slots.py), and it grows as sound arrives: every whole piece of
-the model's projector's length (bounds.SOUND_PIECE_SECONDS: 0.98 s for Qwen3-ASR's encoder)
+the model's projector's length (media.SOUND_PIECE_SECONDS: 0.98 s for Qwen3-ASR's encoder)
 is read into it at once, by a request that generates nothing (num_predict 0) and carries
 the utterance's whole pieces so far as one WAV file. The runner cuts a sound into the same
 pieces (engine/sound.py) and keeps each piece's embeddings by content hash, and the slot
@@ -67,7 +67,7 @@ import orjson
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
-from llmrun import bounds, config
+from llmrun import config, media
 from llmrun.api.openai.stream import start_choices
 from llmrun.api.openai.transcribe import chat_request, deltas, usage
 from llmrun.request import ChatRequest, Done, EngineError, Message, Stats
@@ -297,7 +297,7 @@ class Session:
     def remember(self, sound: str, transcript: str, tokens: int) -> None:
         """Keep a transcribed utterance in the sequence (`tokens`: what the sequence holds
         with it), or start the sequence over when it has held enough."""
-        seconds = bounds.image_bytes(sound) / 2 / RATE
+        seconds = media.decoded_size(sound) / 2 / RATE
         if self.history_seconds + seconds > HISTORY_SECONDS or tokens > HISTORY_TOKENS \
                 or len(self.history) // 2 >= HISTORY_TURNS:
             self.forget()
@@ -606,7 +606,7 @@ def _piece_bytes(service: Service, model: str) -> int | None:
         seconds = service.store.sound_piece_seconds(service.resolve(model).manifest)
     except Exception:  # an unknown or broken model: the commit's request answers why
         return None
-    return bounds.piece_frames(seconds, RATE) * 2 if seconds else None
+    return media.piece_frames(seconds, RATE) * 2 if seconds else None
 
 
 async def _handle(ws: WebSocket, service: Service, s: Session, msg: dict[str, Any],

@@ -35,7 +35,7 @@ from llmrun.server.service import Service
 Task = Literal["transcribe", "translate"]
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # Most tokens a transcript may take: about 12 minutes of speech at ~150 words a minute (the
-# sound itself is bounded by its duration, bounds.MAX_SOUND_SECONDS)
+# sound itself is bounded by its duration, media.MAX_SOUND_SECONDS)
 MAX_TRANSCRIPT_TOKENS = 2048
 # The form's text fields: OpenAI's have eight (model, language, prompt, response_format,
 # temperature, stream, and the array fields include[] and timestamp_granularities[]), sent

@@ -28,11 +28,11 @@ from llmrun.chat.formats.base import (
     text_writer,
 )
 from llmrun.chat.formats.xml import _types, convert
-from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
+from llmrun.structured.prepare import JSON_OPTIONS, prepare_schema
 
 NS = "]<]minimax[>["
 _NS = re.escape(NS)

@@ -17,11 +17,11 @@ import re
 from typing import Any
 
 from llmrun.chat.formats.base import Family, choice, lark, lit, marker_writer, one_of
-from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.toolcalls import ToolCheck, new_call_id
 from llmrun.chat.toolcalls.jsontext import MAX_DEPTH, nesting
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
+from llmrun.structured.prepare import JSON_OPTIONS, prepare_schema
 
 # Longest call list given to the parser: `ast` builds a tree of the whole text, so what
 # reaches it is bounded (real calls are a few kilobytes; a longer one stays text).

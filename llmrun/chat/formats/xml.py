@@ -33,12 +33,12 @@ from llmrun.chat.formats.base import (
     marker_writer,
     one_of,
 )
-from llmrun.chat.schema import JSON_OPTIONS, prepare_schema
 from llmrun.chat.textstream import partial_match
 from llmrun.chat.thinking import Splitter, ThinkStream
 from llmrun.chat.toolcalls import MAX_TRIES, ToolCheck
 from llmrun.chat.tools import Steering, TemplateInfo, ToolPlan
 from llmrun.request import Tool, ToolCall
+from llmrun.structured.prepare import JSON_OPTIONS, prepare_schema
 
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 

@@ -101,7 +101,7 @@ class ToolCheck:
     def _validator(schema: dict[str, Any]) -> Any:
         from jsonschema import validators
 
-        from llmrun.chat.schema import prepare_schema
+        from llmrun.structured.prepare import prepare_schema
 
         base = validators.validator_for(schema, default=validators.Draft202012Validator)
         return _safe_validator(base)(prepare_schema(schema))

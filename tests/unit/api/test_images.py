@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from llmrun import bounds, ipc
+from llmrun import bounds, ipc, media
 from llmrun.api import images
 from llmrun.daemon.app import create_app
 from llmrun.request import ChatRequest, EngineError, Message
@@ -180,7 +180,7 @@ def test_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     message = refused(bounds.check_request, request(B64_JPEG, B64_PNG))
     assert message == (f"messages[1].images[0]: image too large: {len(PNG)} bytes, the limit "
                        "is 500 bytes (LLMRUN_MAX_IMAGE_SIZE)")
-    assert bounds.image_bytes(B64_PNG) == len(PNG) and bounds.image_bytes(B64_JPEG) == len(JPEG)
+    assert media.decoded_size(B64_PNG) == len(PNG) and media.decoded_size(B64_JPEG) == len(JPEG)
     monkeypatch.setenv("LLMRUN_MAX_IMAGE_SIZE", "1MiB")
     monkeypatch.setattr(ipc, "MAX_FRAME", 1600)  # 1000 bytes of images in all
     assert "in all, the limit is 1000 bytes" in refused(bounds.check_request,

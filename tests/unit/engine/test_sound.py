@@ -1,4 +1,4 @@
-"""The sound header reader (llmrun/bounds.py) and engine/sound.py: what a sound file declares,
+"""The sound header reader (llmrun/media.py) and engine/sound.py: what a sound file declares,
 read before decoding, and refused before the decoder runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import base64
 import numpy as np
 import pytest
 
-from llmrun import bounds
+from llmrun import media
 from llmrun.engine import sound
 from tests.fakes.audio import (
     mp3_bomb,
@@ -26,13 +26,13 @@ from tests.fakes.audio import (
                                                      (2.0, 8_000, 1)])
 def test_a_wav_file_declares_its_duration(seconds: float, rate: int, channels: int) -> None:
     samples = np.repeat(sine(440.0, seconds, rate), channels)
-    assert bounds.sound_seconds(wav(samples, rate, channels)) == pytest.approx(seconds)
+    assert media.sound_seconds(wav(samples, rate, channels)) == pytest.approx(seconds)
 
 
 def test_an_mp3_stream_is_as_long_as_its_frames() -> None:
     # 8 kHz MPEG-2.5 layer III frames of 576 samples (72 ms each)
-    assert bounds.sound_seconds(mp3_bomb(7.2)) == pytest.approx(7.2, abs=0.072)
-    assert bounds.sound_seconds(b"ID3\x03\x00\x00\x00\x00\x00\x04" + b"tags" + mp3_bomb(1.0)) \
+    assert media.sound_seconds(mp3_bomb(7.2)) == pytest.approx(7.2, abs=0.072)
+    assert media.sound_seconds(b"ID3\x03\x00\x00\x00\x00\x00\x04" + b"tags" + mp3_bomb(1.0)) \
         == pytest.approx(1.0, abs=0.072)
 
 
@@ -45,7 +45,7 @@ def test_an_mp3_stream_is_as_long_as_its_frames() -> None:
 ])
 def test_malformed_headers_are_refused(data: bytes, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        bounds.sound_seconds(data)
+        media.sound_seconds(data)
 
 
 @pytest.mark.parametrize("data", [wav_long_header(), mp3_bomb()])
@@ -53,7 +53,7 @@ def test_too_long_is_refused_before_the_decoder_runs(data: bytes) -> None:
     def decoder(_: bytes) -> np.ndarray:
         raise AssertionError("decoded")
 
-    assert bounds.sound_seconds(data) > bounds.MAX_SOUND_SECONDS
+    assert media.sound_seconds(data) > media.MAX_SOUND_SECONDS
     with pytest.raises(ValueError, match="declares"):
         sound.decode(base64.b64encode(data).decode(), decoder, 16_000)
 
@@ -61,7 +61,7 @@ def test_too_long_is_refused_before_the_decoder_runs(data: bytes) -> None:
 def samples_of(data: bytes) -> np.ndarray:
     """A stand-in for the projector's decoder: a WAV file's frames as they are (no
     resampling), so what a piece holds can be checked frame by frame."""
-    layout = bounds.wav_layout(data)
+    layout = media.wav_layout(data)
     pcm = np.frombuffer(data[layout.start:layout.start + layout.size], dtype="<i2")
     return (pcm.reshape(-1, layout.channels)[:, 0] / 32768).astype(np.float32)
 
@@ -71,7 +71,7 @@ def test_a_wav_is_cut_at_its_own_rate_into_whole_frames(rate: int, channels: int
     frames = noise(2.5, rate=rate)
     data = wav(np.repeat(frames, channels), rate, channels)
     pieces = sound.decode(base64.b64encode(data).decode(), samples_of, 16_000, 0.98)
-    step = bounds.piece_frames(0.98, rate)
+    step = media.piece_frames(0.98, rate)
     assert [len(p) for p, _ in pieces] == [step, step, len(frames) - 2 * step]
     whole = np.concatenate([p for p, _ in pieces])
     np.testing.assert_array_equal(whole, samples_of(data))  # nothing lost, nothing doubled

@@ -1,4 +1,4 @@
-"""Sound headers that lie to a length check (llmrun/bounds.py) but not to the decoder.
+"""Sound headers that lie to a length check (llmrun/media.py) but not to the decoder.
 
 miniaudio (inside libmtmd) decodes what a file's coding says, scans an MP3 past junk for the
 next frame, and takes a Xing tag's frame count for the output's length: a check that reads
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from llmrun import bounds, config
+from llmrun import config, media
 from llmrun.engine import sound
 from tests.fakes.audio import (
     MP3_FRAME_48K,
@@ -72,7 +72,7 @@ def given_to_decoder(data: bytes) -> bytes:
 def test_a_wav_whose_length_its_header_does_not_give_is_refused(data: bytes,
                                                                 words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        bounds.sound_seconds(data)
+        media.sound_seconds(data)
     with pytest.raises(ValueError, match=words):
         given_to_decoder(data)
 
@@ -91,7 +91,7 @@ def test_a_wav_whose_length_its_header_does_not_give_is_refused(data: bytes,
 ])
 def test_real_codings_declare_their_length(fmt: bytes, n_bytes: int, seconds: float) -> None:
     data = riff(fmt, bytes(n_bytes), before_data=b"LIST" + struct.pack("<I", 4) + b"INFO")
-    assert bounds.sound_seconds(data) == pytest.approx(seconds)
+    assert media.sound_seconds(data) == pytest.approx(seconds)
 
 
 def test_the_decoder_is_given_a_wav_written_from_what_was_read() -> None:
@@ -102,7 +102,7 @@ def test_the_decoder_is_given_a_wav_written_from_what_was_read() -> None:
     assert given_to_decoder(data) == riff(fmt_chunk(1, 1, 16_000, 16), TONE)
     # of two format chunks, the last before the data is read, as dr_wav reads it
     other = b"fmt " + struct.pack("<I", 16) + fmt_chunk(1, 2, 8_000, 8)
-    layout = bounds.wav_layout(riff(fmt_chunk(3, 1, 16_000, 32), TONE, before_data=other))
+    layout = media.wav_layout(riff(fmt_chunk(3, 1, 16_000, 32), TONE, before_data=other))
     assert (layout.tag, layout.channels, layout.rate, layout.bits) == (1, 2, 8_000, 8)
 
 
@@ -113,8 +113,8 @@ def test_junk_between_frames_does_not_end_the_walk() -> None:
     # one 24 ms frame, a zero byte, 25 minutes of frames: the decoder scans past the byte
     data = mp3_resync_bomb(1500.0)
     assert len(data) < config.max_audio_size()  # within the upload limit
-    assert bounds.sound_seconds(data) > bounds.MAX_SOUND_SECONDS  # (the walk stops there)
-    assert bounds.sound_seconds(mp3_resync_bomb(10.0)) == pytest.approx(10.0, abs=0.024)
+    assert media.sound_seconds(data) > media.MAX_SOUND_SECONDS  # (the walk stops there)
+    assert media.sound_seconds(mp3_resync_bomb(10.0)) == pytest.approx(10.0, abs=0.024)
     with pytest.raises(ValueError, match="declares"):
         given_to_decoder(data)
 
@@ -127,7 +127,7 @@ def test_the_decoder_is_given_the_frames_and_nothing_else() -> None:
             + b"APETAGEX" + struct.pack("<IIII", 2000, 32, 0, 0) + bytes(8)  # an APE footer
             + b"TAG" + bytes(125))
     assert given_to_decoder(data) == b"".join(frames)
-    assert bounds.sound_seconds(data) == pytest.approx(30 * 0.024)
+    assert media.sound_seconds(data) == pytest.approx(30 * 0.024)
 
 
 def test_a_xing_tag_claims_count() -> None:
@@ -137,15 +137,15 @@ def test_a_xing_tag_claims_count() -> None:
         given_to_decoder(xing_frame(60_000) + MP3_FRAME_48K * 10)
     # an honest Info/Xing frame (as LAME writes: the count of the frames after it) passes
     data = xing_frame(10) + MP3_FRAME_48K * 10
-    assert bounds.sound_seconds(data) == pytest.approx(11 * 0.024)
+    assert media.sound_seconds(data) == pytest.approx(11 * 0.024)
     # a claim in any frame counts: which one dr_mp3 reads first depends on what decodes
     data = MP3_FRAME_48K * 3 + xing_frame(200) + MP3_FRAME_48K * 3
-    assert bounds.sound_seconds(data) == pytest.approx(200 * 0.024)
+    assert media.sound_seconds(data) == pytest.approx(200 * 0.024)
     # MPEG-2 layer III, 8 kbit/s, 22.05 kHz, stereo: 26 bytes, the tag at 21, its count
     # past the frame: in the last frame, dr_mp3 would read it from beyond the stream
     tiny = b"\xff\xf3\x10\x00" + bytes(22)
     with pytest.raises(ValueError, match="cut-off Xing"):
-        bounds.sound_seconds(tiny * 3 + tiny[:21] + b"Xing\x00")
+        media.sound_seconds(tiny * 3 + tiny[:21] + b"Xing\x00")
 
 
 @pytest.mark.parametrize("data, words", [
@@ -162,12 +162,12 @@ def test_a_xing_tag_claims_count() -> None:
 ])
 def test_what_the_decoder_reads_otherwise_is_refused(data: bytes, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        bounds.sound_seconds(data)
+        media.sound_seconds(data)
 
 
 def test_a_frame_before_junk_at_the_start_is_the_decoders_to_skip() -> None:
     # 0xFF 0xFF 0xFB: the frame's header is the second 0xFF (a lookahead finds it)
-    assert bounds.sound_seconds(b"\xff" + MP3_FRAME_48K * 10) == pytest.approx(0.24)
+    assert media.sound_seconds(b"\xff" + MP3_FRAME_48K * 10) == pytest.approx(0.24)
 
 
 def fastest(f: Callable[[], object]) -> float:
@@ -192,6 +192,6 @@ def test_the_walk_of_25_mib_costs_less_than_reading_its_base64() -> None:
              (MP3_FRAME_48K + b"\0") * (mib25 // 97)]
     for data in files:
         encoded = base64.b64encode(data)
-        walk = fastest(functools.partial(bounds.sound_seconds, data))
+        walk = fastest(functools.partial(media.sound_seconds, data))
         b64 = fastest(functools.partial(base64.b64decode, encoded, validate=True))
         assert walk < 10 * b64 + 0.05, (walk, b64)

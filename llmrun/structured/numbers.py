@@ -1,72 +1,17 @@
-"""JSON schemas as the constraint engine reads them: pure Python, no llguidance.
-
-The daemon side (tool-call grammars in chat/tools.py) and the runner's constraint engine
-(engine/constraint.py) share these, so the layout rules, the `nullable` rewrite and the
-bounds on numbers (bound_numbers: what a client parses as a double obeys the schema, and no
-number runs on; the comment above it says how and why) are one.
+"""Every number a JSON schema admits bounded so that what a client parses obeys the schema
+and no number runs on (bound_numbers; the comment below says how and why), for response
+formats and forced tool calls' arguments alike. Pure Python: the daemon's tool grammars and
+the runner's compiler both rewrite schemas here before llguidance reads them.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
-# How generated JSON is laid out: as the model likes, within bounds. Between tokens, one
-# space or one newline with up to 20 spaces or tabs of indentation (llama.cpp's JSON grammar
-# bounds it the same way): a small model given unbounded whitespace may emit newlines forever
-# inside a valid document, and one forced compact layout (tried first) made SmolLM2 write
-# keys like `", "` where it wanted a newline (measured: 1 of 4 seeds ran to the token limit,
-# 2 of 4 wrote a wrong key; with this pattern 4 of 4 wrote the object asked for). These are
-# *overrides*: a client's own `x-guidance` options are dropped (see prepare_schema).
-JSON_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": True,
-    "whitespace_pattern": r"(?: |\n[ \t]{0,20})?",
-}
+from llmrun.structured.keywords import subschemas
 
-# `format: "json"` (Ollama) and `response_format: json_object` (OpenAI): a JSON object, as
-# Ollama's and llama.cpp's JSON grammars (`root ::= object`) have it.
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-def _nullable(node: dict[str, Any]) -> None:
-    """OpenAPI's `nullable: true` (which llguidance does not read) as JSON Schema: null joins
-    the node's types, enum or alternatives in place, so `$ref` paths into it stay valid."""
-    if node.pop("nullable", False) is not True:
-        return
-    kind = node.get("type")
-    if isinstance(kind, str):
-        node["type"] = [kind, "null"]
-    elif isinstance(kind, list) and "null" not in kind:
-        node["type"] = [*kind, "null"]
-    if isinstance(node.get("enum"), list) and None not in node["enum"]:
-        node["enum"] = [*node["enum"], None]
-    if "const" in node:
-        node["enum"] = [node.pop("const"), None]
-    for key in ("anyOf", "oneOf"):
-        if isinstance(node.get(key), list):
-            node[key] = [*node[key], {"type": "null"}]
-
-
-def prepare_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a client's schema as llguidance should read it: `nullable` rewritten and
-    `x-guidance` (compiler options: ours, not the client's) removed, at every level."""
-    schema = copy.deepcopy(schema)
-    stack: list[Any] = [schema]
-    while stack:  # iterative: bounds.py has limited the depth, not the breadth
-        value = stack.pop()
-        if isinstance(value, dict):
-            value.pop("x-guidance", None)
-            _nullable(value)
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-    return schema
-
-
-# -- numbers -----------------------------------------------------------------------------------
-#
 # llguidance writes a number's digits without bound and compares them with a bound as decimal
 # text: under `exclusiveMaximum: 1` it accepts "0.99999999999999999", which every client parses
 # as the double 1.0 (outside the bound), and "0." followed by 400 zeros and a 1 under
@@ -103,11 +48,6 @@ _ANY_REF = {"$ref": f"#/$defs/{ANY_DEF}"}
 _QUANTUM = Decimal(1).scaleb(-PLACES)
 _DIGITS = 15  # significant digits a double always carries through decimal -> double -> decimal
 
-# Keywords holding one subschema, a list of them, or a map of them.
-_ONE = ("additionalProperties", "items", "additionalItems", "not", "if", "then", "else",
-        "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
-_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
-_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # A node with one of these is (partly) another node's: its values or branches are rewritten
 # there; bounds added beside them would be intersected into every branch for nothing.
 _ELSEWHERE = ("$ref", "anyOf", "oneOf", "allOf", "enum", "const")
@@ -222,22 +162,11 @@ def _visit(node: Any, path: str, uses_any: list[bool], merged: bool = False) -> 
         return dict(_ANY_REF)
     if not isinstance(node, dict):
         return node
-    for key in _ONE:
-        if isinstance(node.get(key), list):  # draft 4 `items: [...]`
-            node[key] = [_visit(v, f"{path}/{key}/{i}", uses_any, merged)
-                         for i, v in enumerate(node[key])]
-        elif key in node:
-            node[key] = _visit(node[key], f"{path}/{key}", uses_any, merged)
-    for key in _LIST:
-        if isinstance(node.get(key), list):
-            node[key] = [_visit(v, f"{path}/{key}/{i}", uses_any, merged or key == "allOf")
-                         for i, v in enumerate(node[key])]
-    for key in _MAP:
-        if isinstance(node.get(key), dict):
-            # a definition is read wherever it is referenced, an allOf's branch included
-            inner = merged or key in ("$defs", "definitions")
-            node[key] = {k: _visit(v, f"{path}/{key}/{k}", uses_any, inner)
-                         for k, v in node[key].items()}
+    for key, container, slot, at in subschemas(node):
+        # an allOf's branches are merged, and so is a definition: it is read wherever it is
+        # referenced, an allOf's branch included
+        inner = merged or key in ("allOf", "$defs", "definitions")
+        container[slot] = _visit(container[slot], f"{path}/{at}", uses_any, inner)
     types = _types(node)
     integer = types is not None and "number" not in types
     if any(k in node for k in _ELSEWHERE):
