@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmrun import bounds, config
+from llmrun import config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Progress, RunnerOptions, Started
-from llmrun.server import context, fit, keepalive, memory
+from llmrun.server import context, fit, keepalive, loadspec, memory
 from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
@@ -60,12 +60,6 @@ def _warn_unconfined(info: dict[str, Any]) -> None:
     _warned_unconfined.append(True)
     log.warning("sandbox: model runners run without: %s (LLMRUN_SANDBOX=strict refuses to "
                 "run a model unconfined)", "; ".join(missing))
-
-
-def named_context(options: RunnerOptions) -> int:
-    """The context something names for a load, 0 if nothing does: the merged options' num_ctx
-    (the request's, the client's header, the Modelfile's), then LLMRUN_CONTEXT_LENGTH."""
-    return options.num_ctx or config.context_length()
 
 
 def model_key(manifest: Manifest) -> str:
@@ -227,70 +221,8 @@ class Scheduler:
 
     def spec_for(self, manifest: Manifest, options: RunnerOptions,
                  default_ctx: int = context.STEPS[0]) -> RunnerSpec:
-        """The runner `options` (merged: request over Modelfile) ask for, their values
-        capped (as Ollama does, quietly): num_ctx to the model's trained context, num_batch
-        to bounds.MAX_NUM_BATCH, num_thread to the machine's cores. Values past these buy
-        nothing, and each distinct spec would be another reload. Without num_thread (or
-        LLMRUN_NUM_THREADS) the runner may use every core and uses fewer while other
-        processes keep some busy. Where nothing names a context, `default_ctx` is it
-        (`default_context`)."""
-        n_ctx = named_context(options) or default_ctx
-        trained = manifest.details.context_length
-        if trained:
-            n_ctx = min(n_ctx, trained)
-        flash = options.flash_attention or config.flash_attention()
-        kv_type = options.kv_cache_type or config.kv_cache_type()
-        if kv_type != "f16" and flash == "off":
-            # llama.cpp cannot quantize the V cache without flash attention (Ollama, too,
-            # falls back to f16 then)
-            log.warning("KV cache type %s needs flash attention, which is off: using f16",
-                        kv_type)
-            kv_type = "f16"
-        draft_model, draft_paths = self._draft_model(options.draft_model, manifest)
-        fixed = options.num_thread or config.num_threads_fixed()
-        cores = config.usable_cores()  # the runner's governor counts the same cores
-        n_threads = min(fixed or cores, cores)
-        return RunnerSpec(
-            model_paths=tuple(self.store.model_paths(manifest)),
-            n_ctx=n_ctx,
-            n_slots=config.num_parallel(),
-            n_threads=n_threads,
-            n_batch=min(options.num_batch or 512, bounds.MAX_NUM_BATCH),
-            lora_paths=tuple(self.store.adapter_paths(manifest)),
-            projector_path=self.store.projector_path(manifest),
-            sound_piece_seconds=self.store.sound_piece_seconds(manifest),
-            draft_model=draft_model,
-            draft_paths=draft_paths,
-            adaptive_threads=not fixed,
-            kv_type=kv_type,
-            flash_attention=flash,
-            prompt_cache_size=config.prompt_cache_size(),
-            prompt_cache_ram=config.prompt_cache_ram() if config.prompt_cache_size() else 0,
-            prompt_cache_min=config.prompt_cache_min_tokens(),
-            step_budget=config.step_budget(),
-            rpc_workers=config.rpc_workers(),
-            rpc_split=config.rpc_split(),
-            gpu_layers=-1 if options.num_gpu is None else options.num_gpu,
-            main_gpu=-1 if options.main_gpu is None else options.main_gpu,
-            use_mmap=options.use_mmap is not False,
-            debug=config.debug(),
-        )
-
-    def _draft_model(self, name: str | None, manifest: Manifest) -> tuple[str, tuple[Path, ...]]:
-        """The draft model `name` (draft_model: a Modelfile PARAMETER or a request option)
-        as (its full name, its files); a clear 400 when it is no local model."""
-        if not name:
-            return "", ()
-        try:
-            parsed, draft = self.store.get(name)
-        except (ModelNotFound, InvalidName) as exc:
-            raise EngineError(f"draft model {name!r} of {manifest.name}: {exc}",
-                              code="invalid_request") from None
-        if draft.remote is not None or draft.digest == manifest.digest:
-            raise EngineError(f"draft model {name!r} of {manifest.name}: it must be another "
-                              f"model in this store, not a remote one or the model itself",
-                              code="invalid_request")
-        return str(parsed), tuple(self.store.model_paths(draft))
+        """The runner the merged `options` ask for (server/loadspec.py)."""
+        return loadspec.spec_for(self.store, manifest, options, default_ctx)
 
     def models(self) -> list[ModelState]:
         """The loaded models (not those still loading), as snapshots."""
@@ -353,7 +285,7 @@ class Scheduler:
 
     async def _acquire(self, parsed: ModelName, manifest: Manifest, options: RunnerOptions,
                        ttl: float) -> Lease:
-        named = named_context(options)
+        named = loadspec.named_context(options)
         spec = self.spec_for(manifest, options,
                              named or await self.default_context(manifest, options))
         key = model_key(manifest)
