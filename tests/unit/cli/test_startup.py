@@ -81,7 +81,7 @@ def test_list_reads_manifests_without_templates_or_the_hub(tmp_path: Path,
     assert "smollm2:latest" in r.stdout and manifest.id in r.stdout
     # no validation either: pydantic and the request models alone are ~0.25 s
     assert heavy_in(modules, ("pydantic", "llmrun.request", "llmrun.store.store",
-                              "filelock")) == []
+                              "llmrun.store.storage", "filelock")) == []
 
 
 def test_list_upgrades_manifests_of_older_versions(tmp_path: Path,
