@@ -2,8 +2,8 @@
 
 `probe` and `ps` are two small GETs made with the standard library's http.client, and httpx
 is imported only when a command streams or uploads: importing it and building its client (an
-SSL context) costs 0.1-0.3 s, more than `llmrun ps` may take in all (design.md, "Start-up
-time").
+SSL context) costs 0.1-0.3 s, more than the 0.25 s `llmrun ps` may take in all on an idle
+2-core machine (the CLI's start-up target; scripts/startup_time.py measures it).
 
 Exceptions::
 

@@ -83,7 +83,7 @@ class Load:
     lora: list[Lora] = field(default_factory=list)
     mmproj: str | None = None  # a vision projector GGUF, for images in prompts
     # its sound is read in pieces of this length, each encoded on its own (the daemon reads
-    # it from the projector's GGUF: bounds.SOUND_PIECE_SECONDS); None: whole
+    # it from the projector's GGUF: media.SOUND_PIECE_SECONDS); None: whole
     sound_piece_seconds: float | None = None
     # a smaller model of the same vocabulary whose guesses are checked in the same decode
     # (speculative decoding); each part of a split one, in order

