@@ -374,3 +374,18 @@ class EngineError(Exception):
 
 def as_dict(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(exclude_none=True)
+
+
+class ModelRequest(BaseModel):
+    """A request that needs only a model (embed, rerank, tokenize, detokenize): which model,
+    how long it stays loaded after, and the options that load it or shape the work."""
+
+    model: str
+    keep_alive: str | float | None = None
+    options: Options = Field(default_factory=Options)
+
+    def stand_in(self) -> ChatRequest:
+        """This request as the ChatRequest (no messages) that the service's lease and the
+        Modelfile's merge read (server/service: `Service._hold`, `merged`)."""
+        return ChatRequest(model=self.model, messages=[], keep_alive=self.keep_alive,
+                           options=self.options)

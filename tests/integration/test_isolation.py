@@ -120,10 +120,10 @@ def tiny_runner(tiny: Model) -> Iterator[tuple[ModelHost, Frames]]:
 
 
 def job(question: str = "What is the capital of France?", num_predict: int = 8,
-        **fields: Any) -> dict[str, Any]:
+        **fields: Any) -> ChatRequest:
     options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
     return ChatRequest(model="test", messages=[{"role": "user", "content": question}],
-                       options=options, **fields).model_dump()
+                       options=options, **fields)
 
 
 def assert_serving(r: ModelHost, frames: Frames, rid: str = "after") -> None:
