@@ -120,6 +120,50 @@ class RunnerSpec:
     debug: bool = False  # LLMRUN_DEBUG: the runner logs every engine step
 
 
+def load_message(s: RunnerSpec, placement: Placement | None, memory: int,
+                 cache_dir: str | None, cache_key: str) -> protocol.Load:
+    """The Load message for a runner of spec `s`: the scheduler's `placement` and memory
+    estimate, the prompt-cache directory prepared for it."""
+    gpu_layers, main_gpu = -1, 0
+    devices: list[str] = []
+    tensor_split: list[float] | None = None
+    if s.rpc_workers:
+        gpu_layers = s.gpu_layers
+    elif placement is not None and placement.n_gpu_layers > 0:
+        p = placement
+        gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
+        # to 6 significant digits, as the runner's flags carried them: the same split
+        tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
+    return protocol.Load(
+        model=[str(p) for p in s.model_paths], ctx=s.n_ctx, slots=s.n_slots,
+        threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
+        lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
+        mmproj=str(s.projector_path) if s.projector_path is not None else None,
+        sound_piece_seconds=s.sound_piece_seconds,
+        draft_model=[str(p) for p in s.draft_paths],
+        kv_type=cast(protocol.KvType, s.kv_type),
+        flash_attn=cast(protocol.FlashAttn, s.flash_attention),
+        prompt_cache=cache_dir, prompt_cache_key=cache_key,
+        prompt_cache_size=s.prompt_cache_size, prompt_cache_ram=s.prompt_cache_ram,
+        prompt_cache_min=s.prompt_cache_min, step_budget=s.step_budget,
+        rpc=list(s.rpc_workers),
+        rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
+        gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
+        debug=s.debug, memory=memory,
+        max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
+
+
+def why_stopped(code: int | None, exc: BaseException) -> str:
+    """Why a runner stopped (its exit status `code`, else `exc`), for the client: no server
+    paths (the daemon's log names the runner's log, see RunnerProcess._died)."""
+    if code is not None and code < 0:
+        return f"it was killed by signal {signal.Signals(-code).name}"
+    if code is not None:
+        reason = ipc.EXIT_REASONS.get(code)
+        return f"it exited with status {code}" + (f" ({reason})" if reason else "")
+    return type(exc).__name__
+
+
 class RunnerProcess:
     """The daemon's handle on one runner process (whose side is engine/host.py's ModelHost)."""
 
@@ -231,16 +275,6 @@ class RunnerProcess:
         """The Load message for this runner: its spec, the scheduler's placement, and the
         prompt-cache directory (prepared here, released when the runner is gone)."""
         s = self.spec
-        gpu_layers, main_gpu = -1, 0
-        devices: list[str] = []
-        tensor_split: list[float] | None = None
-        if s.rpc_workers:
-            gpu_layers = s.gpu_layers
-        elif self.placement is not None and self.placement.n_gpu_layers > 0:
-            p = self.placement
-            gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
-            # to 6 significant digits, as the runner's flags carried them: the same split
-            tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
         cache_dir, cache_key = None, ""
         if s.prompt_cache_size > 0:
             cache_key = promptdirs.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
@@ -251,34 +285,10 @@ class RunnerProcess:
                 self._watch_cache(Path(cache_dir))
             except OSError as exc:  # the runner keeps states in memory only
                 log.warning("prompt cache: cannot use %s on disk: %s", cache_key, exc)
-        return protocol.Load(
-            model=[str(p) for p in s.model_paths], ctx=s.n_ctx, slots=s.n_slots,
-            threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
-            lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
-            mmproj=str(s.projector_path) if s.projector_path is not None else None,
-            sound_piece_seconds=s.sound_piece_seconds,
-            draft_model=[str(p) for p in s.draft_paths],
-            kv_type=cast(protocol.KvType, s.kv_type),
-            flash_attn=cast(protocol.FlashAttn, s.flash_attention),
-            prompt_cache=cache_dir, prompt_cache_key=cache_key,
-            prompt_cache_size=s.prompt_cache_size, prompt_cache_ram=s.prompt_cache_ram,
-            prompt_cache_min=s.prompt_cache_min, step_budget=s.step_budget,
-            rpc=list(s.rpc_workers),
-            rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
-            gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
-            debug=s.debug, memory=self.memory,
-            max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
+        return load_message(s, self.placement, self.memory, cache_dir, cache_key)
 
     def _why(self, exc: BaseException) -> str:
-        """Why the runner stopped, for the client: no server paths (the daemon's log names the
-        runner's log, see _died)."""
-        code = self.proc.returncode if self.proc else None
-        if code is not None and code < 0:
-            return f"it was killed by signal {signal.Signals(-code).name}"
-        if code is not None:
-            reason = ipc.EXIT_REASONS.get(code)
-            return f"it exited with status {code}" + (f" ({reason})" if reason else "")
-        return type(exc).__name__
+        return why_stopped(self.proc.returncode if self.proc else None, exc)
 
     def _died(self, reason: str) -> None:
         """Mark the runner dead and fail every request in flight with `reason`."""
@@ -452,18 +462,6 @@ class RunnerProcess:
             self._died(f"the model runner {why}")
             self._lost_task = asyncio.create_task(self.kill())
 
-    def _read(self, decode: Callable[..., T], *payload: Any) -> T:
-        """An event as its request reads it. parse_reply checks the outer shape of what
-        pydantic reads later (logprobs, tool calls): a payload that passed it but that the
-        model cannot read is the runner's lie, and stops it."""
-        try:
-            return decode(*payload)
-        except ValidationError as exc:
-            self._stop_runner(f"sent an event its request cannot read: {exc}",
-                              "sent an event its request cannot read and was stopped")
-            raise EngineError(self.dead_reason or "the model runner failed",
-                              code="runner_failed") from None
-
     def _end(self, req_id: str) -> None:
         """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
         q = self._queues.pop(req_id, None)
@@ -517,12 +515,6 @@ class RunnerProcess:
     @property
     def n_ctx(self) -> int:
         return self.spec.n_ctx
-
-    def _check_vectors(self, vectors: list[list[Any]]) -> None:
-        """Embeddings of finite numbers, all of the width this runner's first had."""
-        why, self._width = runnerguard.check_vectors(vectors, self._width)
-        if why:
-            raise self._refuse(why)
 
     @contextlib.asynccontextmanager
     async def submit(self, msg: protocol.Request, budget: int | None = None,
@@ -597,10 +589,22 @@ class Job:
                            code="runner_failed")
 
     def read(self, decode: Callable[..., T], *payload: Any) -> T:
-        return self.runner._read(decode, *payload)
+        """An event as its request reads it. parse_reply checks the outer shape of what
+        pydantic reads later (logprobs, tool calls): a payload that passed it but that the
+        model cannot read is the runner's lie, and stops it."""
+        try:
+            return decode(*payload)
+        except ValidationError as exc:
+            self.runner._stop_runner(f"sent an event its request cannot read: {exc}",
+                                     "sent an event its request cannot read and was stopped")
+            raise EngineError(self.runner.dead_reason or "the model runner failed",
+                              code="runner_failed") from None
 
     def check_vectors(self, vectors: list[list[Any]]) -> None:
-        self.runner._check_vectors(vectors)
+        """Embeddings of finite numbers, all of the width this runner's first had."""
+        why, self.runner._width = runnerguard.check_vectors(vectors, self.runner._width)
+        if why:
+            raise self.refuse(why)
 
     async def cancel(self) -> None:
         """Stop it in the runner (a request that ended needs none)."""
