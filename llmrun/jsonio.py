@@ -22,16 +22,26 @@ import orjson
 def dumps(obj: Any) -> bytes:
     """`obj` as compact UTF-8 JSON (no ASCII escaping)."""
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, default=_model)
     except TypeError:  # orjson.JSONEncodeError: a value only the standard library writes
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
                           default=_fields).encode()
 
 
-def _fields(value: Any) -> dict[str, Any]:
-    """A dataclass's fields, for the standard library (orjson writes dataclasses itself)."""
+def _model(value: Any) -> Any:
+    """A pydantic model (a protocol message's typed field) as its model_dump."""
+    if hasattr(value, "model_dump") and not isinstance(value, type):
+        return value.model_dump()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _fields(value: Any) -> Any:
+    """A dataclass's fields, for the standard library (orjson writes dataclasses itself), and
+    a pydantic model's dump."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump") and not isinstance(value, type):
+        return value.model_dump()
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 

@@ -37,22 +37,42 @@ one per token. `parse_command` (runner side) and `parse_reply` (daemon side) tur
 frame into these types, checking its shape strictly: an unknown type or kind, a missing or
 ill-typed field, or one the protocol does not have is a ProtocolError naming it. Each side
 treats a ProtocolError as a broken peer: the runner exits (the daemon starts a fresh one); the
-daemon stops a runner that sent one and fails its requests. Requests (ChatRequest) and
-payload members that pydantic models read later (logprobs, tool calls, statistics) are checked
-here for their outer shape only.
+daemon stops a runner that sent one and fails its requests. A message's pydantic fields (the
+ChatRequest of Generate, Count, Rerank) are written as their model_dump and validated back
+into the model by parse_command (one that does not validate fails only its request:
+RefusedRequest); payload members that pydantic models read later (logprobs, tool calls,
+statistics) are checked here for their outer shape only. Each kind of work is one message
+and one row of KINDS (the events it gets back).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict, Union
+from typing import Any, Literal, NotRequired, TypedDict
 
 from llmrun import config
+from llmrun.protocolcheck import (
+    MAX_INT,
+    MODEL_DATA,
+    Bad,
+    Check,
+    ProtocolError,
+    RefusedRequest,
+    builder,
+    compile_check,
+    counts,
+    expected,
+    fields_check,
+    number,
+    sane,
+    typeddict_check,
+    word,
+)
+from llmrun.request import ChatRequest
+
+__all__ = ["MAX_INT", "MODEL_DATA", "ProtocolError", "RefusedRequest"]  # (theirs: protocolcheck's)
 
 # -- daemon -> runner --------------------------------------------------------------------------
 
@@ -116,11 +136,11 @@ class Load:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Generate:
-    """Generate for `request`: a ChatRequest (model_dump) merged with its model's Modelfile."""
+    """Generate for `request`, merged with its model's Modelfile."""
 
     type: Literal["generate"] = "generate"
     id: str
-    request: dict[str, Any]
+    request: ChatRequest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +149,7 @@ class Count:
 
     type: Literal["count"] = "count"
     id: str
-    request: dict[str, Any]
+    request: ChatRequest
     detail: bool = False
 
 
@@ -163,13 +183,13 @@ class Embed:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rerank:
     """Score `documents` for `query`, the piece of a larger list that starts at `offset`;
-    `request` is a ChatRequest (model_dump, messages empty) merged with the Modelfile, whose
-    options and template say how the prompt is written (engine/rerank.py); a model with
-    rank pooling ignores them and scores with its head (engine/crossencoder.py)."""
+    `request` is the Modelfile merged over the client's options (messages empty): its options
+    and template say how the prompt is written (engine/rerank.py); a model with rank pooling
+    ignores them and scores with its head (engine/crossencoder.py)."""
 
     type: Literal["rerank"] = "rerank"
     id: str
-    request: dict[str, Any]
+    request: ChatRequest
     query: str
     documents: list[str]
     offset: int = 0
@@ -313,278 +333,80 @@ class RerankReply(TypedDict):
     prompt_tokens: int
 
 
+# -- kinds of work -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One kind of work a runner does: its message, and the events its requests get back
+    (event kind -> payload type; every kind may get "error" too). `final`: the events that
+    end it; `counted`: those whose counts must be zero or more (a /metrics counter would run
+    backwards); `unbounded`: replies whose size follows the request's, whose text the daemon
+    does not walk (runnerguard.UNBOUNDED_TEXT)."""
+
+    message: type
+    replies: dict[str, Any]
+    final: frozenset[str]
+    counted: frozenset[str] = frozenset()
+    unbounded: frozenset[str] = frozenset()
+
+    @property
+    def events(self) -> frozenset[str]:
+        """Every kind of event a request of this kind may be sent."""
+        return frozenset(self.replies) | {"error"}
+
+
+def _kind(message: type, replies: dict[str, Any], final: str, counted: Iterable[str] = (),
+          unbounded: Iterable[str] = ()) -> Kind:
+    return Kind(message, replies, frozenset({final}), frozenset(counted), frozenset(unbounded))
+
+
+# Every kind of work, by its message's type: the one table the daemon's guard, this module's
+# checks and the runner's dispatch (engine/host.py HANDLERS) read.
+KINDS: dict[str, Kind] = {
+    "generate": _kind(Generate, {"started": Started, "progress": Progress, "chunk": Chunk,
+                                 "done": Done}, "done", {"started", "progress", "done"}),
+    "count": _kind(Count, {"count": CountReply}, "count", {"count"}, {"count"}),
+    "tokenize": _kind(Tokenize, {"tokens": TokensReply}, "tokens", unbounded={"tokens"}),
+    "detokenize": _kind(Detokenize, {"text": TextReply}, "text", unbounded={"text"}),
+    # an embedding reply too large for one frame comes in parts (embedding_part), then the rest
+    "embed": _kind(Embed, {"embedding_part": EmbeddingPart, "embedding": Embedding},
+                   "embedding", {"embedding"}, {"embedding_part", "embedding"}),
+    "rerank": _kind(Rerank, {"rerank": RerankReply}, "rerank", {"rerank"}),
+}
+
+
+def kind_of(msg: Request) -> Kind:
+    return KINDS[msg.type]
+
+
 # Event kinds that end a request (nothing more is sent for its id).
-FINAL = frozenset({"done", "error", "embedding", "count", "tokens", "text", "rerank"})
+FINAL = frozenset({"error"}).union(*(k.final for k in KINDS.values()))
+COUNTED = frozenset({"engine"}).union(*(k.counted for k in KINDS.values()))
 
 # -- checking ----------------------------------------------------------------------------------
 
 
-class ProtocolError(ValueError):
-    """A frame that is not a message of this protocol (what is wrong, and where)."""
-
-
-class _Bad(Exception):
-    """A check's failure on its way out: `path` is filled in by the containers it passes
-    through, so a frame that checks out formats no string at all (the events of every step
-    pass here)."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.path: list[str] = []
-
-    def error(self, where: str) -> ProtocolError:
-        path = "".join(p if p.startswith(("[", " ")) else f".{p}" for p in reversed(self.path))
-        return ProtocolError(f"{where}{path}: {self.what}")
-
-
-Check = Callable[[Any], None]
-
-
-def _expected(what: str, value: Any) -> _Bad:
-    shown = repr(value)[:40] if isinstance(value, str | int | float | None) \
-        else type(value).__name__
-    return _Bad(f"expected {what}, got {shown}")
-
-
-# The largest integer a float holds exactly (and JavaScript clients read exactly): counts,
-# ids and sizes are far below it, so a number past it is a runner that lies.
-MAX_INT = 1 << 53
-
-
-def _scalar(kind: type, what: str) -> Check:
-    def check(value: Any) -> None:
-        # exact types: a JSON true is no integer here, an integer is a float's value
-        if type(value) is not kind and not (kind is float and type(value) is int):
-            raise _expected(what, value)
-        if kind is int or kind is float:
-            _in_range(value)
-    return check
-
-
-def _in_range(value: Any) -> None:
-    """A number a dialect's JSON and /metrics can carry: finite, and an integer within
-    MAX_INT (the standard library's fallback reads NaN, Infinity and any integer)."""
-    if type(value) is float and not math.isfinite(value):
-        raise _expected("a finite number", value)
-    if type(value) is int and not -MAX_INT <= value <= MAX_INT:
-        raise _expected(f"a number within {MAX_INT}", value)
-
-
-_CHECKS: dict[Any, Check] = {
-    str: _scalar(str, "a string"), int: _scalar(int, "an integer"),
-    bool: _scalar(bool, "a boolean"), float: _scalar(float, "a number"),
-}
-
-
-def _any(value: Any) -> None:
-    pass
-
-
-def _compile(tp: Any) -> Check:
-    """The check of a value of type `tp` (as the dataclasses and TypedDicts above use them)."""
-    if tp in _CHECKS:
-        return _CHECKS[tp]
-    if tp is Any:
-        return _any
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is NotRequired:
-        return _compile(args[0])
-    if origin is Literal:
-        choices = frozenset(args)
-
-        def literal(value: Any) -> None:
-            if type(value) is not str or value not in choices:
-                raise _expected(f"one of {sorted(choices)}", value)
-        return literal
-    if origin in (Union, types.UnionType):
-        options = [_compile(a) for a in args if a is not type(None)]
-        nullable = type(None) in args
-        what = " or ".join(str(a).replace("typing.", "") for a in args)
-
-        def union(value: Any) -> None:
-            if value is None and nullable:
-                return
-            for option in options:
-                try:
-                    option(value)
-                    return
-                except _Bad:
-                    pass
-            raise _expected(what, value)
-        return union
-    if origin is list:
-        # int-lists: a plain type test per item, no call (token ids: thousands per message)
-        if tp == list[int]:
-            def ints(value: Any) -> None:
-                if type(value) is not list or not all(isinstance(v, int) for v in value):
-                    raise _expected("a list of integers", value)
-            return ints
-        item = _compile(args[0])
-
-        def listed(value: Any) -> None:
-            if type(value) is not list:
-                raise _expected("a list", value)
-            if item is not _any:
-                for i, v in enumerate(value):
-                    try:
-                        item(v)
-                    except _Bad as bad:
-                        bad.path.append(f"[{i}]")
-                        raise
-        return listed
-    if origin is dict:
-        values = _compile(args[1])
-
-        def mapping(value: Any) -> None:
-            if type(value) is not dict:
-                raise _expected("an object", value)
-            if values is not _any:
-                _members(value, {}, values)
-        return mapping
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _object(tp)
-    if typing.is_typeddict(tp):
-        return _typeddict(tp)
-    raise TypeError(f"no check for {tp!r}")
-
-
-def _members(value: dict[str, Any], checks: dict[str, Check], extra: Check | None) -> None:
-    for name, v in value.items():
-        c = checks.get(name, extra)
-        if c is None:
-            raise _Bad(f"unknown field {str(name)[:40]!r}")
-        try:
-            c(v)
-        except _Bad as bad:
-            bad.path.append(str(name)[:40])
-            raise
-
-
-def _fields(hints: dict[str, Any], required: set[str], extra: Check | None = None) -> Check:
-    """The check of an object with these fields (`extra`: what any other field may hold;
-    None: no other field)."""
-    checks = {name: _compile(tp) for name, tp in hints.items()}
-    needed = frozenset(required)
-
-    def check(value: Any) -> None:
-        if type(value) is not dict:
-            raise _expected("an object", value)
-        if not needed <= value.keys():
-            raise _Bad(f"missing {', '.join(sorted(needed - value.keys()))}")
-        _members(value, checks, extra)
-    return check
-
-
-def _typeddict(tp: Any, extra: Check | None = None) -> Check:
-    """The check of a TypedDict's fields. (Its own __required_keys__ is wrong on Python 3.11
-    when annotations are strings, as here: every key reads as required.)"""
-    hints = typing.get_type_hints(tp, include_extras=True)
-    required = {k for k, v in hints.items() if typing.get_origin(v) is not NotRequired}
-    return _fields(hints, required, extra)
-
-
-def _object(cls: type) -> Check:
-    """The check of a dataclass's fields (which then builds it: see _builder)."""
-    hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)
-    required = {f.name for f in fields if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}
-    return _fields({f.name: hints[f.name] for f in fields}, required)
-
-
-def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
-    """Check a frame against dataclass `cls` and build it (nested dataclasses too)."""
-    check = _object(cls)
-    hints = typing.get_type_hints(cls)
-    nested = {name: typing.get_args(hint)[0] for name, hint in hints.items()
-              if typing.get_origin(hint) is list
-              and dataclasses.is_dataclass(typing.get_args(hint)[0])}
-
-    def build(msg: dict[str, Any]) -> Any:
-        check(msg)
-        kwargs = {k: v for k, v in msg.items() if k != "type"}
-        for name, item in nested.items():
-            if name in kwargs:
-                kwargs[name] = [item(**v) for v in kwargs[name]]
-        return cls(**kwargs)
-    return build
-
-
 def _by_type(*classes: type) -> dict[str, Callable[[dict[str, Any]], Any]]:
-    return {typing.get_type_hints(c)["type"].__args__[0]: _builder(c) for c in classes}
+    return {typing.get_type_hints(c)["type"].__args__[0]: builder(c) for c in classes}
 
 
-_COMMANDS = _by_type(Load, Generate, Count, Tokenize, Detokenize, Embed, Rerank, Cancel,
-                     Shutdown)
+_COMMANDS = _by_type(Load, *(k.message for k in KINDS.values()), Cancel, Shutdown)
 _REPLIES = _by_type(Ready, Fatal)
 
-
-def _number(value: Any) -> None:
-    if type(value) not in (int, float):
-        raise _expected("a number", value)
-    _in_range(value)
-
-
-def _word(value: Any) -> None:
-    if value is not None and type(value) not in (str, int, float, bool):
-        raise _expected("a number, a string, a boolean or null", value)
-    if type(value) in (int, float):
-        _in_range(value)
-
-
-# What the model computed or wrote, carried as data: a tool call's arguments may hold any
-# number (-5, 1e300), and an embedding of a model that overflows in half precision a NaN
-# (written as null, as before). The dialects write them as they are: no counts to check.
-MODEL_DATA = frozenset({"tool_calls", "partial_call", "embeddings"})
-
-
-def _sane(value: Any) -> None:
-    """What a runner reports, whatever its declared shape (logprobs and tool calls are read
-    later by pydantic): every float finite (NaN is no JSON a client can read), every integer
-    within MAX_INT. (Token ids may be negative: an image's positions are stand-in ids.)"""
-    if type(value) is int:
-        if not -MAX_INT <= value <= MAX_INT:
-            raise _expected(f"a number within {MAX_INT}", value)
-    elif type(value) is float:
-        if not math.isfinite(value):
-            raise _expected("a finite number", value)
-    elif type(value) is dict:
-        for k, v in value.items():
-            if k not in MODEL_DATA:
-                _sane(v)
-    elif type(value) is list:
-        for v in value:
-            _sane(v)
-
-
-def _counts(payload: Any) -> None:
-    """The counts of a statistics event (tokens, nanoseconds, steps) are zero or more: a
-    negative one would run a /metrics counter backwards (prometheus raises)."""
-    for v in payload.values():
-        if type(v) in (int, float) and v < 0:
-            raise _expected("a count of zero or more", v)
-
-
-COUNTED = frozenset({"started", "progress", "done", "engine", "rerank", "embedding",
-                     "count"})
-
-
 PAYLOADS: dict[str, Check] = {
-    "started": _compile(Started), "progress": _compile(Progress), "chunk": _compile(Chunk),
-    "done": _compile(Done), "count": _compile(CountReply), "tokens": _compile(TokensReply),
-    "text": _compile(TextReply), "embedding": _compile(Embedding),
-    "embedding_part": _compile(EmbeddingPart), "rerank": _compile(RerankReply),
-    "error": _typeddict(Error, _word),
+    event: compile_check(payload) for k in KINDS.values() for event, payload in k.replies.items()
+} | {
+    "error": typeddict_check(Error, word),
     # the engine's counters: numbers, whichever the engine keeps
-    "engine": _fields({}, set(), _number),
+    "engine": fields_check({}, set(), number),
 }
 
 
 def _head(msg: Any, known: dict[str, Any], extra: tuple[str, ...] = ()) -> str:
     """A message's type, if the frame is an object of a type in `known` (or `extra`)."""
     if type(msg) is not dict:
-        raise _expected("an object", msg).error("message")
+        raise expected("an object", msg).error("message")
     kind = msg.get("type")
     if kind not in known and kind not in extra:
         raise ProtocolError(f"unknown message type {str(kind)[:40]!r}" if kind is not None
@@ -597,29 +419,29 @@ def parse_command(msg: Any) -> Command:
     kind = _head(msg, _COMMANDS)
     try:
         command: Command = _COMMANDS[kind](msg)
-    except _Bad as bad:
+    except Bad as bad:
         raise bad.error(kind) from None
     return command
 
 
 def _event(event: Any) -> None:
     if type(event) is not list or len(event) != 3:
-        raise _expected("[id, kind, payload]", event)
+        raise expected("[id, kind, payload]", event)
     rid, kind, payload = event
     if type(rid) is not str:
-        raise _expected("a string id", rid)
+        raise expected("a string id", rid)
     check = PAYLOADS.get(kind) if type(kind) is str else None
     if check is None:
-        raise _Bad(f"unknown event kind {str(kind)[:40]!r}")
+        raise Bad(f"unknown event kind {str(kind)[:40]!r}")
     if kind == "chunk" and type(payload) is dict and len(payload) == 1 \
             and type(payload.get("text")) is str:
         return  # plain text: nearly every event, checked without a call
     try:
         check(payload)
-        _sane(payload)
+        sane(payload)
         if kind in COUNTED:
-            _counts(payload)
-    except _Bad as bad:
+            counts(payload)
+    except Bad as bad:
         bad.path.append(f" ({kind})")
         raise
 
@@ -633,16 +455,16 @@ def parse_reply(msg: Any) -> Reply:
             reply: Reply = _REPLIES[kind](msg)
             return reply
         if len(msg) != 2:
-            _fields({"type": str, "events": list[Any]}, {"events"})(msg)
+            fields_check({"type": str, "events": list[Any]}, {"events"})(msg)
         events = msg["events"]
         if type(events) is not list:
-            raise _expected("a list", events)
+            raise expected("a list", events)
         for i, event in enumerate(events):
             try:
                 _event(event)
-            except _Bad as bad:
+            except Bad as bad:
                 bad.path.append(f"[{i}]")
                 raise
-    except _Bad as bad:
+    except Bad as bad:
         raise bad.error(kind) from None
     return Events(events=events)

@@ -433,3 +433,19 @@ class EngineError(Exception):
 
 def as_dict(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(exclude_none=True)
+
+
+class ModelRequest(BaseModel):
+    """A request that needs only a model (embed, rerank, tokenize, detokenize): which model,
+    how long it stays loaded after, and the options that load it or shape the work."""
+
+    model: str
+    keep_alive: KeepAlive = None
+    options: Options = Field(default_factory=Options)
+
+    def stand_in(self) -> ChatRequest:
+        """This request as a ChatRequest without messages: what the request bounds check
+        (bounds.check_request) and the rerank prompt, which the runner renders with the
+        model's chat template, read."""
+        return ChatRequest(model=self.model, messages=[], keep_alive=self.keep_alive,
+                           options=self.options)

@@ -6,6 +6,7 @@ Errors take the `{"error": message}` shape of Ollama's paths (`DIALECT`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +24,8 @@ from llmrun.api.disconnect import unless_disconnected
 from llmrun.api.images import fetched
 from llmrun.api.openai.errors import ApiError
 from llmrun.api.openai.wire import ChatCompletionBody, chat_requests
-from llmrun.request import ChatRequest, EngineError, KeepAlive
+from llmrun.request import EngineError, KeepAlive, ModelRequest
+from llmrun.server import work
 from llmrun.server.service import Service
 
 
@@ -52,18 +54,18 @@ def _error(status: int, message: str) -> JSONResponse:
 def router(service: Service) -> APIRouter:
     api = APIRouter()
 
-    async def ask(request: Request, req: ChatRequest, msg: dict[str, Any],
-                  answer: str) -> dict[str, Any] | Response:
+    async def ask(request: Request, answer: Awaitable[dict[str, Any]]
+                  ) -> dict[str, Any] | Response:
         try:
-            return await unless_disconnected(request, service.tokens(req, msg, answer))
+            return await unless_disconnected(request, answer)
         except EngineError as exc:
             return _error(http_status(exc), exc.message)
 
     @api.post("/tokenize", response_model=None)
     async def tokenize(body: TokenizeBody, request: Request) -> Response:
-        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
-        reply = await ask(request, req, {"type": "tokenize", "text": body.content,
-                                         "add_special": body.add_special}, "tokens")
+        req = ModelRequest(model=body.model, keep_alive=body.keep_alive)
+        reply = await ask(request, service.tokens(req, work.Tokenizing(body.content,
+                                                                      body.add_special)))
         if isinstance(reply, Response):
             return reply
         tokens = reply["tokens"]
@@ -75,8 +77,8 @@ def router(service: Service) -> APIRouter:
 
     @api.post("/detokenize", response_model=None)
     async def detokenize(body: DetokenizeBody, request: Request) -> Response:
-        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
-        reply = await ask(request, req, {"type": "detokenize", "tokens": body.tokens}, "text")
+        req = ModelRequest(model=body.model, keep_alive=body.keep_alive)
+        reply = await ask(request, service.tokens(req, work.Detokenizing(body.tokens)))
         return reply if isinstance(reply, Response) else JSONResponse(reply)
 
     @api.post("/apply-template", response_model=None)
@@ -89,7 +91,7 @@ def router(service: Service) -> APIRouter:
             return _error(http_status(exc), exc.message)
         except ValidationError as exc:
             return _error(400, str(exc.errors()[0]["msg"]))
-        reply = await ask(request, req, {"type": "count", "detail": True}, "count")
+        reply = await ask(request, service.rendered(req))
         if isinstance(reply, Response):
             return reply
         return JSONResponse({"prompt": reply["prompt"], "prompt_tokens": len(reply["tokens"])})

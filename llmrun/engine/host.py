@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 from llmrun import ipc, protocol
@@ -40,6 +41,7 @@ from llmrun.protocol import (
     Generate,
     Load,
     ProtocolError,
+    RefusedRequest,
     Rerank,
     Shutdown,
     Tokenize,
@@ -184,15 +186,13 @@ class ModelHost:
         if self.engine is not None:
             self.engine.cancel(req_id)
 
-    def rerank(self, req_id: str, raw: dict[str, Any], query: str,
-               documents: list[str], offset: int) -> None:
-        try:
-            req = ChatRequest.model_validate(raw)
-        except Exception as exc:
-            self.emit([(req_id, "error", request_error(exc))])
-            return
-        self._inflight.add(req_id)
-        self.reranker().submit(req_id, req, query, documents, offset)
+    def rerank(self, msg: Rerank) -> None:
+        self._inflight.add(msg.id)
+        self.reranker().submit(msg.id, msg.request, msg.query, msg.documents, msg.offset)
+
+    def embed(self, msg: Embed) -> None:
+        self._inflight.add(msg.id)
+        self.embedder().submit(msg.id, msg.inputs, msg.truncate, msg.offset)
 
     def info(self) -> protocol.Info:
         return cast(protocol.Info, {
@@ -206,14 +206,14 @@ class ModelHost:
             **self.sandbox_info,  # which confinement layers hold (engine/boot.py sets it)
         })
 
-    def generate(self, req_id: str, raw: dict[str, Any]) -> None:
+    def generate(self, req_id: str, req: ChatRequest) -> None:
         try:
-            self._generate(req_id, raw)
+            self._generate(req_id, req)
         except Exception as exc:  # templates, schemas, parsers: this request only
             self.outputs.forget(req_id)
             self.emit([(req_id, "error", request_error(exc))])
 
-    def _generate(self, req_id: str, raw: dict[str, Any]) -> None:
+    def _generate(self, req_id: str, req: ChatRequest) -> None:
         if self.engine is None:
             self.emit([(req_id, "error", error_event(
                 "invalid_request", "this model only encodes text (an embedding model or a "
@@ -221,7 +221,6 @@ class ModelHost:
                                    "embeddings or reranking"))])
             return
         try:
-            req = ChatRequest.model_validate(raw)
             source = self.prompt.source(req)
             plan = tools.plan(req, source) if req.suffix is None else None
             media: list[tuple[int, ImageChunk]] = []
@@ -291,11 +290,11 @@ class ModelHost:
         return ThoughtBudget(limit, close, pair[1].encode(),
                              None if opened else pair[0].encode())
 
-    def count(self, req_id: str, raw: dict[str, Any], detail: bool = False) -> None:
+    def count(self, req_id: str, req: ChatRequest, detail: bool = False) -> None:
         """The prompt length a request renders to, exactly as `generate` would see it (with
         `detail`, the rendered prompt and its tokens as well)."""
         try:
-            tokens, text = self.prompt.render(ChatRequest.model_validate(raw))
+            tokens, text = self.prompt.render(req)
         except Exception as exc:
             self.emit([(req_id, "error", request_error(exc))])
             return
@@ -349,27 +348,34 @@ class ModelHost:
                 frame = self.chan.recv()
             except (ChannelClosed, OSError):
                 return
-            match protocol.parse_command(frame):
-                case Generate(id=rid, request=request):
-                    self.generate(rid, request)
-                case Count(id=rid, request=request, detail=detail):
-                    self.count(rid, request, detail)
-                case Tokenize(id=rid, text=text, add_special=add_special):
-                    self.tokenize(rid, text, add_special)
-                case Detokenize(id=rid, tokens=tokens):
-                    self.detokenize(rid, tokens)
+            try:
+                msg = protocol.parse_command(frame)
+            except RefusedRequest as refused:  # that request only: an error event for it
+                self.emit([(refused.id, "error", request_error(refused.cause))])
+                continue
+            handler = HANDLERS.get(type(msg))
+            if handler is not None:
+                handler(self, msg)
+                continue
+            match msg:
                 case Cancel(id=rid):
                     self.cancel(rid)
-                case Embed(id=rid, inputs=inputs, truncate=truncate, offset=offset):
-                    self._inflight.add(rid)
-                    self.embedder().submit(rid, inputs, truncate, offset)
-                case Rerank(id=rid, request=request, query=query, documents=documents,
-                            offset=offset):
-                    self.rerank(rid, request, query, documents, offset)
                 case Shutdown():
                     return
                 case Load():
                     raise ProtocolError("a second load message: a runner loads one model")
+
+
+# Each kind of work's handler (protocol.KINDS): its message in, its events out through emit.
+HANDLERS: dict[type, Callable[[ModelHost, Any], None]] = {
+    Generate: lambda host, m: host.generate(m.id, m.request),
+    Count: lambda host, m: host.count(m.id, m.request, m.detail),
+    Tokenize: lambda host, m: host.tokenize(m.id, m.text, m.add_special),
+    Detokenize: lambda host, m: host.detokenize(m.id, m.tokens),
+    Embed: ModelHost.embed,
+    Rerank: ModelHost.rerank,
+}
+assert {m.message for m in protocol.KINDS.values()} == set(HANDLERS), "a kind without handler"
 
 
 def _piece(raw: bytes) -> str | list[int]:

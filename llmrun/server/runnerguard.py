@@ -41,7 +41,7 @@ MAX_EVENT_TEXT = 4 << 20
 # batch's vectors): their size follows the request's, which the daemon bounded by the frame
 # limit when sending it, and the runner splits embeddings itself (embedding_part). They are
 # bounded by the frame limit alone.
-UNBOUNDED_TEXT = frozenset({"count", "tokens", "text", "embedding", "embedding_part"})
+UNBOUNDED_TEXT = frozenset().union(*(k.unbounded for k in protocol.KINDS.values()))
 # Events one frame may carry: a step sends each busy sequence a chunk (a started, progress or
 # done besides), and the engine's counters. 4096 is hundreds of times a usual slot count's
 # needs; a runner with more slots gets 8 events for each.
@@ -152,16 +152,10 @@ class Guard:
 
 # -- a request's events over its life ------------------------------------------------------------
 #
-# The kinds of event each request gets (engine/host.py): the daemon sends a runner nothing
+# The kinds of event each request gets (protocol.KINDS): the daemon sends a runner nothing
 # else, so an event of another kind for it is a lie (an embedding reply sent to a chat
 # stream would wait, unmeasured, on a client that reads slowly).
-GENERATE_KINDS = frozenset({"started", "progress", "chunk", "done", "error"})
-EMBED_KINDS = frozenset({"embedding_part", "embedding", "error"})
-
-
-def answer_kinds(answer: str) -> frozenset[str]:
-    """The kinds a one-answer request (count, tokenize, detokenize, rerank) gets."""
-    return frozenset({answer, "error"})
+GENERATE_KINDS = protocol.KINDS["generate"].events
 
 
 # The most an honest runner sends one generate request, in VALUE_BYTES' estimate: each token

@@ -20,15 +20,14 @@ a malformed message.
 
 Frames are checked before they are sent: one over ipc.MAX_FRAME would make the runner drop
 the channel (and every request on it), so it fails only its own request, with 413. Large
-embedding and rerank batches go to the runner in pieces.
+embedding and rerank batches go to the runner in pieces (server/work.py: each kind of work's
+message and how its answer is read; this module only submits a request and routes its events).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import logging
 import os
 import signal
@@ -36,7 +35,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -51,63 +50,17 @@ from llmrun.request import (
     EngineError,
     Progress,
     Started,
-    Stats,
     error_event,
 )
-from llmrun.server import promptdirs, runnerguard, runnerlog
+from llmrun.server import promptdirs, runnerguard, runnerlog, work
 from llmrun.server.fit import Placement
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 LOAD_TIMEOUT = 300.0
-EMBED_PIECE = 256  # inputs per embed message: replies stay small, other requests interleave
-_ids = itertools.count(1)
 # Seconds a finished or cancelled request's late events are still expected from its runner
 # (it reads the cancel between two steps: a step is milliseconds, a long prompt's a few s)
 ENDED_GRACE = 60.0
-
-
-def embed_pieces(inputs: list[str], limit: int) -> Iterator[tuple[int, list[str]]]:
-    """(offset, inputs) pieces of at most EMBED_PIECE inputs whose JSON fits `limit` bytes
-    (an input too large on its own is a piece alone, refused when sent)."""
-    piece: list[str]
-    start, piece, size = 0, [], 0
-    for i, text in enumerate(inputs):
-        n = len(json.dumps(text, ensure_ascii=False).encode()) + 1
-        if piece and (len(piece) >= EMBED_PIECE or size + n > limit):
-            yield start, piece
-            start, piece, size = i, [], 0
-        piece.append(text)
-        size += n
-    if piece:
-        yield start, piece
-
-
-def is_plain(payload: dict[str, Any]) -> bool:
-    """A chunk payload of text alone (nearly every token's): no logprobs, thought or calls."""
-    return len(payload) == 1
-
-
-def decode_chunk(payload: dict[str, Any]) -> Chunk:
-    """A chunk event's payload as a Chunk. Plain text is built without validating nested
-    fields: this runs once per token of every stream."""
-    if is_plain(payload):
-        return Chunk(text=payload["text"])
-    return Chunk.model_validate(payload)
-
-
-def decode_event(kind: str, payload: Any) -> Started | Chunk | Done:
-    """A generate request's event; an error event (or one this side does not know) raises
-    the EngineError it describes."""
-    if kind == "chunk":
-        return decode_chunk(payload)
-    if kind == "started":
-        return Started.model_validate(payload)
-    if kind == "done":
-        return Done(stats=Stats.model_validate(payload))
-    if kind == "error":
-        raise EngineError.from_event(payload)
-    raise EngineError(f"the model runner sent an unexpected {kind!r} event")
 
 
 # beyond a prompt-cache directory's budget (twice: the states kept and one being written)
@@ -166,6 +119,50 @@ class RunnerSpec:
     main_gpu: int = -1  # main_gpu: the GPU (index among them) preferred; -1: most room
     debug: bool = False  # LLMRUN_DEBUG: the runner logs every engine step
     use_mmap: bool = True  # use_mmap: the weights mapped from the file, else read into memory
+
+
+def load_message(s: RunnerSpec, placement: Placement | None, memory: int,
+                 cache_dir: str | None, cache_key: str) -> protocol.Load:
+    """The Load message for a runner of spec `s`: the scheduler's `placement` and memory
+    estimate, the prompt-cache directory prepared for it."""
+    gpu_layers, main_gpu = -1, 0
+    devices: list[str] = []
+    tensor_split: list[float] | None = None
+    if s.rpc_workers:
+        gpu_layers = s.gpu_layers
+    elif placement is not None and placement.n_gpu_layers > 0:
+        p = placement
+        gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
+        # to 6 significant digits, as the runner's flags carried them: the same split
+        tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
+    return protocol.Load(
+        model=[str(p) for p in s.model_paths], ctx=s.n_ctx, slots=s.n_slots,
+        threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
+        lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
+        mmproj=str(s.projector_path) if s.projector_path is not None else None,
+        sound_piece_seconds=s.sound_piece_seconds,
+        draft_model=[str(p) for p in s.draft_paths],
+        kv_type=cast(protocol.KvType, s.kv_type),
+        flash_attn=cast(protocol.FlashAttn, s.flash_attention),
+        prompt_cache=cache_dir, prompt_cache_key=cache_key,
+        prompt_cache_size=s.prompt_cache_size, prompt_cache_ram=s.prompt_cache_ram,
+        prompt_cache_min=s.prompt_cache_min, step_budget=s.step_budget,
+        rpc=list(s.rpc_workers),
+        rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
+        gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
+        debug=s.debug, memory=memory, mmap=s.use_mmap,
+        max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
+
+
+def why_stopped(code: int | None, exc: BaseException) -> str:
+    """Why a runner stopped (its exit status `code`, else `exc`), for the client: no server
+    paths (the daemon's log names the runner's log, see RunnerProcess._died)."""
+    if code is not None and code < 0:
+        return f"it was killed by signal {signal.Signals(-code).name}"
+    if code is not None:
+        reason = ipc.EXIT_REASONS.get(code)
+        return f"it exited with status {code}" + (f" ({reason})" if reason else "")
+    return type(exc).__name__
 
 
 class RunnerProcess:
@@ -279,16 +276,6 @@ class RunnerProcess:
         """The Load message for this runner: its spec, the scheduler's placement, and the
         prompt-cache directory (prepared here, released when the runner is gone)."""
         s = self.spec
-        gpu_layers, main_gpu = -1, 0
-        devices: list[str] = []
-        tensor_split: list[float] | None = None
-        if s.rpc_workers:
-            gpu_layers = s.gpu_layers
-        elif self.placement is not None and self.placement.n_gpu_layers > 0:
-            p = self.placement
-            gpu_layers, main_gpu, devices = p.n_gpu_layers, p.main_gpu, list(p.devices)
-            # to 6 significant digits, as the runner's flags carried them: the same split
-            tensor_split = [float(f"{x:g}") for x in p.tensor_split] or None
         cache_dir, cache_key = None, ""
         if s.prompt_cache_size > 0:
             cache_key = promptdirs.key(s.model_paths, s.lora_paths, s.n_ctx, s.n_slots,
@@ -299,34 +286,10 @@ class RunnerProcess:
                 self._watch_cache(Path(cache_dir))
             except OSError as exc:  # the runner keeps states in memory only
                 log.warning("prompt cache: cannot use %s on disk: %s", cache_key, exc)
-        return protocol.Load(
-            model=[str(p) for p in s.model_paths], ctx=s.n_ctx, slots=s.n_slots,
-            threads=s.n_threads, adaptive_threads=s.adaptive_threads, batch=s.n_batch,
-            lora=[protocol.Lora(path=str(p)) for p in s.lora_paths],
-            mmproj=str(s.projector_path) if s.projector_path is not None else None,
-            sound_piece_seconds=s.sound_piece_seconds,
-            draft_model=[str(p) for p in s.draft_paths],
-            kv_type=cast(protocol.KvType, s.kv_type),
-            flash_attn=cast(protocol.FlashAttn, s.flash_attention),
-            prompt_cache=cache_dir, prompt_cache_key=cache_key,
-            prompt_cache_size=s.prompt_cache_size, prompt_cache_ram=s.prompt_cache_ram,
-            prompt_cache_min=s.prompt_cache_min, step_budget=s.step_budget,
-            rpc=list(s.rpc_workers),
-            rpc_split=[float(x) for x in s.rpc_split.split(",")] if s.rpc_split else None,
-            gpu_layers=gpu_layers, device=devices, tensor_split=tensor_split, main_gpu=main_gpu,
-            debug=s.debug, memory=self.memory, mmap=s.use_mmap,
-            max_frame=ipc.MAX_FRAME)  # both sides must agree on the limit
+        return load_message(s, self.placement, self.memory, cache_dir, cache_key)
 
     def _why(self, exc: BaseException) -> str:
-        """Why the runner stopped, for the client: no server paths (the daemon's log names the
-        runner's log, see _died)."""
-        code = self.proc.returncode if self.proc else None
-        if code is not None and code < 0:
-            return f"it was killed by signal {signal.Signals(-code).name}"
-        if code is not None:
-            reason = ipc.EXIT_REASONS.get(code)
-            return f"it exited with status {code}" + (f" ({reason})" if reason else "")
-        return type(exc).__name__
+        return why_stopped(self.proc.returncode if self.proc else None, exc)
 
     def _died(self, reason: str) -> None:
         """Mark the runner dead and fail every request in flight with `reason`."""
@@ -500,18 +463,6 @@ class RunnerProcess:
             self._died(f"the model runner {why}")
             self._lost_task = asyncio.create_task(self.kill())
 
-    def _read(self, decode: Callable[..., T], *payload: Any) -> T:
-        """An event as its request reads it. parse_reply checks the outer shape of what
-        pydantic reads later (logprobs, tool calls): a payload that passed it but that the
-        model cannot read is the runner's lie, and stops it."""
-        try:
-            return decode(*payload)
-        except ValidationError as exc:
-            self._stop_runner(f"sent an event its request cannot read: {exc}",
-                              "sent an event its request cannot read and was stopped")
-            raise EngineError(self.dead_reason or "the model runner failed",
-                              code="runner_failed") from None
-
     def _end(self, req_id: str) -> None:
         """`req_id`'s events go nowhere from now on; late ones are dropped for ENDED_GRACE s."""
         q = self._queues.pop(req_id, None)
@@ -553,157 +504,31 @@ class RunnerProcess:
         if self._log_thread is not None and self._log_thread.is_alive():
             await asyncio.to_thread(self._log_thread.join, 5)
 
-    async def generate(self, req: ChatRequest
-                       ) -> AsyncIterator[Started | Progress | Chunk | Done]:
+    def generate(self, req: ChatRequest) -> AsyncIterator[Started | Progress | Chunk | Done]:
         """Stream one request (merged with its model's defaults): Started, Chunks, Done; an
         error raises EngineError. Closing the iterator early cancels it in the runner."""
-        req_id = f"r{next(_ids)}"
-        q = self._track(req_id, budget=runnerguard.answer_budget(req, self.spec.n_ctx),
-                        client=True)
-        finished = False
-        held: tuple[str, Any] | None = None  # taken from the queue while merging, not sent
+        return work.Generation(req).events(self)
+
+    async def run(self, job: work.Work[T]) -> T:
+        """A one-answer kind of work (server/work.py) on this runner: its answer."""
+        return await job.run(self)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.spec.n_ctx
+
+    @contextlib.asynccontextmanager
+    async def submit(self, msg: protocol.Request, budget: int | None = None,
+                     client: bool = False) -> AsyncIterator[work.Job]:
+        """Send request `msg` and give its Job for the block: the events of the kinds its
+        kind gets (protocol.KINDS), `budget` bytes of them at most, read at a client's pace
+        if `client` (_track); once the block ends they go nowhere."""
+        q = self._track(msg.id, protocol.kind_of(msg).events, budget, client)
         try:
-            sent = req.model_dump()
-            await self._send(protocol.Generate(id=req_id, request=sent))
-            while True:
-                if held is None:
-                    kind, payload = await q.get()
-                else:
-                    (kind, payload), held = held, None
-                if kind == "chunk" and is_plain(payload) and not q.empty():
-                    # The client reads slower than the model writes: the plain text waiting
-                    # goes out as one chunk, so the slower side pays once, not per token.
-                    parts = [payload["text"]]
-                    while not q.empty():
-                        item = q.get_nowait()
-                        if item[0] != "chunk" or not is_plain(item[1]):
-                            held = item
-                            break
-                        parts.append(item[1]["text"])
-                    payload = {"text": "".join(parts)}
-                if kind == "chunk":
-                    chunk = self._read(decode_chunk, payload)
-                    if chunk.tool_calls or chunk.partial_call:  # what an agent acts on
-                        why = await asyncio.to_thread(runnerguard.check_calls, sent, chunk)
-                        if why:
-                            raise self._refuse(why)
-                    yield chunk
-                    continue
-                if kind == "progress":
-                    if req.progress:
-                        yield self._read(Progress.model_validate, payload)
-                    continue
-                finished = kind in ("done", "error")  # (no cancel for a request that ended)
-                yield self._read(decode_event, kind, payload)
-                if finished:
-                    return
+            await self._send(msg)
+            yield Job(self, msg.id, q)
         finally:
-            self._end(req_id)
-            if not finished and self.alive:
-                with contextlib.suppress(Exception):
-                    await self._send(protocol.Cancel(id=req_id))
-
-    async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
-        """L2-normalised embeddings of `inputs` and the number of tokens they took. A large
-        batch goes in pieces, one after another, so no frame either way nears the limit."""
-        vectors: list[list[float]] = []
-        n_tokens = 0
-        for offset, piece in embed_pieces(inputs, ipc.MAX_FRAME // 2):
-            got, n = await self._embed_piece(offset, piece, truncate)
-            vectors += got
-            n_tokens += n
-        return vectors, n_tokens
-
-    async def _embed_piece(self, offset: int, inputs: list[str],
-                           truncate: bool) -> tuple[list[list[float]], int]:
-        req_id = f"e{next(_ids)}"
-        q = self._track(req_id, runnerguard.EMBED_KINDS)
-        vectors: list[list[float]] = []
-        try:
-            await self._send(protocol.Embed(id=req_id, inputs=inputs, truncate=truncate,
-                                            offset=offset))
-            while True:
-                kind, payload = await q.get()
-                if kind == "embedding_part":  # a reply too large for one frame
-                    self._check_vectors(payload["embeddings"])
-                    vectors += payload["embeddings"]
-                    if len(vectors) > len(inputs):  # parts without end would fill memory
-                        self._stop_runner("sent more embeddings than inputs",
-                                          "sent more embeddings than it was given inputs "
-                                          "and was stopped")
-                        raise EngineError(f"the model runner failed ({self.dead_reason})",
-                                          code="runner_failed")
-                elif kind == "embedding":
-                    self._check_vectors(payload["embeddings"])
-                    vectors += payload["embeddings"]
-                    if len(vectors) != len(inputs):
-                        raise self._refuse(f"{len(vectors)} embeddings for {len(inputs)} "
-                                           "inputs")
-                    return vectors, payload["prompt_tokens"]
-                else:
-                    raise EngineError.from_event(payload)
-        finally:
-            self._end(req_id)
-
-    def _check_vectors(self, vectors: list[list[Any]]) -> None:
-        """Embeddings of finite numbers, all of the width this runner's first had."""
-        why, self._width = runnerguard.check_vectors(vectors, self._width)
-        if why:
-            raise self._refuse(why)
-
-    async def rerank(self, req: ChatRequest, query: str,
-                     documents: list[str]) -> tuple[list[float], int]:
-        """Each document's relevance to `query` (0 to 1, in order) and the prompt tokens
-        read; `req` (merged with the Modelfile) says how the prompts are written. A long list
-        goes in pieces, as embeddings do; the query travels with each."""
-        scores: list[float] = []
-        n_tokens = 0
-        room = ipc.MAX_FRAME // 2 - len(json.dumps(query, ensure_ascii=False).encode())
-        for offset, piece in embed_pieces(documents, max(room, 1)):
-            got, n = await self._rerank_piece(req, query, offset, piece)
-            scores += got
-            n_tokens += n
-        return scores, n_tokens
-
-    async def _rerank_piece(self, req: ChatRequest, query: str, offset: int,
-                            documents: list[str]) -> tuple[list[float], int]:
-        req_id = f"k{next(_ids)}"
-        q = self._track(req_id, runnerguard.answer_kinds("rerank"))
-        try:
-            await self._send(protocol.Rerank(id=req_id, request=req.model_dump(), query=query,
-                                             documents=documents, offset=offset))
-            kind, payload = await q.get()
-        finally:
-            self._end(req_id)
-        if kind != "rerank":
-            raise EngineError.from_event(payload)
-        scores = payload["scores"]
-        if len(scores) != len(documents) or any(not 0.0 <= s <= 1.0 for s in scores):
-            self._stop_runner("sent rerank scores that do not fit its documents",
-                              "sent rerank scores that do not fit its documents and was "
-                              "stopped")
-            raise EngineError(f"the model runner failed ({self.dead_reason})",
-                              code="runner_failed")
-        return [float(s) for s in scores], payload["prompt_tokens"]
-
-    async def count(self, req: ChatRequest) -> int:
-        """How many tokens `req`'s prompt renders to (nothing is generated)."""
-        reply = await self.ask({"type": "count", "request": req.model_dump()}, "count")
-        return int(reply["prompt_tokens"])
-
-    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]:
-        """Send a one-answer message (count, tokenize, detokenize) and return the payload
-        of its `answer` event; an error event raises the EngineError it describes."""
-        req_id = f"c{next(_ids)}"
-        q = self._track(req_id, runnerguard.answer_kinds(answer))
-        try:
-            await self._send(protocol.parse_command({**msg, "id": req_id}))
-            kind, payload = await q.get()
-        finally:
-            self._end(req_id)
-        if kind != answer:
-            raise EngineError.from_event(payload)
-        return dict(payload)
+            self._end(msg.id)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -736,3 +561,54 @@ class RunnerProcess:
             self._watch_task.cancel()
         if self._cache_task is not None and self._cache_task is not asyncio.current_task():
             self._cache_task.cancel()
+
+
+class Job:
+    """One request in flight on a RunnerProcess (server/work.Job): its events' queue, and
+    the runner's verdicts on what it sent."""
+
+    def __init__(self, runner: RunnerProcess, req_id: str, q: runnerguard.EventQueue) -> None:
+        self.runner = runner
+        self.id = req_id
+        self.q = q
+
+    async def get(self) -> tuple[str, Any]:
+        return await self.q.get()
+
+    def get_nowait(self) -> tuple[str, Any]:
+        return self.q.get_nowait()
+
+    def empty(self) -> bool:
+        return self.q.empty()
+
+    def refuse(self, what: str) -> EngineError:
+        return self.runner._refuse(what)
+
+    def fail(self, what: str, why: str) -> EngineError:
+        self.runner._stop_runner(what, why)
+        return EngineError(f"the model runner failed ({self.runner.dead_reason})",
+                           code="runner_failed")
+
+    def read(self, decode: Callable[..., T], *payload: Any) -> T:
+        """An event as its request reads it. parse_reply checks the outer shape of what
+        pydantic reads later (logprobs, tool calls): a payload that passed it but that the
+        model cannot read is the runner's lie, and stops it."""
+        try:
+            return decode(*payload)
+        except ValidationError as exc:
+            self.runner._stop_runner(f"sent an event its request cannot read: {exc}",
+                                     "sent an event its request cannot read and was stopped")
+            raise EngineError(self.runner.dead_reason or "the model runner failed",
+                              code="runner_failed") from None
+
+    def check_vectors(self, vectors: list[list[Any]]) -> None:
+        """Embeddings of finite numbers, all of the width this runner's first had."""
+        why, self.runner._width = runnerguard.check_vectors(vectors, self.runner._width)
+        if why:
+            raise self.refuse(why)
+
+    async def cancel(self) -> None:
+        """Stop it in the runner (a request that ended needs none)."""
+        if self.runner.alive:
+            with contextlib.suppress(Exception):
+                await self.runner._send(protocol.Cancel(id=self.id))

@@ -35,11 +35,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from llmrun import config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Progress, RunnerOptions, Started
-from llmrun.server import context, fit, keepalive, loadspec, memory
+from llmrun.server import context, fit, keepalive, loadspec, memory, work
 from llmrun.server.fit import CPU, Device, Placement
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
@@ -72,6 +72,7 @@ def _main_gpu(spec: RunnerSpec) -> int | None:
 
 
 LOADING, READY = "loading", "ready"
+T = TypeVar("T")
 
 
 class Runner(Protocol):
@@ -96,16 +97,8 @@ class Runner(Protocol):
     def generate(self, req: ChatRequest
                  ) -> AsyncIterator[Started | Progress | Chunk | Done]: ...
 
-    async def count(self, req: ChatRequest) -> int: ...
-
-    # a one-answer message (count, tokenize, detokenize): its `answer` event's payload
-    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]: ...
-
-    async def embed(self, inputs: list[str],
-                    truncate: bool) -> tuple[list[list[float]], int]: ...
-
-    async def rerank(self, req: ChatRequest, query: str,
-                     documents: list[str]) -> tuple[list[float], int]: ...
+    # a one-answer kind of work (server/work.py: count, tokenize, embed, rerank...)
+    async def run(self, job: work.Work[T]) -> T: ...
 
 
 RunnerFactory = Callable[[RunnerSpec, Path], Runner]  # (spec, log file) -> a runner not started

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from llmrun import bounds
 from llmrun.request import (
@@ -24,10 +24,12 @@ from llmrun.request import (
     Chunk,
     Done,
     EngineError,
+    ModelRequest,
     Progress,
     Started,
     Stats,
 )
+from llmrun.server import work
 from llmrun.server.fit import Placement
 from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import ModelState, Runner, Scheduler
@@ -37,6 +39,7 @@ from llmrun.store.gguf import GGUFError
 from llmrun.store.names import ModelName
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The context the client asks its requests be loaded with where a request names none: set
 # per HTTP request from `X-Llmrun-Num-Ctx` (daemon/intake.ClientContext), which `llmrun
@@ -48,18 +51,28 @@ CLIENT_NUM_CTX: ContextVar[int | None] = ContextVar("client_num_ctx", default=No
 MAX_EMBED_INPUTS = 2048
 
 
+def merged_options(options: Options, manifest: Manifest) -> Options:
+    """Request options over the client's context (X-Llmrun-Num-Ctx, for num_ctx alone) over
+    the Modelfile's over llmrun's defaults: what a runner is started with (`.runner()`) and
+    what it works with, from this one merge."""
+    if options.num_ctx is None and CLIENT_NUM_CTX.get() is not None:
+        options = options.model_copy(update={"num_ctx": CLIENT_NUM_CTX.get()})
+    return options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS))
+
+
+def merged_model(req: ModelRequest, manifest: Manifest) -> ModelRequest:
+    """A request that needs only a model, with its options merged (merged_options)."""
+    return req.model_copy(update={"options": merged_options(req.options, manifest)})
+
+
 def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
     """`req` as the runner gets it: request options over the Modelfile's over llmrun's
     defaults; the Modelfile's MESSAGEs before the conversation, its template unless the
     request brings one, its SYSTEM as the default system prompt. The client's stop strings
     replace the Modelfile's (as Ollama's and OpenAI's options do), or with `stop_adds`
     (Anthropic's stop_sequences, which never turn a model's own end markers off) come after
-    them. The context: the request's num_ctx, else the client's (X-Llmrun-Num-Ctx), else the
-    Modelfile's. What the runner is started with (options.runner()) and what it generates
-    with both come from this one merge."""
+    them. The options: merged_options."""
     options = req.options
-    if options.num_ctx is None and CLIENT_NUM_CTX.get() is not None:
-        options = options.model_copy(update={"num_ctx": CLIENT_NUM_CTX.get()})
     if req.stop_adds and options.stop:
         own = [s for s in manifest.options().stop or [] if s not in options.stop]
         options = options.model_copy(update={"stop": [*own, *options.stop]})
@@ -67,7 +80,7 @@ def merged(req: ChatRequest, manifest: Manifest) -> ChatRequest:
         "messages": [*manifest.messages, *req.messages],
         "template": req.template or manifest.template,
         "system": manifest.system,
-        "options": options.merged_over(manifest.options().merged_over(DEFAULT_OPTIONS)),
+        "options": merged_options(options, manifest),
     })
 
 
@@ -112,25 +125,12 @@ class RemoteRunner:
     async def stop(self) -> None:
         return None
 
-    def _refuse(self, what: str) -> EngineError:
-        return EngineError(f"{self.model} is served by a remote server: {what} is not "
-                           "available for it", code="invalid_request")
-
     def generate(self, req: ChatRequest) -> AsyncIterator[Started | Progress | Chunk | Done]:
         return self.upstream.chat(req)
 
-    async def count(self, req: ChatRequest) -> int:
-        raise self._refuse("counting tokens")
-
-    async def ask(self, msg: dict[str, Any], answer: str) -> dict[str, Any]:
-        raise self._refuse(str(msg["type"]))
-
-    async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
-        raise self._refuse("embedding")
-
-    async def rerank(self, req: ChatRequest, query: str,
-                     documents: list[str]) -> tuple[list[float], int]:
-        raise self._refuse("reranking")
+    async def run(self, job: work.Work[T]) -> T:
+        raise EngineError(f"{self.model} is served by a remote server: {job.what} is not "
+                          "available for it", code="invalid_request")
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class Service:
         cross-encoder gets a 400 naming what it can do, in every dialect alike, before a
         runner is leased (it would load for nothing and fail in the engine)."""
         target = self.prepare(req)
-        await self._require(req, target, ("completion",), "chat")
+        await self._require(req.model, target, ("completion",), "chat")
         return target
 
     @staticmethod
@@ -221,7 +221,7 @@ class Service:
                                   code="invalid_request")
 
     @contextlib.asynccontextmanager
-    async def _hold(self, req: ChatRequest, target: Target,
+    async def _hold(self, req: ChatRequest | ModelRequest, target: Target,
                     kind: str | None) -> AsyncIterator[Held]:
         """`target` held for the block: a local model through the scheduler (loaded if need
         be, with the runner options of `req`, merged already), a remote one as its server;
@@ -270,24 +270,26 @@ class Service:
         target = await self.prepare_chat(req)
         req = merged(req, target.manifest)
         async with self._hold(req, target, "count") as held:
-            return await held.runner.count(req)
+            reply = await held.runner.run(work.Counting(req))
+            return int(reply["prompt_tokens"])
 
-    async def tokens(self, req: ChatRequest, msg: dict[str, Any], answer: str
-                     ) -> dict[str, Any]:
-        """A token utility on `req`'s model (loaded if need be): `msg` is the runner message
-        (count with detail, tokenize, detokenize), `answer` the event it replies with."""
+    async def rendered(self, req: ChatRequest) -> dict[str, Any]:
+        """`req`'s prompt as its model reads it, and its tokens (protocol.CountReply)."""
         # counting renders the chat template: a chat's, which a model that cannot chat lacks
-        if msg["type"] == "count":
-            target = await self.prepare_chat(req)
-        else:
-            target = self.prepare(req)
+        target = await self.prepare_chat(req)
         req = merged(req, target.manifest)
-        async with self._hold(req, target, str(msg["type"])) as held:
-            if msg["type"] == "count":
-                msg = {**msg, "request": req.model_dump()}
-            return await held.runner.ask(msg, answer)
+        async with self._hold(req, target, "count") as held:
+            return await held.runner.run(work.Counting(req, detail=True))
 
-    async def embed(self, req: ChatRequest, inputs: list[str],
+    async def tokens(self, req: ModelRequest, job: work.Tokenizing | work.Detokenizing
+                     ) -> dict[str, Any]:
+        """A token utility (tokenize, detokenize) on `req`'s model, loaded if need be: its
+        reply (protocol.TokensReply, TextReply)."""
+        target = self.prepare(req.stand_in())
+        async with self._hold(merged_model(req, target.manifest), target, job.kind) as held:
+            return await held.runner.run(job)
+
+    async def embed(self, req: ModelRequest, inputs: list[str],
                     truncate: bool) -> tuple[list[list[float]], int, int, int]:
         """(vectors, prompt tokens, load ns, total ns) for `inputs` on `req.model`, each
         after the model's `embed_prefix` (PARAMETER embed_prefix, or the request's option)."""
@@ -299,17 +301,17 @@ class Service:
         target = self.resolve(req.model)
         # a chat model embeds too (its last layer pooled), as Ollama lets it; a cross-encoder's
         # output is a score, no vector
-        await self._require(req, target, ("embedding", "completion"), "embed")
-        req = merged(req, target.manifest)
+        await self._require(req.model, target, ("embedding", "completion"), "embed")
+        req = merged_model(req, target.manifest)
         prefix = req.options.embed_prefix
         if prefix:
             inputs = [prefix + text for text in inputs]
         async with self._hold(req, target, "embed") as held:
-            vectors, n_tokens = await held.runner.embed(inputs, truncate)
+            vectors, n_tokens = await held.runner.run(work.Embedding(inputs, truncate))
             return (vectors, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
-    async def rerank(self, req: ChatRequest, query: str,
+    async def rerank(self, req: ModelRequest, query: str,
                      documents: list[str]) -> tuple[list[float], int, int, int]:
         """(each document's score in order, prompt tokens, load ns, total ns) for `query` on
         `req.model`, a cross-encoder (its GGUF declares rank pooling) or a model its
@@ -318,21 +320,22 @@ class Service:
         it answers by chance. Bounds and that check come before a runner is leased."""
         t0 = time.perf_counter()
         bounds.check_rerank(query, documents)
+        chat = req.stand_in()
         target = self.resolve(req.model)
-        await self._require(req, target, ("rerank", "completion"), "rerank")  # (an embedder)
+        await self._require(req.model, target, ("rerank", "completion"), "rerank")  # (embedder)
         if target.upstream is not None:
             raise EngineError(f"{req.model} is served by a remote server: reranking is not "
                               "available for it", code="invalid_request")
         # a cross-encoder (rank pooling) is a reranker by its GGUF: the runner scores with
         # its classification head (engine/crossencoder.py), whatever the Modelfile says
-        req = merged(req, target.manifest)
-        if not await self._cross_encoder(target.manifest) and not req.options.reranks():
+        chat = merged(chat, target.manifest)
+        if not await self._cross_encoder(target.manifest) and not chat.options.reranks():
             raise EngineError(f"model '{req.model}' is not a reranker: its Modelfile makes a "
                               "chat model one with PARAMETER rerank true (and rerank_yes, "
                               "rerank_no, rerank_instruction or rerank_template)",
                               code="invalid_request")
-        async with self._hold(req, target, "rerank") as held:
-            scores, n_tokens = await held.runner.rerank(req, query, documents)
+        async with self._hold(chat, target, "rerank") as held:
+            scores, n_tokens = await held.runner.run(work.Reranking(chat, query, documents))
             return (scores, n_tokens, int(held.load_seconds * 1e9),
                     int((time.perf_counter() - t0) * 1e9))
 
@@ -352,7 +355,7 @@ class Service:
         """Whether the GGUF declares rank pooling (describe.cross_encoder): it only reranks."""
         return await self.capabilities(manifest) == ["rerank"]
 
-    async def _require(self, req: ChatRequest, target: Target, can: tuple[str, ...],
+    async def _require(self, model: str, target: Target, can: tuple[str, ...],
                        doing: str) -> None:
         """A 400 before any runner is leased when the model can do none of `can` (an
         embedding model asked to chat, a reranker to embed), saying what it can do."""
@@ -364,7 +367,7 @@ class Service:
             return
         # (what cannot chat or embed lists one thing: describe.capabilities)
         kind, use = _KINDS.get(caps[0], ("a model", " and ".join(caps)))
-        raise EngineError(f"model '{req.model}' is {kind}: it can {use}, not {doing}",
+        raise EngineError(f"model '{model}' is {kind}: it can {use}, not {doing}",
                           code="invalid_request")
 
     def ps(self) -> list[ModelState]:

@@ -5,11 +5,12 @@ machine's free memory. Steered with asyncio Events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Started, Stats
+from llmrun.server import work
 from llmrun.server.fit import Placement
 from llmrun.server.runners import RunnerSpec
 from llmrun.store import Store
@@ -81,16 +82,22 @@ class FakeRunner:
         finally:
             self.in_flight -= 1
 
-    async def count(self, req: ChatRequest) -> int:
-        return 3
+    async def run(self, job: Any) -> Any:
+        """A one-answer kind of work (server/work.py), answered by its kind in ANSWERS."""
+        return ANSWERS[type(job)](job)
 
-    async def embed(self, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
-        return [[1.0] for _ in inputs], len(inputs)
 
-    async def rerank(self, req: ChatRequest, query: str,
-                     documents: list[str]) -> tuple[list[float], int]:
-        """A longer document scores higher: an order a test can predict."""
-        return [len(d) / (1 + len(d)) for d in documents], len(documents)
+# What a FakeRunner answers each kind of work: fixed counts and tokens, unit vectors, and
+# rerank scores by which a longer document scores higher (an order a test can predict).
+ANSWERS: dict[type, Callable[[Any], Any]] = {
+    work.Counting: lambda job: {"prompt_tokens": 3, "n_ctx": 512, "prompt": "hi",
+                                "tokens": [1, 2, 3]},
+    work.Tokenizing: lambda job: {"tokens": [1] * len(job.text), "pieces": list(job.text)},
+    work.Detokenizing: lambda job: {"content": "x" * len(job.tokens)},
+    work.Embedding: lambda job: ([[1.0] for _ in job.inputs], len(job.inputs)),
+    work.Reranking: lambda job: ([len(d) / (1 + len(d)) for d in job.documents],
+                                 len(job.documents)),
+}
 
 
 class Farm:

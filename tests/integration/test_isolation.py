@@ -28,6 +28,7 @@ from llmrun.engine import batcher
 from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
+from llmrun.server import work
 from llmrun.server.runners import RunnerProcess as RunnerHandle
 from llmrun.server.runners import RunnerSpec
 from tests.conftest import Daemon, make_home, wait_until
@@ -120,10 +121,10 @@ def tiny_runner(tiny: Model) -> Iterator[tuple[ModelHost, Frames]]:
 
 
 def job(question: str = "What is the capital of France?", num_predict: int = 8,
-        **fields: Any) -> dict[str, Any]:
+        **fields: Any) -> ChatRequest:
     options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
     return ChatRequest(model="test", messages=[{"role": "user", "content": question}],
-                       options=options, **fields).model_dump()
+                       options=options, **fields)
 
 
 def assert_serving(r: ModelHost, frames: Frames, rid: str = "after") -> None:
@@ -392,14 +393,15 @@ def test_large_batches_and_frames_with_a_small_frame_limit(tmp_path: Path,
         runner = RunnerHandle(spec, tmp_path / "runner.log")
         await runner.start()
         try:
-            vectors, n_tokens = await runner.embed(inputs, truncate=False)
+            vectors, n_tokens = await runner.run(work.Embedding(inputs, truncate=False))
             assert len(vectors) == 2000 and n_tokens > 2000
-            alone = {w: (await runner.embed([w], truncate=False))[0][0] for w in words}
+            alone = {w: (await runner.run(work.Embedding([w], truncate=False)))[0][0]
+                     for w in words}
             for text, v in zip(inputs, vectors, strict=True):
                 assert np.allclose(v, alone[text], atol=1e-4)
             # a message over the limit fails its own request with 413, never the runner
             with pytest.raises(EngineError) as err:
-                await runner.embed(["x" * (300 << 10)], truncate=True)
+                await runner.run(work.Embedding(["x" * (300 << 10)], truncate=True))
             assert err.value.code == "too_large" and str(256 << 10) in err.value.message
             huge = ChatRequest(model="tiny", messages=[], prompt="x" * (300 << 10),
                                options=DEFAULT_OPTIONS)

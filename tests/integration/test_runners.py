@@ -243,7 +243,7 @@ def test_a_runner_whose_first_message_is_not_load_refuses_it() -> None:
                                 stderr=subprocess.PIPE)
         child.close()
         chan = ipc.SyncChannel(parent)
-        chan.send(protocol.Generate(id="r1", request={}))
+        chan.send(protocol.Generate(id="r1", request=ChatRequest(model="m", messages=[])))
         reply = protocol.parse_reply(chan.recv())
         assert proc.wait(60) == 1
     assert isinstance(reply, protocol.Fatal) and "must load a model" in reply.error

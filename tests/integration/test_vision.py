@@ -89,7 +89,7 @@ class Host:
         self.last = rid
         options = Options(num_predict=num_predict, **GREEDY).merged_over(DEFAULT_OPTIONS)
         self.r.generate(rid, ChatRequest(model="t", messages=messages, options=options,
-                                         **fields).model_dump())
+                                         **fields))
         return rid
 
     def started(self, rid: str) -> dict[str, Any]:
@@ -308,7 +308,7 @@ def test_bad_base64_and_text_only_runner(host: Host, model: Model) -> None:
     try:
         options = Options(num_predict=4, **GREEDY).merged_over(DEFAULT_OPTIONS)
         text_only.generate("x", ChatRequest(model="t", messages=[user(image(1))],
-                                            options=options).model_dump())
+                                            options=options))
         kind, err = frames.final("x")
         assert kind == "error" and "no vision projector" in err["message"]
     finally:

@@ -13,7 +13,7 @@ from llmrun import ipc, jsonio, protocol
 from llmrun.protocol import ProtocolError, parse_command, parse_reply
 from llmrun.request import ChatRequest, Message, error_event
 
-REQUEST = ChatRequest(model="m", messages=[Message(role="user", content="hi")]).model_dump()
+REQUEST = ChatRequest(model="m", messages=[Message(role="user", content="hi")])
 
 COMMANDS: list[protocol.Command] = [
     protocol.Load(model=["/a.gguf", "/b.gguf"], ctx=4096, slots=4, threads=2,
@@ -87,7 +87,7 @@ def test_every_reply_round_trips(msg: protocol.Reply) -> None:
 def test_frames_are_the_bytes_the_dictionaries_made() -> None:
     # the generate round as the daemon and runner wrote it by hand before the types
     assert ipc.encode(protocol.Generate(id="r1", request=REQUEST)) == ipc.encode(
-        {"type": "generate", "id": "r1", "request": REQUEST})
+        {"type": "generate", "id": "r1", "request": REQUEST.model_dump()})
     assert ipc.encode(protocol.Events(events=EVENTS)) == ipc.encode(
         {"type": "events", "events": EVENTS})
     assert ipc.encode(protocol.Cancel(id="r1")) == ipc.encode({"type": "cancel", "id": "r1"})
@@ -164,12 +164,13 @@ def test_a_message_orjson_refuses_is_written_alike() -> None:
     huge = -9223372036854775809
     req = ChatRequest(model="m", messages=[Message(role="user", content="hi")],
                       format={"type": "integer", "maximum": huge})
-    msg = protocol.Generate(id="r1", request=req.model_dump())
+    msg = protocol.Generate(id="r1", request=req)
     frame = jsonio.dumps(msg)
     back = parse_command(jsonio.loads(frame))
     assert isinstance(back, protocol.Generate) and back.id == "r1"
-    assert back.request["format"]["maximum"] == float(huge)
-    assert back.request["messages"] == msg.request["messages"]
+    assert isinstance(back.request.format, dict)
+    assert back.request.format["maximum"] == float(huge)
+    assert back.request.messages == msg.request.messages
 
 
 @pytest.mark.parametrize(("payload", "says"), [
@@ -214,3 +215,21 @@ def test_an_image_s_stand_in_ids_are_token_ids() -> None:
     image): not a negative count."""
     parse_reply({"type": "events", "events": [["r1", "done", {
         "prompt_tokens": 9, "completion_tokens": 1, "context": [1, -734, -734, 2]}]]})
+
+
+def test_a_request_that_does_not_validate_fails_only_itself() -> None:
+    """A Generate of the right shape whose request no ChatRequest reads is the request's
+    fault, not a broken peer's: RefusedRequest names its id (the runner answers an error
+    event for it and goes on)."""
+    with pytest.raises(protocol.RefusedRequest) as err:
+        parse_command({"type": "generate", "id": "r9", "request": {"model": "m",
+                                                                   "messages": "x"}})
+    assert err.value.id == "r9"
+
+
+def test_every_kind_of_work_is_one_row_its_events_checked_by_their_payloads() -> None:
+    for name, kind in protocol.KINDS.items():
+        assert kind.message.__dataclass_fields__["type"].default == name
+        assert kind.final <= kind.events and "error" in kind.events
+        assert all(event in protocol.PAYLOADS for event in kind.events)
+    assert {"error"} | {e for k in protocol.KINDS.values() for e in k.final} == protocol.FINAL

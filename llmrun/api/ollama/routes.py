@@ -31,8 +31,8 @@ from llmrun.api.ollama.wire import (
     parse_options,
 )
 from llmrun.request import (
-    ChatRequest,
     EngineError,
+    ModelRequest,
 )
 from llmrun.server.fit import Device
 from llmrun.server.service import Service
@@ -138,10 +138,10 @@ def router(service: Service) -> APIRouter:
     async def embed(body: EmbedBody) -> Response:
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         try:
-            req = ChatRequest(model=body.model, messages=[], options=parse_options(body.options),
-                              keep_alive=body.keep_alive)
+            req = ModelRequest(model=body.model, options=parse_options(body.options),
+                               keep_alive=body.keep_alive)
             if not inputs:
-                await service.load(req)
+                await service.load(req.stand_in())
                 return JSONResponse({"model": body.model, "embeddings": []})
             vectors, n_tokens, load_ns, total_ns = await service.embed(req, inputs,
                                                                        body.truncate)
@@ -156,10 +156,10 @@ def router(service: Service) -> APIRouter:
     @api.post("/api/embeddings", response_model=None)
     async def embeddings(body: LegacyEmbedBody) -> Response:
         try:
-            req = ChatRequest(model=body.model, messages=[], options=parse_options(body.options),
-                              keep_alive=body.keep_alive)
+            req = ModelRequest(model=body.model, options=parse_options(body.options),
+                               keep_alive=body.keep_alive)
             if not body.prompt:
-                await service.load(req)
+                await service.load(req.stand_in())
                 return JSONResponse({"embedding": []})
             vectors, *_ = await service.embed(req, [body.prompt], True)
         except EngineError as exc:

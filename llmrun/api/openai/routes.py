@@ -32,7 +32,7 @@ from llmrun.api.openai.stream import (
 )
 from llmrun.api.openai.transcribe import Task, answer, parse, read
 from llmrun.api.openai.wire import ChatCompletionBody, CompletionBody, EmbeddingBody, RerankBody
-from llmrun.request import ChatRequest, EngineError
+from llmrun.request import ChatRequest, EngineError, ModelRequest
 from llmrun.server.service import Service
 from llmrun.store import Manifest, StoreError
 
@@ -159,7 +159,7 @@ def router(service: Service) -> APIRouter:
         inputs = [raw] if isinstance(raw, str) else [str(x) for x in raw]
         if not inputs or any(not x for x in inputs):
             return error(400, "'input' must be a non-empty string or a list of them", "input")
-        req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+        req = ModelRequest(model=body.model, keep_alive=body.keep_alive)
         try:
             vectors, n_tokens, _, _ = await service.embed(req, inputs, True)
         except EngineError as exc:
@@ -178,7 +178,7 @@ def router(service: Service) -> APIRouter:
         body.log_extras()
         try:
             texts = body.texts()
-            req = ChatRequest(model=body.model, messages=[], keep_alive=body.keep_alive)
+            req = ModelRequest(model=body.model, keep_alive=body.keep_alive)
             scores, n_tokens, _, _ = await service.rerank(req, body.query, texts)
         except (ApiError, EngineError) as exc:
             return api_error(exc)

@@ -67,14 +67,14 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
         seen.requests.append(req)
         return 7
 
-    async def tokens(req: ChatRequest, msg: dict[str, Any], answer: str) -> dict[str, Any]:
+    async def rendered(req: ChatRequest) -> dict[str, Any]:
         service.check(req)
         seen.requests.append(req)
         return {"prompt": "p", "tokens": [1, 2, 3]}
 
     monkeypatch.setattr(service, "chat", chat)
     monkeypatch.setattr(service, "count_tokens", count_tokens)
-    monkeypatch.setattr(service, "tokens", tokens)
+    monkeypatch.setattr(service, "rendered", rendered)
     yield TestClient(application, base_url="http://127.0.0.1"), seen
 
 

@@ -198,7 +198,8 @@ def test_the_score_is_p_yes_over_yes_and_no() -> None:
 
 
 def test_the_protocol_carries_rerank_both_ways() -> None:
-    msg = protocol.parse_command({"type": "rerank", "id": "k1", "request": {}, "query": "q",
+    msg = protocol.parse_command({"type": "rerank", "id": "k1",
+                                  "request": {"model": "m", "messages": []}, "query": "q",
                                   "documents": ["a", "b"], "offset": 4})
     assert isinstance(msg, protocol.Rerank) and msg.documents == ["a", "b"]
     with pytest.raises(protocol.ProtocolError, match=r"rerank.documents\[1\]"):

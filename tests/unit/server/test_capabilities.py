@@ -16,13 +16,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llmrun.daemon.app import create_app
-from llmrun.request import ChatRequest, EngineError
+from llmrun.request import ChatRequest, EngineError, ModelRequest
+from llmrun.server import work
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.service import Service
 from llmrun.store import Store
 from llmrun.store.describe import ENCODER_ARCHITECTURES
 from tests.fakes.encodermodel import write_tiny_bert
-from tests.fakes.scheduler import FakeRunner, Farm
+from tests.fakes.scheduler import ANSWERS, Farm
 from tests.fakes.tinymodel import write_tiny_llama
 from tests.unit.store.test_gguf import write_gguf
 
@@ -132,22 +133,21 @@ def test_the_embed_prefix_goes_before_every_text(store: Store, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
 
-    async def embed(_: FakeRunner, inputs: list[str],
-                    truncate: bool) -> tuple[list[list[float]], int]:
-        seen.append(inputs)
-        return [[1.0] for _ in inputs], len(inputs)
-    monkeypatch.setattr(FakeRunner, "embed", embed)
+    def embed(job: work.Embedding) -> tuple[list[list[float]], int]:
+        seen.append(job.inputs)
+        return [[1.0] for _ in job.inputs], len(job.inputs)
+    monkeypatch.setitem(ANSWERS, work.Embedding, embed)
 
     async def main() -> None:
         farm = Farm(store)
         sched = Scheduler(store, tmp_path / "logs", runner_factory=farm, free_memory=farm.free)
         service = Service(store, sched)
         try:
-            await service.embed(ChatRequest(model="nomic", messages=[]), ["a", "b"], True)
-            await service.embed(ChatRequest(model="bge", messages=[]), ["a"], True)
+            await service.embed(ModelRequest(model="nomic"), ["a", "b"], True)
+            await service.embed(ModelRequest(model="bge"), ["a"], True)
             # a request's own option is taken over the Modelfile's, as every option is
-            req = ChatRequest.model_validate({"model": "nomic", "messages": [],
-                                              "options": {"embed_prefix": "search_document: "}})
+            req = ModelRequest.model_validate({"model": "nomic",
+                                               "options": {"embed_prefix": "search_document: "}})
             await service.embed(req, ["c"], True)
         finally:
             await sched.shutdown()

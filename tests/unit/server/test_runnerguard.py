@@ -16,7 +16,7 @@ import pytest
 
 from llmrun import ipc, protocol
 from llmrun.request import EngineError
-from llmrun.server import runnerguard
+from llmrun.server import runnerguard, work
 from llmrun.server.runnerguard import MAX_EVENT_TEXT, Guard, RunnerAbuse, check_ready
 from llmrun.server.runners import RunnerProcess, RunnerSpec
 
@@ -232,7 +232,7 @@ def test_embedding_parts_past_the_inputs_stop_the_runner() -> None:
 
         handle._send = sent  # type: ignore[method-assign]
         with pytest.raises(EngineError, match="more embeddings"):
-            await handle.embed(["one", "two"], truncate=False)
+            await handle.run(work.Embedding(["one", "two"], truncate=False))
         assert not handle.alive
 
     asyncio.run(run())
@@ -253,7 +253,8 @@ def test_rerank_scores_that_do_not_fit_the_documents_stop_the_runner(
 
         handle._send = sent  # type: ignore[method-assign]
         with pytest.raises(EngineError, match="rerank scores"):
-            await handle.rerank(ChatRequest(model="m", messages=[]), "q", ["one", "two"])
+            await handle.run(work.Reranking(ChatRequest(model="m", messages=[]), "q",
+                                            ["one", "two"]))
         assert not handle.alive
 
     asyncio.run(run())
@@ -274,7 +275,8 @@ def test_a_long_rerank_goes_in_pieces_and_comes_back_in_order() -> None:
 
         handle._send = sent  # type: ignore[method-assign]
         docs = [str(i) for i in range(600)]
-        scores, n = await handle.rerank(ChatRequest(model="m", messages=[]), "q", docs)
+        scores, n = await handle.run(work.Reranking(ChatRequest(model="m", messages=[]), "q",
+                                                    docs))
         assert scores == [i / 1000 for i in range(600)] and n == 600
         assert pieces == [(0, 256, "q"), (256, 256, "q"), (512, 88, "q")]
         assert handle.dead_reason is None
@@ -533,13 +535,13 @@ def test_embeddings_are_finite_numbers_of_one_width_one_per_input(replies: list[
     async def run() -> None:
         handle = embed_handle(*replies)
         for _ in replies[:-1]:
-            assert len((await handle.embed(["one", "two"], truncate=False))[0]) == 2
+            assert len((await handle.run(work.Embedding(["one", "two"], truncate=False)))[0]) == 2
         if not why:
-            await handle.embed(["one", "two"], truncate=False)
+            await handle.run(work.Embedding(["one", "two"], truncate=False))
             assert handle.dead_reason is None
             return
         with pytest.raises(EngineError, match=f"{why}.* and was stopped"):
-            await handle.embed(["one", "two"], truncate=False)
+            await handle.run(work.Embedding(["one", "two"], truncate=False))
         assert not handle.alive
         await handle._lost_task  # type: ignore[misc]
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from llmrun.request import ChatRequest, Done, EngineError, Message, Options
+from llmrun.request import ChatRequest, Done, EngineError, Message, ModelRequest, Options
 from llmrun.server.metrics import Metrics
 from llmrun.server.scheduler import Scheduler
 from llmrun.server.service import Service, merged
@@ -132,7 +132,7 @@ def test_a_remote_model_takes_the_local_path(store: Store, tmp_path: Path) -> No
             assert err.value.code == "invalid_request"
             assert "served by a remote server" in err.value.message
             with pytest.raises(EngineError) as err:
-                await service.embed(ask("far"), ["x"], True)
+                await service.embed(ModelRequest(model="far"), ["x"], True)
             assert err.value.code == "invalid_request" and "embedding" in err.value.message
             assert await service.load(ask("far")) == 0.0
         finally:
