@@ -90,7 +90,7 @@ class Lora:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Load:
-    """How to load the model: the first frame on the channel (server/runners.RunnerSpec, with
+    """How to load the model: the first frame on the channel (server/loadspec.RunnerSpec, with
     the scheduler's placement and the prompt-cache directory the daemon prepared)."""
 
     type: Literal["load"] = "load"

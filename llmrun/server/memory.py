@@ -8,7 +8,7 @@ import dataclasses
 from llmrun.request import EngineError
 from llmrun.server import fit
 from llmrun.server.fit import KV_BYTES
-from llmrun.server.runners import RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
 from llmrun.store import Manifest, Store, StoreError
 from llmrun.store import gguf as gguf_reader
 

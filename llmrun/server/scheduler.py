@@ -41,7 +41,8 @@ from llmrun import config
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Progress, RunnerOptions, Started
 from llmrun.server import context, fit, keepalive, loadspec, memory, work
 from llmrun.server.fit import CPU, Device, Placement
-from llmrun.server.runners import RunnerProcess, RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
+from llmrun.server.runners import RunnerProcess
 from llmrun.store import InvalidName, Manifest, ModelNotFound, Store
 from llmrun.store import gguf as gguf_reader
 from llmrun.store.names import ModelName

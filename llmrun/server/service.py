@@ -25,6 +25,7 @@ from llmrun.request import (
     Done,
     EngineError,
     ModelRequest,
+    Options,
     Progress,
     Started,
     Stats,

@@ -12,7 +12,7 @@ from typing import Any
 from llmrun.request import ChatRequest, Chunk, Done, EngineError, Started, Stats
 from llmrun.server import work
 from llmrun.server.fit import Placement
-from llmrun.server.runners import RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
 from llmrun.store import Store
 
 MiB = 1 << 20

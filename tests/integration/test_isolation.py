@@ -29,8 +29,8 @@ from llmrun.engine.host import ModelHost
 from llmrun.engine.llama import Context, Model
 from llmrun.request import DEFAULT_OPTIONS, ChatRequest, Done, EngineError, Options, Started, Tool
 from llmrun.server import work
+from llmrun.server.loadspec import RunnerSpec
 from llmrun.server.runners import RunnerProcess as RunnerHandle
-from llmrun.server.runners import RunnerSpec
 from tests.conftest import Daemon, make_home, wait_until
 from tests.fakes.tinymodel import write_tiny_llama
 

@@ -13,7 +13,8 @@ import pytest
 from llmrun.engine import llama
 from llmrun.request import EngineError
 from llmrun.server import memory
-from llmrun.server.runners import RunnerProcess, RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
+from llmrun.server.runners import RunnerProcess
 from llmrun.store import CreateError, Store
 from tests.fakes.tinymodel import N_EMBD, N_FF, N_HEAD, N_HEAD_KV, write_tiny_llama
 

@@ -17,7 +17,8 @@ import pytest
 from llmrun import ipc, jsonio, protocol
 from llmrun.request import ChatRequest, Chunk, Done, Message, Started, error_event
 from llmrun.server.fit import Placement
-from llmrun.server.runners import RunnerProcess, RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
+from llmrun.server.runners import RunnerProcess
 from tests.conftest import Daemon, runner_pids
 
 

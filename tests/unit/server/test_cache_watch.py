@@ -12,7 +12,8 @@ import pytest
 
 from llmrun import protocol
 from llmrun.server import runners
-from llmrun.server.runners import RunnerProcess, RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
+from llmrun.server.runners import RunnerProcess
 
 
 class FakeProc:

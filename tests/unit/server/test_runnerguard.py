@@ -17,8 +17,9 @@ import pytest
 from llmrun import ipc, protocol
 from llmrun.request import EngineError
 from llmrun.server import runnerguard, work
+from llmrun.server.loadspec import RunnerSpec
 from llmrun.server.runnerguard import MAX_EVENT_TEXT, Guard, RunnerAbuse, check_ready
-from llmrun.server.runners import RunnerProcess, RunnerSpec
+from llmrun.server.runners import RunnerProcess
 
 # -- the bounds --------------------------------------------------------------------------------
 

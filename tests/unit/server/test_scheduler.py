@@ -25,7 +25,7 @@ from llmrun.request import (
     Started,
 )
 from llmrun.server.fit import Device
-from llmrun.server.runners import RunnerSpec
+from llmrun.server.loadspec import RunnerSpec
 from llmrun.server.scheduler import Lease, Scheduler
 from llmrun.server.service import Service
 from llmrun.store import Store
