@@ -40,7 +40,7 @@ class Storage:
         # `rm` never deletes a blob that a concurrent `create` is about to reference.
         self.lock = FileLock(self.home / "store.lock")
         # what a projector says of sound pieces, by its blob's digest (blobs never change):
-        # read once, not with every request's runner spec (scheduler.spec_for)
+        # read once per projector (its GGUF header), since every load's spec asks for it
         self._sound_pieces: dict[str, float | None] = {}
 
     # -- reading --------------------------------------------------------------------------

@@ -77,7 +77,7 @@ pytestmark = [pytest.mark.model, needs("repack", patches_missing)]
 
 # measured on the 2-core AMD EPYC (Zen 4, AVX-512 VNNI), 2 threads: identical (0 and 0)
 MAX_ABS_LOGIT_DIFF = 0.0
-MAX_PPL_REL_DIFF = 0.001  # 0.1%, issue 46's bound (measured: 0)
+MAX_PPL_REL_DIFF = 0.001  # 0.1% (measured: 0)
 
 PROMPT = ("The lighthouse keeper climbed the stairs at dusk, as he had every evening for "
           "thirty years, and found on the top step a bottle with a letter inside. It read:")

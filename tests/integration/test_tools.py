@@ -408,7 +408,7 @@ def test_grammar_writes_only_the_declared_members(smollm2_tokenizer: Any) -> Non
                  {"required": ["city", "apikeyUrl"]}):
         assert takes({**plain, **more}, extra), more
     both = {"allOf": [plain, {"properties": {"apikeyUrl": {"type": "string"}}}]}
-    assert takes(both, extra)  # (no `properties` of its own: it used to be `{}` only)
+    assert takes(both, extra)  # (no `properties` of its own, only its parts')
     assert takes({"$ref": "#/$defs/A", "$defs": {"A": plain}}, {"city": "Paris"})
 
 

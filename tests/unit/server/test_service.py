@@ -158,8 +158,7 @@ def test_client_stops_replace_or_follow_the_models(store: Store) -> None:
 def test_modelfile_load_parameters_reach_the_runner(store: Store, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Every load option a Modelfile sets is the runner's unless the request names its own:
-    request over Modelfile over defaults, merged once (num_batch and num_thread were read
-    from the request alone)."""
+    request over Modelfile over defaults, merged once."""
     # without LLMRUN_NUM_THREADS the runner's threads adapt, unless num_thread fixes them
     monkeypatch.delenv("LLMRUN_NUM_THREADS", raising=False)
     path = write_tiny_llama(tmp_path / "b.gguf", seed=1)
