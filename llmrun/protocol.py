@@ -18,12 +18,14 @@ The conversation on one channel (frames of llmrun.ipc; each message one JSON obj
     Cancel (id)   ------------------->      the request ends (a "done", finish "cancel")
     Shutdown      ------------------->      the runner finishes its prompt-state writes, exits
 
-An event's kind and payload (the TypedDicts below; "engine" comes with the id ""):
+An event's kind and payload ("engine" comes with the id ""): the generate events are the
+pydantic models of request.py that the dialects read (one type on both sides; the engine
+writes their fields as plain dicts, one per token), the others the TypedDicts below:
 
-    started   Started: the first event of a generate request (the prompt's size)
-    progress  Progress: a long prompt being read (only to requests that asked)
-    chunk     Chunk: output; only `text` when it is plain text (the per-token case)
-    done      Done: the statistics; the request's last event
+    started   request.Started: the first event of a generate request (the prompt's size)
+    progress  request.Progress: a long prompt being read (only to requests that asked)
+    chunk     request.Chunk: output; only `text` when it is plain text (the per-token case)
+    done      request.Stats (less what the daemon fills in: DAEMON_STATS); the last event
     error     Error: request.error_event (a code, a message, the code's fields)
     count     CountReply      tokens   TokensReply      text   TextReply
     embedding Embedding, after any number of embedding_part (EmbeddingPart): a reply too
@@ -32,9 +34,9 @@ An event's kind and payload (the TypedDicts below; "engine" comes with the id ""
     engine    the engine's step counters (batcher.EngineStats), for /metrics
 
 Messages are dataclasses (orjson writes them as it writes a dict, fields in the order declared,
-`type` first); event payloads are plain dicts described by TypedDicts, since the engine builds
-one per token. `parse_command` (runner side) and `parse_reply` (daemon side) turn a decoded
-frame into these types, checking its shape strictly: an unknown type or kind, a missing or
+`type` first); event payloads are plain dicts, since the engine builds one per token.
+`parse_command` (runner side) and `parse_reply` (daemon side) turn a decoded frame into these
+types, checking its shape strictly: an unknown type or kind, a missing or
 ill-typed field, or one the protocol does not have is a ProtocolError naming it. Each side
 treats a ProtocolError as a broken peer: the runner exits (the daemon starts a fresh one); the
 daemon stops a runner that sent one and fails its requests. A message's pydantic fields (the
@@ -52,6 +54,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
+from pydantic import BaseModel
+
 from llmrun import config
 from llmrun.protocolcheck import (
     MAX_INT,
@@ -65,12 +69,13 @@ from llmrun.protocolcheck import (
     counts,
     expected,
     fields_check,
+    model_check,
     number,
     sane,
     typeddict_check,
     word,
 )
-from llmrun.request import ChatRequest
+from llmrun.request import ChatRequest, Chunk, Progress, Started, Stats
 
 __all__ = ["MAX_INT", "MODEL_DATA", "ProtocolError", "RefusedRequest"]  # (theirs: protocolcheck's)
 
@@ -255,47 +260,6 @@ class Events:
 Reply = Ready | Fatal | Events
 
 
-class Started(TypedDict):
-    prompt_tokens: int
-    cached_tokens: int
-    n_ctx: int
-
-
-class Progress(TypedDict):
-    total: int
-    cached: int
-    processed: int
-
-
-class Chunk(TypedDict):
-    """request.Chunk's fields; members are read by that model."""
-
-    text: str
-    logprobs: NotRequired[list[Any] | None]
-    tool_calls: NotRequired[list[Any] | None]
-    partial_call: NotRequired[dict[str, Any] | None]
-    thinking: NotRequired[str | None]
-    prompt_logprobs: NotRequired[list[Any] | None]
-
-
-class Done(TypedDict):
-    """request.Stats's fields, as the engine fills them."""
-
-    prompt_tokens: NotRequired[int]
-    cached_tokens: NotRequired[int]
-    completion_tokens: NotRequired[int]
-    prompt_ns: NotRequired[int]
-    generate_ns: NotRequired[int]
-    finish_reason: NotRequired[str]
-    stop_sequence: NotRequired[str | None]
-    context: NotRequired[list[int] | None]
-    truncated_messages: NotRequired[int]
-    truncated_tokens: NotRequired[int]
-    shifted_tokens: NotRequired[int]
-    draft_tokens: NotRequired[int]
-    draft_accepted: NotRequired[int]
-
-
 class Error(TypedDict):
     """request.error_event: besides these, the code's own fields (numbers and words)."""
 
@@ -333,6 +297,10 @@ class RerankReply(TypedDict):
     prompt_tokens: int
 
 
+# What of request.Stats the daemon fills in itself (a runner that sends them is broken).
+DAEMON_STATS = ("load_ns", "total_ns")
+
+
 # -- kinds of work -----------------------------------------------------------------------------
 
 
@@ -365,7 +333,7 @@ def _kind(message: type, replies: dict[str, Any], final: str, counted: Iterable[
 # checks and the runner's dispatch (engine/host.py HANDLERS) read.
 KINDS: dict[str, Kind] = {
     "generate": _kind(Generate, {"started": Started, "progress": Progress, "chunk": Chunk,
-                                 "done": Done}, "done", {"started", "progress", "done"}),
+                                 "done": Stats}, "done", {"started", "progress", "done"}),
     "count": _kind(Count, {"count": CountReply}, "count", {"count"}, {"count"}),
     "tokenize": _kind(Tokenize, {"tokens": TokensReply}, "tokens", unbounded={"tokens"}),
     "detokenize": _kind(Detokenize, {"text": TextReply}, "text", unbounded={"text"}),
@@ -395,7 +363,9 @@ _COMMANDS = _by_type(Load, *(k.message for k in KINDS.values()), Cancel, Shutdow
 _REPLIES = _by_type(Ready, Fatal)
 
 PAYLOADS: dict[str, Check] = {
-    event: compile_check(payload) for k in KINDS.values() for event, payload in k.replies.items()
+    event: model_check(payload, DAEMON_STATS if payload is Stats else ())
+    if isinstance(payload, type) and issubclass(payload, BaseModel) else compile_check(payload)
+    for k in KINDS.values() for event, payload in k.replies.items()
 } | {
     "error": typeddict_check(Error, word),
     # the engine's counters: numbers, whichever the engine keeps

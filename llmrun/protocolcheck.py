@@ -13,7 +13,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, NotRequired, Union
 
 from pydantic import BaseModel
@@ -195,6 +195,16 @@ def typeddict_check(tp: Any, extra: Check | None = None) -> Check:
     hints = typing.get_type_hints(tp, include_extras=True)
     required = {k for k, v in hints.items() if typing.get_origin(v) is not NotRequired}
     return fields_check(hints, required, extra)
+
+
+def model_check(model: type[BaseModel], omit: Iterable[str] = ()) -> Check:
+    """The check of a payload that `model` (a pydantic model of request.py) reads: its fields
+    and their types, required where the model has no default; `omit`: fields the daemon
+    fills in itself, which the runner may not send. One type per event on both sides: the
+    model the dialects read is the shape checked here."""
+    fields = {name: f for name, f in model.model_fields.items() if name not in set(omit)}
+    return fields_check({name: f.annotation for name, f in fields.items()},
+                        {name for name, f in fields.items() if f.is_required()})
 
 
 def object_check(cls: type) -> Check:

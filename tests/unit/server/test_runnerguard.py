@@ -370,21 +370,34 @@ def test_a_runner_sending_faster_than_the_read_rate_waits_and_loses_nothing() ->
 
 
 def test_nesting_past_the_stack_stops_the_runner() -> None:
+    """Every field of a chunk is typed to its end but a tool call's arguments, which the
+    daemon's reading of the call walks: nesting there past the stack is a lie too."""
     async def run() -> None:
+        from llmrun.request import ChatRequest, Message
+
         handle = started_handle()
-        q = handle._track("r1")
         deep = b"[" * 990 + b"]" * 990
-        frame = ipc.loads_untrusted(b'{"type":"events","events":[["r1","chunk",{"text":"",'
-                                    b'"logprobs":' + deep + b"}]]}")
-        with pytest.raises(RecursionError):
-            handle._on_message(frame)
-        assert "malformed" in await stopped_with(handle, q)
+
+        async def sent(msg: Any) -> None:
+            handle._on_message(ipc.loads_untrusted(
+                b'{"type":"events","events":[["' + msg.id.encode() + b'","chunk",{"text":"",'
+                b'"tool_calls":[{"name":"f","arguments":{"a":' + deep + b"}}]}]]}"))
+
+        handle._send = sent  # type: ignore[method-assign]
+        req = ChatRequest(model="m", messages=[Message(role="user", content="hi")])
+        with pytest.raises(EngineError):
+            async for _ in handle.generate(req):
+                pass
+        assert not handle.alive
+        assert handle._lost_task is not None
+        await handle._lost_task
 
     asyncio.run(run())
 
 
 def test_a_payload_its_request_cannot_read_stops_the_runner() -> None:
-    """parse_reply checks logprobs' outer shape; what pydantic then cannot read is a lie."""
+    """parse_reply checks logprobs' outer shape (a list of objects); what pydantic then
+    cannot read is a lie."""
     async def run() -> None:
         from llmrun.request import ChatRequest, Message
 
@@ -392,7 +405,7 @@ def test_a_payload_its_request_cannot_read_stops_the_runner() -> None:
 
         async def sent(msg: Any) -> None:
             handle._on_message({"type": "events", "events": [
-                [msg.id, "chunk", {"text": "x", "logprobs": [[[]]]}]]})
+                [msg.id, "chunk", {"text": "x", "logprobs": [{"token": [[]]}]}]]})
 
         handle._send = sent  # type: ignore[method-assign]
         req = ChatRequest(model="m", messages=[Message(role="user", content="hi")])
