@@ -510,22 +510,22 @@ class Scheduler:
         loaded = self._models.get(model_key(manifest))
         if loaded is None:
             return False
-        if loaded.state == READY and loaded.refs == 0:
-            await self.unload(loaded)
-        else:
-            loaded.unload_when_idle = True  # once its load and its requests are done
+        await self._unload_once_idle(loaded)
         return True
 
     async def forget(self, name: str) -> None:
         """`name` left the store: unload the runner loaded under it, now if idle, else once
         its requests end. A runner of the same weights loaded under another name stays."""
-        for loaded in list(self._models.values()):
-            if loaded.name != name:
-                continue
-            if loaded.state == READY and loaded.refs == 0:
-                await self.unload(loaded)
-            else:
-                loaded.unload_when_idle = True
+        for loaded in [v for v in self._models.values() if v.name == name]:
+            await self._unload_once_idle(loaded)
+
+    async def _unload_once_idle(self, loaded: Loaded) -> None:
+        """Unload `loaded` now if it is loaded and idle, else once its load and its requests
+        are done."""
+        if loaded.state == READY and loaded.refs == 0:
+            await self.unload(loaded)
+        else:
+            loaded.unload_when_idle = True
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
