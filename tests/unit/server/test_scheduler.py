@@ -186,6 +186,30 @@ def test_keep_alive_zero_unloads_once_idle(store: Store, tmp_path: Path) -> None
     run(go())
 
 
+def test_a_removed_name_unloads_its_runner_once_idle(store: Store, tmp_path: Path) -> None:
+    """`rm` of a name whose runner is serving: the request finishes on it, then it goes; a
+    name of other weights, or one not loaded, is left alone."""
+    async def go() -> None:
+        async with scheduler(store, tmp_path) as (sched, _):
+            release = asyncio.Event()
+            _, task = await lease_in_task(sched, "a", release)
+            await sched.forget("b:latest")  # not loaded: nothing happens
+            await sched.forget("a:latest")
+            assert loaded(sched) == ["a:latest"]  # busy: its request goes on
+            release.set()
+            runner = await task
+            assert runner.stopped and loaded(sched) == []
+            # idle: at once
+            release = asyncio.Event()
+            release.set()
+            await (await lease_in_task(sched, "a", release))[1]
+            assert loaded(sched) == ["a:latest"]
+            await sched.forget("a:latest")
+            assert loaded(sched) == []
+
+    run(go())
+
+
 def test_lru_eviction_by_model_count(store: Store, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMRUN_MAX_LOADED_MODELS", "2")
