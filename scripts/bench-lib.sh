@@ -23,9 +23,12 @@ wait_for() {  # wait_for URL: until it answers (a minute at most)
   done
 }
 
-# The daemon's settings: its own store, the same threads as llama-server, 4 slots of 4096.
+# The daemon's settings: its own store, the same threads as llama-server, SLOTS slots (4 unless
+# set) of CTX tokens (4096 unless set) each, in both servers.
+SLOTS=${SLOTS:-4}
+CTX=${CTX:-4096}
 export LLMRUN_HOME="$WORK/home" LLMRUN_HOST="127.0.0.1:$LR_PORT" LLMRUN_NUM_THREADS="$THREADS" \
-  LLMRUN_NUM_PARALLEL=4 LLMRUN_CONTEXT_LENGTH=4096
+  LLMRUN_NUM_PARALLEL="$SLOTS" LLMRUN_CONTEXT_LENGTH="$CTX"
 
 create_model() {  # create_model NAME GGUF [Modelfile lines]
   local name=$1 gguf=$2; shift 2
@@ -42,7 +45,7 @@ start_llmrun() {  # the daemon, in the background until the script ends
 
 start_llama_server() {  # start_llama_server SERVER GGUF [flags]: its pid in LS_PID
   local server=$1 gguf=$2; shift 2
-  "$server" -m "$gguf" -t "$THREADS" -tb "$THREADS" -np 4 -c $((4 * 4096)) "$@" \
+  "$server" -m "$gguf" -t "$THREADS" -tb "$THREADS" -np "$SLOTS" -c $((SLOTS * CTX)) "$@" \
     --host 127.0.0.1 --port "$LS_PORT" --no-webui > "$WORK/llama-server.log" 2>&1 &
   LS_PID=$!
   pids+=("$LS_PID")

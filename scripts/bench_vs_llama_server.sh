@@ -3,7 +3,8 @@
 #   scripts/bench_vs_llama_server.sh [GGUF] [-- extra `llmrun bench` options]
 # Builds llama-server from the pinned llama-cpp-python sdist (scripts/build_llama_server.sh,
 # once), starts it and an llmrun daemon (a scratch LLMRUN_HOME holding GGUF) with the same
-# thread count and 4 slots of 4096 tokens each, runs `llmrun bench --against`, and stops both.
+# thread count and slots (SLOTS, default 4) of CTX tokens (default 4096) each, runs
+# `llmrun bench --against`, and stops both.
 # Run it on an otherwise idle machine; paste the table into docs/benchmarks.md.
 # STOCK=1 measures a llama-server built without llmrun's llama.cpp patches
 # (build_llama_server.sh --stock); by default it carries them, as the engine does.

@@ -3,6 +3,12 @@ from it with random weights.
 
     python scripts/gguf_skeleton.py describe MODEL.gguf SKELETON.json.xz
     python scripts/gguf_skeleton.py build SKELETON.json.xz OUT.gguf [--seed N]
+    python scripts/gguf_skeleton.py reshape SKELETON.json.xz SHAPE OUT.json.xz
+
+`reshape` keeps a skeleton's tokenizer and chat template and gives it the architecture and
+tensor shapes of a model of the size people run (`SHAPES`: Qwen2.5-7B's, Llama 3 8B's), the
+vocabulary padded with control tokens to that model's embedding rows: the 8B-class model of
+the benchmarks (scripts/make_big_model.sh), which no package here ships.
 
 Why: the GPU check (scripts/gpu_check.sh) runs on a machine that reaches no package index and
 receives at most 64 MiB of files, and the test models are 98 and 253 MB. Their skeletons are
@@ -53,6 +59,74 @@ def describe(src: Path) -> dict[str, Any]:
     return {"fields": fields, "tensors": tensors, "file_type": int(file_type)}
 
 
+# Architectures of the size people run, as their published configs give them (Hugging Face
+# config.json: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+# intermediate_size, vocab_size, rope_theta, rms_norm_eps). Speed and memory depend on these
+# alone; the tokenizer only sets which text the random weights are read as.
+SHAPES: dict[str, dict[str, Any]] = {
+    # 7.62B parameters; Q4_K_M 4.7 GB; KV cache 56 KiB a token (f16)
+    "qwen2.5-7b": {"arch": "qwen2", "n_embd": 3584, "n_layer": 28, "n_head": 28,
+                   "n_head_kv": 4, "n_ff": 18944, "n_vocab": 152064, "n_ctx": 32768,
+                   "rope_base": 1000000.0, "eps": 1e-6, "qkv_bias": True},
+    # 8.03B parameters; Q4_K_M 4.9 GB; KV cache 128 KiB a token (f16)
+    "llama3-8b": {"arch": "llama", "n_embd": 4096, "n_layer": 32, "n_head": 32,
+                  "n_head_kv": 8, "n_ff": 14336, "n_vocab": 128256, "n_ctx": 8192,
+                  "rope_base": 500000.0, "eps": 1e-5, "qkv_bias": False},
+}
+_U32, _F32, _STR = (int(t) for t in (
+    gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING))
+_CONTROL = int(gguf.TokenType.CONTROL)
+
+
+def reshape(skeleton: dict[str, Any], shape_name: str) -> dict[str, Any]:
+    """`skeleton`'s tokenizer and template on the architecture `SHAPES[shape_name]`."""
+    sh = SHAPES[shape_name]
+    arch, d, kv = sh["arch"], sh["n_embd"], sh["n_head_kv"] * (sh["n_embd"] // sh["n_head"])
+    fields = [f for f in skeleton["fields"]
+              if f[0].startswith(("tokenizer.", "general."))
+              and f[0] not in ("general.architecture", FILE_TYPE)]
+    tokens = next(f for f in fields if f[0] == "tokenizer.ggml.tokens")
+    n_real = len(tokens[3])
+    if n_real > sh["n_vocab"]:
+        raise ValueError(f"the tokenizer has {n_real} tokens, more than {shape_name}'s "
+                         f"{sh['n_vocab']} embedding rows")
+    pad = sh["n_vocab"] - n_real  # as Qwen's and Llama's own files pad: unused control tokens
+    for f in fields:
+        if f[0] == "tokenizer.ggml.tokens":
+            f[3] = [*f[3], *(f"<|pad_{i}|>" for i in range(pad))]
+        elif f[0] == "tokenizer.ggml.token_type":
+            f[3] = [*f[3], *([_CONTROL] * pad)]
+        elif f[0] == "tokenizer.ggml.scores":
+            f[3] = [*f[3], *([0.0] * pad)]
+        elif f[0] == "general.name":
+            f[3] = f"synthetic {shape_name} (random weights)"
+    fields = [["general.architecture", _STR, None, arch], *fields,
+              [f"{arch}.context_length", _U32, None, sh["n_ctx"]],
+              [f"{arch}.embedding_length", _U32, None, d],
+              [f"{arch}.block_count", _U32, None, sh["n_layer"]],
+              [f"{arch}.feed_forward_length", _U32, None, sh["n_ff"]],
+              [f"{arch}.attention.head_count", _U32, None, sh["n_head"]],
+              [f"{arch}.attention.head_count_kv", _U32, None, sh["n_head_kv"]],
+              [f"{arch}.rope.freq_base", _F32, None, sh["rope_base"]],
+              [f"{arch}.attention.layer_norm_rms_epsilon", _F32, None, sh["eps"]]]
+    if arch == "llama":
+        fields.append([f"{arch}.rope.dimension_count", _U32, None, d // sh["n_head"]])
+    t = [["token_embd.weight", [sh["n_vocab"], d], "F16"]]
+    for i in range(sh["n_layer"]):
+        b = f"blk.{i}."
+        t += [[b + "attn_norm.weight", [d], "F32"], [b + "attn_q.weight", [d, d], "F16"],
+              [b + "attn_k.weight", [kv, d], "F16"], [b + "attn_v.weight", [kv, d], "F16"]]
+        if sh["qkv_bias"]:
+            t += [[b + "attn_q.bias", [d], "F32"], [b + "attn_k.bias", [kv], "F32"],
+                  [b + "attn_v.bias", [kv], "F32"]]
+        t += [[b + "attn_output.weight", [d, d], "F16"], [b + "ffn_norm.weight", [d], "F32"],
+              [b + "ffn_gate.weight", [sh["n_ff"], d], "F16"],
+              [b + "ffn_up.weight", [sh["n_ff"], d], "F16"],
+              [b + "ffn_down.weight", [d, sh["n_ff"]], "F16"]]
+    t += [["output_norm.weight", [d], "F32"], ["output.weight", [sh["n_vocab"], d], "F16"]]
+    return {"fields": fields, "tensors": t, "file_type": int(gguf.LlamaFileType.MOSTLY_Q4_K_M)}
+
+
 def _weights(name: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
     if len(shape) == 1:  # biases near 0; norms, rope factors and the rest near 1; in F32
         base = 0.0 if name.endswith(".bias") else 1.0
@@ -95,8 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("skeleton", type=Path)
     b.add_argument("out", type=Path)
     b.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("reshape", help="a skeleton's tokenizer on an 8B-class architecture")
+    r.add_argument("skeleton", type=Path)
+    r.add_argument("shape", choices=sorted(SHAPES))
+    r.add_argument("out", type=Path)
     args = ap.parse_args(argv)
-    if args.command == "describe":
+    if args.command == "reshape":
+        with lzma.open(args.skeleton, "rt", encoding="utf-8") as f:
+            shaped = reshape(json.load(f), args.shape)
+        with lzma.open(args.out, "wt", encoding="utf-8") as f:
+            json.dump(shaped, f)
+    elif args.command == "describe":
         with lzma.open(args.skeleton, "wt", encoding="utf-8") as f:
             json.dump(describe(args.model), f)
     else:
