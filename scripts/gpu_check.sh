@@ -8,6 +8,8 @@
 #   GPU_CHECK_STAGE=build scripts/gpu_check.sh [OUT]   there: the build alone (285 s on an
 #                                    H200 machine's 16 cores), for a first call within a
 #                                    per-call limit; the check called next resumes from it
+#   GPU_CHECK_STAGE=big scripts/gpu_check.sh [OUT]     there, after the build: the 8B-class
+#                                    model alone (below), about 8 minutes on an H100 machine
 #   GPU_CHECK_BACKEND=cpu scripts/gpu_check.sh [OUT]   the same steps on a CPU build, to
 #                                    try the script on a machine without a GPU
 #
@@ -21,6 +23,10 @@
 #   3. loads both fully offloaded (the daemon's own fit) and compares greedy answers with the
 #      same build's CPU path (num_gpu 0);
 #   4. runs `llmrun bench --against` llama-server at concurrency 1, 4 and 16, and prints `ps`.
+# GPU_CHECK_STAGE=big instead builds the 8B-class model (Qwen2.5-7B's shape on SmolLM2's
+# tokenizer, scripts/gguf_skeleton.py reshape; Q4_K_M) and measures it: `llmrun bench
+# --against` llama-server at 1, 4, 16 and 64 streams, a 16k-token prompt read by each, and
+# half its layers on the GPU (num_gpu 14 against -ngl 14) with `ps`'s split.
 #
 # Its facts come from the machine it runs on: nvidia-smi (the architecture), nvcc on PATH or
 # in /usr/local/cuda, python3 (3.12 there; the carried wheels are for it).
@@ -64,6 +70,8 @@ prepare() {
     "$CARRY/models/smollm2.json.xz" || exit 1
   "$py" "$ROOT/scripts/gguf_skeleton.py" describe "$(echo "$models" | sed -n 2p)" \
     "$CARRY/models/gemma3.json.xz" || exit 1
+  "$py" "$ROOT/scripts/gguf_skeleton.py" reshape "$CARRY/models/smollm2.json.xz" qwen2.5-7b \
+    "$CARRY/models/qwen7b.json.xz" || exit 1
   du -sh "$CARRY"
   echo "ready: run scripts/gpu_check.sh on the GPU machine with .gpu carried"
 }
@@ -128,6 +136,12 @@ echo "built in $SECONDS s"
 "$PY" -m llmrun.engine.runner --list-devices || fail "the runner cannot list devices"
 # GPU_CHECK_STAGE=build: stop here (a first call within the device's per-call limit)
 [ "${GPU_CHECK_STAGE:-}" = build ] && { step "built; run again for the check"; exit 0; }
+
+if [ "${GPU_CHECK_STAGE:-}" = big ]; then
+  # shellcheck source=scripts/gpu_check_big.sh
+  . "$ROOT/scripts/gpu_check_big.sh"
+  exit 0
+fi
 
 step "models: SmolLM2 and Gemma 3 rebuilt from their skeletons, quantized as the real ones"
 for m in smollm2 gemma3; do
