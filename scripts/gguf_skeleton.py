@@ -97,9 +97,9 @@ def reshape(skeleton: dict[str, Any], shape_name: str) -> dict[str, Any]:
     pad = sh["n_vocab"] - n_real  # (Qwen's and Llama's own files pad with unused tokens too)
     for f in fields:
         if f[0] == "tokenizer.ggml.tokens":
-            # plain words: text like "<|pad_1|>" starts like ChatML's "<|im_end|>", so a
-            # server holds it back as a possible stop and streams it merged with the next
-            f[3] = [*f[3], *(f" pad{i}" for i in range(pad))]
+            # not "<|pad_1|>": llama.cpp's vocabulary loader takes such text for a control
+            # token's, whose text is empty when streamed, whatever the type says
+            f[3] = [*f[3], *(f"[[pad_{i}]]" for i in range(pad))]
         elif f[0] == "tokenizer.ggml.token_type":
             f[3] = [*f[3], *([_PAD] * pad)]
         elif f[0] == "tokenizer.ggml.scores":
